@@ -1,0 +1,106 @@
+"""Ingest results produced outside the platform: POST /api/v1/candidates/<pk>/external-results/.
+
+Stored marked external and never certified (evolution.services.external).
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.shortcuts import get_object_or_404
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.permissions import requires
+from evolution.models import Candidate
+from evolution.services.external import MAX_COUNTS, MAX_INDEX, ExternalResultsError, external_results_ingest
+from review import access
+
+
+class ExternalResultInput(serializers.Serializer):
+    task = serializers.CharField(help_text="task id of the experiment's benchmark (benchmark/id for held-out tasks)")
+    split = serializers.CharField(required=False, help_text="optional; must be the task's split")
+    index = serializers.IntegerField(min_value=0, max_value=MAX_INDEX, help_text="trial index of this task (0-based)")
+    passed = serializers.BooleanField()
+    score = serializers.FloatField(required=False, help_text="in [0, 1]; default 1 for a pass, 0 for a fail")
+    tokens = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COUNTS["tokens"])
+    steps = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COUNTS["steps"])
+
+
+class ExternalResultsInput(serializers.Serializer):
+    results = ExternalResultInput(many=True, allow_empty=False)
+    source = serializers.DictField(
+        required=False, default=dict, help_text="where the results come from (tool, job id, URL, ...)"
+    )
+
+
+class ExternalResultsOutput(serializers.Serializer):
+    evaluation = serializers.IntegerField()
+    candidate = serializers.IntegerField()
+    external = serializers.BooleanField()
+    certified = serializers.BooleanField()
+    state = serializers.CharField()
+    trials = serializers.IntegerField()
+    splits = serializers.ListField(child=serializers.CharField())
+    source = serializers.DictField()
+
+
+def _candidate_id(raw: str) -> int:
+    # Matched as a string so that any id (negative, huge) gets the API's JSON 404, not the site's HTML one.
+    if not re.fullmatch(r"[0-9]{1,18}", raw):
+        raise NotFound("no such candidate")
+    return int(raw)
+
+
+class ExternalResultsView(APIView):
+    permission_classes = [requires(access.OPERATE)]
+
+    @extend_schema(
+        request=ExternalResultsInput,
+        responses={
+            201: ExternalResultsOutput,
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="field-level errors; nothing was written"),
+            401: OpenApiResponse(OpenApiTypes.OBJECT, description="not authenticated"),
+            403: OpenApiResponse(OpenApiTypes.OBJECT, description="needs the operator permission"),
+            404: OpenApiResponse(OpenApiTypes.OBJECT, description="no such candidate"),
+        },
+        parameters=[OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description="candidate id")],
+        summary="Ingest results produced outside the platform; stored as external, never certified",
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        candidate = get_object_or_404(Candidate, pk=_candidate_id(pk))
+        data = ExternalResultsInput(data=request.data)
+        # Types here; tasks, splits, duplicates and score ranges in the service (one transaction).
+        data.is_valid(raise_exception=True)
+        try:
+            evaluation = external_results_ingest(
+                candidate=candidate,
+                results=[dict(item) for item in data.validated_data["results"]],
+                source=data.validated_data["source"],
+            )
+        except ExternalResultsError as exc:
+            raise ValidationError({key: [message] for key, message in exc.errors.items()}) from exc
+        body = ExternalResultsOutput(
+            {
+                "evaluation": evaluation.pk,
+                "candidate": candidate.pk,
+                "external": evaluation.external,
+                "certified": False,
+                "state": evaluation.state,
+                "trials": evaluation.trials_total,
+                "splits": evaluation.splits,
+                "source": evaluation.source,
+            }
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+urlpatterns = [
+    path("candidates/<str:pk>/external-results/", ExternalResultsView.as_view(), name="external-results"),
+]

@@ -1,0 +1,459 @@
+"""Input and output serializers of /api/v1/.
+
+Output serializers are read-only and name their fields explicitly: a task's
+``expected`` answer is never among them, and per-task sealed data is removed
+by the views (``review.access.hide_sealed``) before it reaches a serializer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from evolution.models import (
+    Annotation,
+    AtomicEdit,
+    Benchmark,
+    Candidate,
+    CertifiedResult,
+    Experiment,
+    GateDecision,
+    LeakageFlag,
+    LedgerEntry,
+    ReviewDecision,
+    Run,
+    SplitMembership,
+    Task,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
+from evolution.recipes import PRESET_NAMES
+from evolution.trajectory_formats import STEP_FIELDS
+
+# --- Benchmarks and tasks ---------------------------------------------------------
+
+
+class BenchmarkSerializer(serializers.ModelSerializer):
+    task_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Benchmark
+        fields = ("id", "name", "title", "description", "created_at", "task_count")
+        read_only_fields = fields
+
+    def get_task_count(self, obj: Benchmark) -> int:
+        return obj.tasks.count()
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    """A task without its private ``expected`` data."""
+
+    criteria_ids = serializers.SerializerMethodField()
+    public_files = serializers.CharField(source="public_files_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = Task
+        fields = ("id", "benchmark", "external_id", "instruction", "metadata", "criteria_ids", "public_files")
+        read_only_fields = fields
+
+    def get_criteria_ids(self, obj: Task) -> list[str]:
+        return [str(c.get("id")) for c in obj.criteria or [] if isinstance(c, dict) and c.get("id") is not None]
+
+
+# --- Experiments and runs ---------------------------------------------------------
+
+
+class ExperimentSerializer(serializers.ModelSerializer):
+    benchmark = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    evaluator = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    surface = serializers.CharField(source="surface.name", read_only=True)
+    recipe = serializers.SerializerMethodField()
+    # A plain string here, the enum in the detail: one choice set per schema component.
+    status = serializers.CharField(read_only=True, help_text="see the detail's status values")
+
+    class Meta:
+        model = Experiment
+        fields = (
+            "id",
+            "uid",
+            "name",
+            "description",
+            "status",
+            "benchmark",
+            "evaluator",
+            "surface",
+            "recipe",
+            "seed_candidate",
+            "trials_per_task",
+            "created_at",
+        )
+        read_only_fields = fields
+
+    def get_recipe(self, obj: Experiment) -> str | None:
+        return str(obj.recipe) if obj.recipe_id else None
+
+
+class ExperimentDetailSerializer(ExperimentSerializer):
+    split_sizes = serializers.SerializerMethodField()
+    heldout_benchmarks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    status = serializers.ChoiceField(choices=Experiment.Status.choices, read_only=True)
+
+    class Meta(ExperimentSerializer.Meta):
+        fields = (
+            *ExperimentSerializer.Meta.fields,
+            "split_sizes",
+            "split_digests",
+            "split_seed",
+            "split_ratios",
+            "heldout_benchmarks",
+            "run_settings",
+            "chain_length",
+            "chain_head",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
+    def get_split_sizes(self, obj: Experiment) -> dict[str, int]:
+        # Counts per split are aggregates: every viewer may see them, sealed included.
+        rows = SplitMembership.objects.filter(experiment=obj).values("split").annotate(n=Count("pk"))
+        return {row["split"]: row["n"] for row in rows}
+
+
+class RunSerializer(serializers.ModelSerializer):
+    recipe = serializers.SerializerMethodField()
+    started_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # A plain string here, the enum in the detail: one choice set per schema component.
+    status = serializers.CharField(read_only=True, help_text="see the detail's status values")
+
+    class Meta:
+        model = Run
+        fields = (
+            "id",
+            "experiment",
+            "recipe",
+            "status",
+            "rounds",
+            "current_round",
+            "noise_delta",
+            "current_candidate",
+            "tokens_spent",
+            "stop_reason",
+            "error",
+            "started_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        )
+        read_only_fields = fields
+
+    def get_recipe(self, obj: Run) -> str:
+        return str(obj.recipe)
+
+
+class RunDetailSerializer(RunSerializer):
+    recipe_spec = serializers.JSONField(source="recipe.spec", read_only=True)
+    status = serializers.ChoiceField(choices=Run.Status.choices, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = (*RunSerializer.Meta.fields, "recipe_spec")
+        read_only_fields = fields
+
+
+class RunStartSerializer(serializers.Serializer):
+    """Start a run: a preset name (or ``run-<id>`` for an earlier run's recipe) and overrides."""
+
+    experiment = serializers.PrimaryKeyRelatedField(queryset=Experiment.objects.all())
+    recipe = serializers.CharField(max_length=100, help_text=f"a preset ({', '.join(PRESET_NAMES)}) or run-<id>")
+    rounds = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    k = serializers.IntegerField(required=False, min_value=1, max_value=20)
+    proposer = serializers.CharField(required=False, max_length=100, allow_blank=True)
+    candidates_per_round = serializers.IntegerField(required=False, min_value=1, max_value=100)
+
+
+class RunActionSerializer(serializers.Serializer):
+    """Empty body: the action is in the URL."""
+
+
+# --- Candidates -------------------------------------------------------------------
+
+
+class AtomicEditSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AtomicEdit
+        fields = ("id", "index", "component", "hypothesis", "paths", "diff")
+        read_only_fields = fields
+
+
+class GateDecisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GateDecision
+        fields = ("id", "run", "round", "current", "accepted", "chosen", "rule", "explanation", "numbers", "created_at")
+        read_only_fields = fields
+
+
+class CandidateSerializer(serializers.ModelSerializer):
+    digest = serializers.CharField(source="tree_id", read_only=True)
+    # Plain strings here, the enums in the detail: one choice set per schema component.
+    state = serializers.CharField(read_only=True, help_text="see the detail's state values")
+    origin = serializers.CharField(read_only=True, help_text="see the detail's origin values")
+
+    class Meta:
+        model = Candidate
+        fields = (
+            "id",
+            "experiment",
+            "run",
+            "parent",
+            "digest",
+            "origin",
+            "state",
+            "round",
+            "label",
+            "state_reason",
+            "certified_at",
+            "created_at",
+        )
+        read_only_fields = fields
+
+
+class CandidateDetailSerializer(CandidateSerializer):
+    edits = AtomicEditSerializer(many=True, read_only=True)
+    gate_decisions = GateDecisionSerializer(many=True, read_only=True)
+    file_count = serializers.IntegerField(source="tree.file_count", read_only=True)
+    total_size = serializers.IntegerField(source="tree.total_size", read_only=True)
+    state = serializers.ChoiceField(choices=Candidate.State.choices, read_only=True)
+    origin = serializers.ChoiceField(choices=Candidate.Origin.choices, read_only=True)
+
+    class Meta(CandidateSerializer.Meta):
+        fields = (*CandidateSerializer.Meta.fields, "file_count", "total_size", "edits", "gate_decisions")
+        read_only_fields = fields
+
+
+class TreeEntrySerializer(serializers.Serializer):
+    path = serializers.CharField()
+    mode = serializers.CharField()
+    size = serializers.IntegerField(source="blob.size")
+    digest = serializers.CharField(source="blob_id")
+
+
+# --- Certified results ------------------------------------------------------------
+
+
+class CertifiedResultSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CertifiedResult
+        fields = (
+            "id",
+            "experiment",
+            "seq",
+            "evaluation",
+            "candidate",
+            "prev_digest",
+            "record_digest",
+            "signature",
+            "created_at",
+        )
+        read_only_fields = fields
+
+
+class CertifiedResultDetailSerializer(CertifiedResultSerializer):
+    payload = serializers.SerializerMethodField(help_text="what was certified; sealed per-task rows need permission")
+    hidden_rows = serializers.SerializerMethodField(help_text="sealed per-task rows left out of this payload")
+
+    class Meta(CertifiedResultSerializer.Meta):
+        fields = (*CertifiedResultSerializer.Meta.fields, "payload", "hidden_rows")
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_payload(self, obj: CertifiedResult) -> dict[str, Any]:
+        return self.context["visible_payload"](obj)[0]
+
+    def get_hidden_rows(self, obj: CertifiedResult) -> int:
+        return self.context["visible_payload"](obj)[1]
+
+
+# --- Trials and trajectories ------------------------------------------------------
+
+
+class TrialSerializer(serializers.ModelSerializer):
+    experiment = serializers.IntegerField(source="candidate.experiment_id", read_only=True)
+    task_external_id = serializers.CharField(source="task.external_id", read_only=True)
+    has_trajectory = serializers.SerializerMethodField()
+    # Blank until the trial finishes (or when it had no error).
+    outcome = serializers.ChoiceField(choices=Trial.Outcome.choices, allow_blank=True, read_only=True)
+    error_kind = serializers.ChoiceField(choices=Trial.ErrorKind.choices, allow_blank=True, read_only=True)
+    external = serializers.BooleanField(
+        source="evaluation.external",
+        read_only=True,
+        help_text="true for results ingested from outside: not run or certified by rsiweb",
+    )
+    source = serializers.DictField(
+        source="evaluation.source",
+        read_only=True,
+        help_text="where an external result came from, as its submitter described it; {} for trials rsiweb ran",
+    )
+
+    class Meta:
+        model = Trial
+        fields = (
+            "id",
+            "experiment",
+            "evaluation",
+            "external",
+            "source",
+            "candidate",
+            "task",
+            "task_external_id",
+            "split",
+            "index",
+            "state",
+            "outcome",
+            "score",
+            "criteria_results",
+            "tokens",
+            "steps",
+            "wall_time",
+            "valid_output",
+            "submitted",
+            "error_kind",
+            "error",
+            "started_at",
+            "finished_at",
+            "has_trajectory",
+        )
+        read_only_fields = fields
+
+    def get_has_trajectory(self, obj: Trial) -> bool:
+        return hasattr(obj, "trajectory")
+
+
+class TrajectorySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Trajectory
+        fields = (
+            "id",
+            "trial",
+            "schema_version",
+            "session_id",
+            "agent",
+            "final_metrics",
+            "notes",
+            "extra",
+            "step_count",
+            "redacted",
+        )
+        read_only_fields = fields
+
+
+class TrajectoryStepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrajectoryStep
+        fields = (*STEP_FIELDS, "extra")
+        read_only_fields = fields
+
+
+# --- Ledger, flags, review --------------------------------------------------------
+
+
+class LedgerEntrySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LedgerEntry
+        fields = (
+            "id",
+            "run",
+            "edit",
+            "candidate",
+            "round",
+            "component",
+            "hypothesis",
+            "delta_score",
+            "delta_cost",
+            "accepted",
+            "created_at",
+        )
+        read_only_fields = fields
+
+
+class LeakageFlagSerializer(serializers.ModelSerializer):
+    """A flag; its task, matched text and evidence only when the task may be seen
+    (``review.flags.flag_task_visible``: a sealed task needs the sealed permission)."""
+
+    task_visible = serializers.SerializerMethodField()
+    task = serializers.SerializerMethodField()
+    matched = serializers.SerializerMethodField()
+    evidence = serializers.SerializerMethodField()
+
+    class Meta:
+        model = LeakageFlag
+        fields = ("id", "candidate", "edit", "rule", "path", "line", "task_visible", "task", "matched", "evidence")
+        read_only_fields = fields
+
+    def get_task_visible(self, obj: LeakageFlag) -> bool:
+        return bool(self.context["flag_visible"](obj))
+
+    def get_task(self, obj: LeakageFlag) -> int | None:
+        return obj.task_id if self.get_task_visible(obj) else None
+
+    def get_matched(self, obj: LeakageFlag) -> str | None:
+        return obj.matched if self.get_task_visible(obj) else None
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_evidence(self, obj: LeakageFlag) -> dict[str, Any] | None:
+        return obj.evidence if self.get_task_visible(obj) else None
+
+
+class ReviewDecisionSerializer(serializers.ModelSerializer):
+    candidate = serializers.IntegerField(source="item.candidate_id", read_only=True)
+    reviewer = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    rejected_edits = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+
+    class Meta:
+        model = ReviewDecision
+        fields = ("id", "item", "candidate", "reviewer", "verdict", "reason", "rejected_edits", "derived_candidate")
+        read_only_fields = fields
+
+
+class ReviewDecideSerializer(serializers.Serializer):
+    """Decide a flagged candidate: approve, reject, or reject some of its edits."""
+
+    candidate = serializers.IntegerField(min_value=1, help_text="the flagged candidate")
+    verdict = serializers.ChoiceField(choices=ReviewDecision.Verdict.choices)
+    reason = serializers.CharField(max_length=5000, allow_blank=True, trim_whitespace=True)
+    rejected_edits = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False, default=list, max_length=1000
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["verdict"] == ReviewDecision.Verdict.REJECT_EDITS and not attrs["rejected_edits"]:
+            raise serializers.ValidationError({"rejected_edits": "select at least one atomic edit to reject"})
+        if attrs["verdict"] != ReviewDecision.Verdict.REJECT_EDITS and attrs["rejected_edits"]:
+            raise serializers.ValidationError({"rejected_edits": "only the reject_edits verdict takes edits"})
+        return attrs
+
+
+# --- Annotations ------------------------------------------------------------------
+
+
+class AnnotationSerializer(serializers.ModelSerializer):
+    author = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    label_slug = serializers.CharField(source="label.slug", read_only=True)
+    step = serializers.IntegerField(source="step.step_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = Annotation
+        fields = ("id", "trial", "author", "label", "label_slug", "note", "step", "created_at", "updated_at")
+        read_only_fields = fields
+
+
+class AnnotationWriteSerializer(serializers.Serializer):
+    """Create (``trial`` required) or update one's own annotation (``trial`` ignored)."""
+
+    trial = serializers.IntegerField(min_value=1, required=False)
+    label = serializers.IntegerField(min_value=1, help_text="label id (a default label or the experiment's)")
+    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)

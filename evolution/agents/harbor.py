@@ -1,0 +1,112 @@
+"""Read a Harbor-style benchmark folder into task inputs and evaluator files (no ORM).
+
+Layout (one folder per task, as Harbor lays tasks out)::
+
+    tasks/<id>/instruction.md            what the agent is told
+    tasks/<id>/task.toml                 optional: [metadata], [verifier] timeout_sec, [agent] timeout_sec
+    tasks/<id>/environment/workspace/**  optional: files the agent's workspace starts with
+    tasks/<id>/tests/test.sh             grades the workspace, writes /logs/verifier/reward.txt
+    tasks/<id>/tests/**                  anything else the tests need
+
+The public part (instruction, ``workspace/`` files) reaches the agent; the
+tests are private: they travel in the task's ``expected`` data, which the
+trial runner writes for the verifier only after the agent has exited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from evolution.services.experiments import TaskInput
+from evolution.trees import FileEntry
+
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+MAX_TASK_FILES = 200
+
+
+class HarborFolderError(ValueError):
+    """The folder does not follow the layout; the message names the file."""
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    if not root.is_dir():
+        return {}
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise HarborFolderError(f"{path}: symbolic links are not allowed in a task")
+        if path.is_file():
+            found[path.relative_to(root).as_posix()] = path.read_bytes()
+    if len(found) > MAX_TASK_FILES:
+        raise HarborFolderError(f"{root}: more than {MAX_TASK_FILES} files")
+    return found
+
+
+def read_task(folder: Path) -> TaskInput:
+    """One task folder; HarborFolderError naming the file at fault."""
+    task_id = folder.name
+    if not TASK_ID.fullmatch(task_id):
+        raise HarborFolderError(f"{folder}: task folder names use letters, digits, '.', '_' and '-'")
+    instruction_file = folder / "instruction.md"
+    if not instruction_file.is_file():
+        raise HarborFolderError(f"{instruction_file}: missing")
+    instruction = instruction_file.read_text(encoding="utf-8")
+    config: dict[str, Any] = {}
+    if (folder / "task.toml").is_file():
+        try:
+            config = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise HarborFolderError(f"{folder / 'task.toml'}: {exc}") from exc
+    tests: dict[str, str] = {}
+    for name, data in _files(folder / "tests").items():
+        try:
+            tests[name] = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HarborFolderError(f"{folder / 'tests' / name}: test files must be UTF-8 text") from exc
+    if "test.sh" not in tests:
+        raise HarborFolderError(f"{folder / 'tests' / 'test.sh'}: missing")
+    workspace = _files(folder / "environment" / "workspace")
+    verifier = config.get("verifier") or {}
+    agent = config.get("agent") or {}
+    expected = {
+        "tests": tests,
+        "workspace_files": {name: hashlib.sha256(data).hexdigest() for name, data in workspace.items()},
+        "timeout_seconds": float(verifier.get("timeout_sec", 30.0)),
+    }
+    metadata = {**(config.get("metadata") or {}), "format": "harbor"}
+    if "timeout_sec" in agent:
+        # Advice for the agent's own configuration; the evaluator's timeout is what is enforced.
+        metadata["agent_timeout_sec"] = agent["timeout_sec"]
+    return TaskInput(
+        external_id=task_id,
+        instruction=instruction,
+        expected=expected,
+        criteria=[{"id": "reward", "description": "tests/test.sh gives reward 1"}],
+        files={f"workspace/{name}": data for name, data in workspace.items()},
+        metadata=metadata,
+    )
+
+
+def read_tasks(root: Path) -> list[TaskInput]:
+    """Every task folder under ``root`` (sorted by id)."""
+    if not root.is_dir():
+        raise HarborFolderError(f"{root}: no tasks folder")
+    tasks = [read_task(folder) for folder in sorted(root.iterdir()) if folder.is_dir()]
+    if not tasks:
+        raise HarborFolderError(f"{root}: no task folders")
+    return tasks
+
+
+def evaluator_entries(base: Path, names: list[str]) -> list[FileEntry]:
+    """The evaluator's files, each stored under its own file name."""
+    entries = []
+    for name in names:
+        path = (base / name).resolve()
+        if not path.is_file():
+            raise HarborFolderError(f"evaluator file {path} is missing")
+        entries.append(FileEntry(path=path.name, mode="100644", data=path.read_bytes()))
+    return entries

@@ -1,0 +1,90 @@
+"""Benchmarks behind ``manage.py bench``.
+
+Every benchmark measures its own baseline in the same run (the machines are
+shared and noisy, so absolute times mean little) and returns a ratio with the
+target it must meet. A module registers its benchmarks with ``@benchmark``;
+``BENCH_MODULES`` lists the modules the command imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+BENCH_MODULES = (
+    "evolution.bench.orchestration",
+    "evolution.bench.diffs",
+    "evolution.bench.pages",
+    "evolution.bench.records",
+    "evolution.bench.trajectories",
+    "evolution.bench.memory",
+)
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark measured. ``ratio`` is compared with ``target``:
+    lower is better unless ``higher_is_better``. ``lines`` are the figures
+    printed before the verdict (absolute times, counts, sizes)."""
+
+    ratio: float
+    target: float
+    label: str
+    lines: list[str] = field(default_factory=list)
+    higher_is_better: bool = False
+    # Secondary checks that must also hold for a PASS (name -> ok).
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        within = self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
+        return within and all(self.checks.values())
+
+    def verdict(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        failed = [name for name, ok in self.checks.items() if not ok]
+        extra = f" (failed: {', '.join(failed)})" if failed else ""
+        status = "PASS" if self.passed else "FAIL"
+        return f"{self.label}: ratio {self.ratio:.3f} (target {sign} {self.target:g}) {status}{extra}"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    run: Callable[..., BenchResult]
+    # Keyword arguments ``--quick`` passes (small sizes for a smoke run).
+    quick: dict[str, object] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, Benchmark] = {}
+
+
+def benchmark(name: str, title: str, *, quick: dict[str, object] | None = None) -> Callable:
+    """Register ``function(**sizes) -> BenchResult`` under ``name``."""
+
+    def register(function: Callable[..., BenchResult]) -> Callable[..., BenchResult]:
+        REGISTRY[name] = Benchmark(name=name, title=title, run=function, quick=dict(quick or {}))
+        return function
+
+    return register
+
+
+def load_benchmarks() -> dict[str, Benchmark]:
+    for module in BENCH_MODULES:
+        importlib.import_module(module)
+    return REGISTRY
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...`` then ``t[0]`` is the elapsed seconds."""
+    elapsed: list[float] = [0.0]
+    start = time.perf_counter()
+    try:
+        yield elapsed
+    finally:
+        elapsed[0] = time.perf_counter() - start

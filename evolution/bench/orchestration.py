@@ -1,0 +1,325 @@
+"""Orchestration overhead: trials through Celery and real workers versus the
+same commands run directly.
+
+The platform side is the whole production path: ``evaluation_start`` enqueues
+one message per trial, a Celery worker started here as a separate process
+(two pool processes) claims each trial, materializes the candidate, the task
+and the evaluator from the database, runs agent and verifier in the sandbox,
+finishes the trial, and the last one enqueues certification. The clock runs
+from ``evaluation_start`` to the certified record.
+
+The direct side runs the same agent and verifier command lines, over the
+same materialized files, with two parallel processes and nothing else.
+
+Also home of what the other engine benchmarks share: a throwaway experiment
+whose agent answers at once, its removal, and starting a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from evolution.bench import BenchResult, benchmark, stopwatch
+from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
+from evolution.services import evaluation as evaluation_services
+from evolution.services.experiments import (
+    TaskInput,
+    benchmark_upsert,
+    evaluator_upsert,
+    experiment_create,
+    surface_create,
+)
+from evolution.services.snapshots import tree_materialize, tree_store
+from evolution.trees import FileEntry
+from evolution.trials import parse_verdict
+from evolution.trust.context import WorkerProcess as Worker
+from evolution.trust.context import database_url_for_subprocess, worker_spawn
+
+# A fixed trivial agent: answers from the harness, reports its usage.
+BENCH_AGENT = textwrap.dedent(
+    """
+    import json, pathlib, sys
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    harness, task, out = (pathlib.Path(args[k]) for k in ("--harness", "--task", "--output"))
+    answer = (harness / "default.txt").read_text().strip()
+    (out / "answer.txt").write_text(answer)
+    words = len((task / "instruction.md").read_text().split())
+    (out / "usage.json").write_text(json.dumps({"tokens": 10 + words, "steps": 1}))
+    """
+)
+
+BENCH_VERIFIER = textwrap.dedent(
+    """
+    import json, pathlib, sys
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    out = pathlib.Path(args["--output"])
+    expected = json.loads(pathlib.Path(args["--expected"]).read_text())["expected"]["answer"]
+    answer_path = out / "answer.txt"
+    submitted = answer_path.exists()
+    passed = submitted and answer_path.read_text().strip() == expected
+    print(json.dumps({"passed": passed, "score": 1.0 if passed else 0.0,
+                      "criteria": [{"id": "answer", "met": passed}],
+                      "valid_output": submitted, "submitted": submitted}))
+    """
+)
+
+RUNNER_ARGV = ["{python}", "{evaluator}/agent.py", "--harness", "{harness}", "--task", "{task}", "--output", "{output}"]
+VERIFIER_ARGV = ["{python}", "{evaluator}/verify.py", "--output", "{output}", "--expected", "{private}/expected.json"]
+# The same agent and verifier as two shell lines: for benchmarks that need
+# many trials and measure the worker, not the agent.
+SHELL_RUNNER_ARGV = [
+    "/bin/sh",
+    "-c",
+    'tr -d "\\n" < {harness}/default.txt > {output}/answer.txt && '
+    'echo \'{"tokens": 12, "steps": 1}\' > {output}/usage.json',
+]
+SHELL_VERIFIER_ARGV = [
+    "/bin/sh",
+    "-c",
+    'if grep -q "\\"answer\\": \\"$(cat {output}/answer.txt)\\"" {private}/expected.json; '
+    "then p=true; s=1.0; else p=false; s=0.0; fi; "
+    'echo "{\\"passed\\": $p, \\"score\\": $s, \\"criteria\\": [{\\"id\\": \\"answer\\", \\"met\\": $p}], '
+    '\\"valid_output\\": true, \\"submitted\\": true}"',
+]
+SPLITS = ["gate", "sealed", "train"]
+
+
+# --- a throwaway experiment ---------------------------------------------------
+
+
+def bench_experiment(*, tasks: int, k: int, label: str, shell: bool = False) -> Experiment:
+    """A new experiment of ``tasks`` tasks (expected answer "yes" for even
+    ones) whose seed answers "yes", under unique names; remove it with
+    ``experiment_discard``. ``shell``: the agent and verifier are shell
+    lines instead of Python programs."""
+    tag = f"bench-{label}-{uuid.uuid4().hex[:10]}"
+    bench = benchmark_upsert(
+        name=tag,
+        tasks=[
+            TaskInput(
+                external_id=f"t{i:05d}",
+                instruction=f"Answer task t{i:05d} with yes or no.",
+                expected={"answer": "yes" if i % 2 == 0 else "no"},
+                criteria=[{"id": "answer", "description": "the answer is right"}],
+                files={"id.txt": f"t{i:05d}\n"},
+            )
+            for i in range(tasks)
+        ],
+    )
+    files = tree_store(
+        entries=[
+            FileEntry("agent.py", "100644", BENCH_AGENT.encode()),
+            FileEntry("verify.py", "100644", BENCH_VERIFIER.encode()),
+        ]
+    )
+    evaluator = evaluator_upsert(
+        name=tag,
+        files=files,
+        runner_argv=SHELL_RUNNER_ARGV if shell else RUNNER_ARGV,
+        verifier_argv=SHELL_VERIFIER_ARGV if shell else VERIFIER_ARGV,
+        env_allowlist=["PATH"],
+        timeout_seconds=60,
+    )
+    seed_tree = tree_store(entries=[FileEntry("default.txt", "100644", b"yes\n")])
+    return experiment_create(
+        name=tag,
+        benchmark=bench,
+        evaluator=evaluator,
+        surface=surface_create(name=tag, spec='include: ["default.txt"]\ncomponents: {"default.txt": prompt}\n'),
+        seed_tree=seed_tree,
+        split_seed=7,
+        split_ratios={"train": 0.5, "gate": 0.25, "sealed": 0.25},
+        trials_per_task=k,
+        run_settings={"model": "bench", "seed": 11},
+    )
+
+
+def experiment_discard(experiment: Experiment) -> None:
+    """Remove a benchmark's own experiment, its benchmark, evaluator and
+    surface (content-addressed blobs and trees stay: others may share them).
+
+    Certified results are append-only: the database refuses to delete them
+    (a trigger on PostgreSQL), so the trigger is switched off inside this
+    one transaction and on again before it commits. Only for experiments a
+    benchmark created itself.
+    """
+    with transaction.atomic():
+        experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                # Deferred foreign-key checks pending on the table (rows written in
+                # this same transaction, as in a test) would refuse the ALTER.
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                cursor.execute(
+                    "ALTER TABLE evolution_certifiedresult DISABLE TRIGGER evolution_certifiedresult_no_update_delete"
+                )
+            cursor.execute("DELETE FROM evolution_certifiedresult WHERE experiment_id = %s", [experiment.pk])
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "ALTER TABLE evolution_certifiedresult ENABLE TRIGGER evolution_certifiedresult_no_update_delete"
+                )
+        Experiment.objects.filter(pk=experiment.pk).update(seed_candidate=None)
+        Trial.objects.filter(evaluation__experiment=experiment).delete()
+        Experiment.objects.filter(pk=experiment.pk).delete()
+        Benchmark.objects.filter(pk=experiment.benchmark_id).delete()
+        Evaluator.objects.filter(pk=experiment.evaluator_id).delete()
+        Surface.objects.filter(pk=experiment.surface_id).delete()
+
+
+# --- worker processes ---------------------------------------------------------
+
+
+def worker_start(*, log_dir: Path, concurrency: int = 2) -> Worker:
+    """Start ``celery worker`` as a separate process against this process's
+    database and broker, and wait until it is ready (RuntimeError if it dies
+    or takes more than 60 s). Stop it with ``Worker.stop``."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url_for_subprocess()
+    env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    return worker_spawn(env=env, log_path=log_dir / f"worker-{name}.log", hostname=name, concurrency=concurrency)
+
+
+def wait_certified(evaluation: Evaluation, *, timeout: float, worker: Worker, poll: float = 0.02) -> None:
+    """Poll until ``evaluation`` is certified (RuntimeError when it fails,
+    the worker dies or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = Evaluation.objects.filter(pk=evaluation.pk).values_list("state", flat=True).get()
+        if state == Evaluation.State.CERTIFIED:
+            return
+        if state == Evaluation.State.FAILED or worker.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"evaluation {evaluation.pk} is {state}; worker log:\n{worker.log()[-3000:]}")
+        time.sleep(poll)
+
+
+# --- the two sides ------------------------------------------------------------
+
+
+def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) -> tuple[float, int]:
+    """Run every (task, index) agent and verifier command of ``experiment``
+    directly with ``parallel`` processes; returns (seconds, passes)."""
+    evaluator = experiment.evaluator
+    harness, evaluator_dir = root / "harness", root / "evaluator"
+    tree_materialize(tree=experiment.seed_candidate.tree, dest=harness)
+    tree_materialize(tree=evaluator.files, dest=evaluator_dir)
+    jobs = []
+    for number, task in enumerate(experiment.benchmark.tasks.order_by("external_id")):
+        task_dir = root / "tasks" / task.external_id
+        tree_materialize(tree=task.public_files, dest=task_dir)
+        (task_dir / "instruction.md").write_text(task.instruction)
+        for index in range(k):
+            trial_dir = root / "trials" / f"{number}-{index}"
+            (trial_dir / "output").mkdir(parents=True)
+            (trial_dir / "private").mkdir()
+            (trial_dir / "private" / "expected.json").write_text(
+                json.dumps({"expected": task.expected, "criteria": task.criteria})
+            )
+            values = {
+                "{python}": settings.RSI_PYTHON,
+                "{evaluator}": str(evaluator_dir),
+                "{harness}": str(harness),
+                "{task}": str(task_dir),
+                "{output}": str(trial_dir / "output"),
+                "{private}": str(trial_dir / "private"),
+            }
+            jobs.append([_fill(evaluator.runner_argv, values), _fill(evaluator.verifier_argv, values), trial_dir])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+
+    def one(job: list) -> bool:
+        agent, verifier, cwd = job
+        subprocess.run(agent, cwd=cwd, env=env, check=True, stdin=subprocess.DEVNULL)
+        verdict = subprocess.run(verifier, cwd=cwd, env=env, check=True, capture_output=True)
+        return parse_verdict(verdict.stdout).passed
+
+    with stopwatch() as elapsed, ThreadPoolExecutor(max_workers=parallel) as pool:
+        passes = sum(pool.map(one, jobs))
+    return elapsed[0], passes
+
+
+def _fill(template: list[str], values: dict[str, str]) -> list[str]:
+    filled = []
+    for arg in template:
+        for placeholder, value in values.items():
+            arg = arg.replace(placeholder, value)
+        filled.append(arg)
+    return filled
+
+
+def _platform_run(experiment: Experiment, *, worker: Worker, timeout: float) -> tuple[float, Evaluation]:
+    with stopwatch() as elapsed:
+        evaluation = evaluation_services.evaluation_start(
+            candidate=experiment.seed_candidate, splits=SPLITS, purpose=Evaluation.Purpose.BASELINE
+        )
+        wait_certified(evaluation, timeout=timeout, worker=worker)
+    return elapsed[0], evaluation
+
+
+def with_bench_experiment(
+    label: str, tasks: int, k: int, body: Callable[[Experiment, Path], BenchResult], *, shell: bool = False
+) -> BenchResult:
+    """Run ``body(experiment, scratch_dir)`` and clean up whatever happens."""
+    experiment = bench_experiment(tasks=tasks, k=k, label=label, shell=shell)
+    scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
+    try:
+        return body(experiment, scratch)
+    finally:
+        experiment_discard(experiment)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@benchmark(
+    "orchestration",
+    "trials through Celery, a worker with two processes and certification vs the same commands run directly",
+    quick={"trials": 20},
+)
+def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
+    k = 2
+    tasks = max(1, trials // k)
+
+    def body(experiment: Experiment, scratch: Path) -> BenchResult:
+        # Direct runs before and after the platform's, averaged: the load of
+        # a shared machine drifts over a run of minutes.
+        before, direct_passes = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-1")
+        worker = worker_start(log_dir=scratch, concurrency=parallel)
+        try:
+            platform_seconds, evaluation = _platform_run(experiment, worker=worker, timeout=60 + 2 * tasks * k)
+        finally:
+            worker.stop()
+        after, _ = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-2")
+        direct_seconds = (before + after) / 2
+        outcomes = Trial.objects.filter(evaluation=evaluation)
+        platform_passes = outcomes.filter(outcome=Trial.Outcome.PASS).count()
+        errors = outcomes.filter(outcome=Trial.Outcome.ERROR).count()
+        profiles = sorted(set(outcomes.values_list("sandbox_profile", flat=True)))
+        ratio = platform_seconds / direct_seconds
+        return BenchResult(
+            ratio=ratio,
+            target=1.15,
+            label="orchestration: platform / direct wall time",
+            lines=[
+                f"trials: {tasks * k} ({tasks} tasks x k={k}); {parallel} parallel processes on each side",
+                f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
+                f"sandbox: {', '.join(profiles)}",
+                f"direct:   {direct_seconds:8.2f} s  ({1000 * direct_seconds / (tasks * k):.1f} ms per trial x "
+                f"{parallel}), {direct_passes} passed; mean of {before:.2f} s before and {after:.2f} s after",
+                f"platform: {platform_seconds:8.2f} s  ({1000 * platform_seconds / (tasks * k):.1f} ms per trial x "
+                f"{parallel}), {platform_passes} passed, {errors} errors, certified",
+            ],
+            checks={"same outcomes": platform_passes == direct_passes and errors == 0},
+        )
+
+    return with_bench_experiment("orchestration", tasks, k, body)

@@ -1,0 +1,66 @@
+"""Run the platform's benchmarks: each prints its figures and a last line with
+its ratio against a baseline measured in the same run, and PASS or FAIL."""
+
+from __future__ import annotations
+
+import platform
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from evolution.bench import load_benchmarks
+
+
+class Command(BaseCommand):
+    help = "Run the benchmarks (all, or the ones named); exit 1 when one misses its target."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+        parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
+        parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        registry = load_benchmarks()
+        if options["list"]:
+            for bench in registry.values():
+                self.stdout.write(f"{bench.name:<16} {bench.title}")
+            return
+        names = options["names"] or list(registry)
+        unknown = [name for name in names if name not in registry]
+        if unknown:
+            raise CommandError(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry)}")
+        self.stdout.write(
+            f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.node()}; {platform.machine()}, "
+            f"{_cpu_count()} cores; Python {platform.python_version()}; database {connection.vendor}"
+            + ("; --quick (smoke sizes, not a measurement)" if options["quick"] else "")
+        )
+        failed = []
+        for name in names:
+            bench = registry[name]
+            self.stdout.write(f"\n== {bench.name}: {bench.title}")
+            self.stdout.flush()
+            sizes = bench.quick if options["quick"] else {}
+            try:
+                result = bench.run(**sizes)
+            except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others)
+                self.stdout.write(traceback.format_exc())
+                self.stdout.write(f"{bench.name}: ERROR")
+                failed.append(name)
+                continue
+            for line in result.lines:
+                self.stdout.write(f"  {line}")
+            self.stdout.write(result.verdict())
+            if not result.passed:
+                failed.append(name)
+        self.stdout.write(f"\n{len(names) - len(failed)} passed, {len(failed)} failed")
+        if failed:
+            raise CommandError(f"missed: {', '.join(failed)}")
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

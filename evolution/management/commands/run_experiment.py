@@ -1,0 +1,103 @@
+"""Start an evolution run; with --wait, print progress per round and a summary table."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from evolution import operators
+from evolution.models import Experiment, Run
+from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
+from evolution.services import loop
+
+
+def summary_table(run: Run) -> list[str]:
+    """One line per round: parent, budget, proposed, flagged, rejected by
+    surface, evaluated, accepted, train/gate/sealed scores of the current
+    harness after the round, tokens per trial."""
+    header = (
+        f"{'round':>5} {'parent':>6} {'budget':>6} {'proposed':>8} {'flagged':>7} {'surface':>7} "
+        f"{'evaluated':>9} {'accepted':>8} {'train':>6} {'gate':>6} {'sealed':>6} {'tokens':>8}"
+    )
+    lines = [header]
+    rounds = run.state.get("rounds", {})
+    final = run.state.get("final", {})
+    for key in sorted(rounds, key=int):
+        r = rounds[key]
+        scores = dict(r.get("scores", {}))
+        if int(key) == max(int(k) for k in rounds) and final.get("scores"):
+            scores = final["scores"]
+
+        def fmt(split: str, scores: dict[str, float] = scores) -> str:
+            return f"{scores[split]:6.3f}" if split in scores else f"{'-':>6}"
+
+        tokens = r.get("tokens_per_trial")
+        lines.append(
+            f"{key:>5} {r.get('parent') or '-':>6} {r.get('budget') or '-':>6} {r.get('proposed', 0):>8} "
+            f"{r.get('flagged', 0):>7} {r.get('rejected_surface', 0):>7} {r.get('evaluated', 0):>9} "
+            f"{r.get('accepted', 0):>8} {fmt('train')} {fmt('gate')} {fmt('sealed')} "
+            f"{tokens if tokens is None else round(tokens):>8}"
+        )
+    return lines
+
+
+class Command(BaseCommand):
+    help = "Run an evolution loop on an experiment (through the Celery workers)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("experiment", type=int, help="experiment id")
+        parser.add_argument("--recipe", default="rrsi", help=f"preset ({', '.join(PRESET_NAMES)}) or a YAML/JSON file")
+        parser.add_argument("--rounds", type=int)
+        parser.add_argument("--k", type=int, help="trials per task")
+        parser.add_argument("--proposer", help="proposal operator (e.g. example, command); default: the recipe's")
+        parser.add_argument("--wait", action="store_true", help="print progress until the run ends, then a summary")
+        parser.add_argument("--timeout", type=float, default=6 * 3600)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        experiment = Experiment.objects.filter(pk=options["experiment"]).first()
+        if experiment is None:
+            raise CommandError(f"no experiment with id {options['experiment']}", returncode=2)
+        name = options["recipe"]
+        try:
+            loop._load_operators()
+            if name in PRESET_NAMES:
+                recipe = load_preset(name)
+            elif Path(name).is_file():
+                recipe = parse_recipe(Path(name).read_text(), known_operators=operators.known_operators())
+            else:
+                raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
+            run = loop.run_create(
+                experiment=experiment,
+                recipe=recipe,
+                rounds=options["rounds"],
+                k=options["k"],
+                proposer=options["proposer"],
+            )
+        except (RecipeError, loop.LoopError) as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        self.stdout.write(
+            f"run {run.pk} of {experiment.name!r} with recipe {run.recipe.name} ({run.recipe.digest[:12]})"
+        )
+        if not options["wait"]:
+            return
+        deadline = time.monotonic() + options["timeout"]
+        seen_events = 0
+        while True:
+            run.refresh_from_db()
+            events = run.state.get("events", [])
+            for event in events[seen_events:]:
+                self.stdout.write(f"  [round {event.get('round', 0)}] {event['text']}")
+            seen_events = len(events)
+            if run.status not in {Run.Status.RUNNING, Run.Status.PENDING, Run.Status.PAUSED}:
+                break
+            if time.monotonic() > deadline:
+                raise CommandError("timed out waiting for the run (is a worker running?)")
+            time.sleep(1)
+        self.stdout.write(f"run {run.pk}: {run.status} ({run.stop_reason or run.error})")
+        for line in summary_table(run):
+            self.stdout.write(line)
+        if run.status == Run.Status.FAILED:
+            raise CommandError(run.error)

@@ -1,0 +1,745 @@
+"""Run one command under resource limits, optionally inside bubblewrap.
+
+Pure process plumbing, no ORM. Linux only (rlimits, prctl, /proc).
+
+What a run guarantees:
+
+- The environment is exactly the ``env`` the caller passes; nothing is
+  inherited from the worker.
+- rlimits (CPU, address space, file size, processes, open files, no core
+  dumps) are set in the child before it executes anything.
+- stdout and stderr go to anonymous temporary files outside every workspace
+  and are read back capped, so a flood costs at most ``file_bytes`` of disk
+  per stream (RLIMIT_FSIZE applies to them too) and ``output_bytes`` of
+  memory.
+- The child leads a new session; on timeout its whole process group is
+  killed. Afterwards every process that escaped the group (double-forked
+  daemons) is killed and reaped: the caller becomes a child subreaper, so
+  orphans are reparented to it instead of to init.
+- When the worker runs as root, the command runs as ``nobody:nogroup``
+  (65534) with no supplementary groups and no_new_privs, after the writable
+  paths are chowned to it: RLIMIT_NPROC does not bind root, and root could
+  read the database and key files.
+- With bubblewrap: no network, a private pid/ipc/uts namespace, a private
+  ``/tmp``, and a filesystem holding only the system directories, the Python
+  interpreter, the ``readable`` paths (read-only) and the ``writable`` paths.
+  The root filesystem is never bound, so the database and keys are not even
+  visible.
+
+What it does not promise: containment of hostile code. Without bubblewrap
+the command sees every world-readable file of the host and, as root-dropped
+``nobody``, shares a uid with concurrent trials; under a non-root worker
+without bubblewrap it runs as the worker's own user and can read and change
+whatever the worker can. Disk use beyond the per-file limit is not capped.
+The platform records and audits; it sandboxes what the machine allows.
+
+Runs are serialized per process (a lock) because the escaped-process sweep
+treats every new child of this process as the trial's: run at most one
+trial at a time per process, and do not start other subprocesses from other
+threads while one runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import IO, Any
+
+NOBODY_UID = 65534
+NOBODY_GID = 65534
+
+SANDBOX_MODES = ("auto", "required", "off")
+
+# prctl(2) option numbers from <linux/prctl.h>.
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+
+# Host directories a sandboxed program needs to start; symlinks (merged /usr)
+# are recreated as symlinks instead of being bound.
+SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
+
+# Seconds the sweep keeps killing and reaping escaped processes before giving up.
+SWEEP_SECONDS = 10.0
+
+# Runs inside bubblewrap as the sandboxed command: drops root to the given
+# uid/gid after bwrap has set up the mounts (bwrap as root cannot do it
+# itself without a user namespace, which would map the sandbox back to
+# root), removes the PWD variable bwrap adds, then becomes the real command.
+_BWRAP_EXEC = (
+    "import os,sys\n"
+    "uid,gid,keep_pwd=sys.argv[1:4]\n"
+    "if keep_pwd=='0':os.environ.pop('PWD',None)\n"
+    "if uid!='-':os.setgroups([]);os.setgid(int(gid));os.setuid(int(uid))\n"
+    "try:os.execvp(sys.argv[4],sys.argv[4:])\n"
+    "except OSError as e:sys.stderr.write('sandbox: cannot run %r: %s\\n'%(sys.argv[4],e));os._exit(127)\n"
+)
+
+_RUN_LOCK = threading.RLock()
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - every Linux libc loads
+    _LIBC = None
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up; the command itself is not to blame."""
+
+
+class SandboxUnavailable(SandboxError):
+    """Bubblewrap was required but does not work on this machine."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed run. All values are positive integers.
+
+    ``processes`` is the number of tasks (processes and threads) the run may
+    add to those its uid already has; ``output_bytes`` caps the captured
+    stdout/stderr and, for trials, the total size of the output folder.
+    """
+
+    cpu_seconds: int = 60
+    memory_bytes: int = 1 << 30
+    file_bytes: int = 16 << 20
+    processes: int = 256
+    open_files: int = 256
+    output_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            # bool is an int subclass; True as a limit is a configuration mistake.
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"limit {field.name!r} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Limits:
+        """Limits from a JSON object; missing keys take the defaults."""
+        data = dict(data or {})
+        known = [field.name for field in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown limit {', '.join(map(repr, unknown))}; known limits: {', '.join(known)}")
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """How a sandboxed command ended.
+
+    ``returncode`` is negative (``-signal``) when the command was killed by a
+    signal; under bubblewrap an exit status above 128 is read as a signal,
+    as bwrap reports it that way. ``stdout`` is the head and ``stderr`` the
+    tail of the stream, each at most ``Limits.output_bytes``.
+    ``strays_reaped`` counts processes outside the command's own exit that
+    the sweep had to kill or reap.
+    """
+
+    returncode: int
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_time: float
+    killed_by_signal: int | None
+    strays_reaped: int = 0
+
+
+def sandbox_profile(mode: str) -> str:
+    """The sandbox a trial runs under for ``mode`` ("auto", "required", "off").
+
+    Returns "bwrap" or "none"; raises SandboxUnavailable when ``mode`` is
+    "required" and the bubblewrap probe fails. Safe to repeat (the probe is
+    cached per process).
+    """
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}; expected one of {', '.join(SANDBOX_MODES)}")
+    if mode == "off":
+        return "none"
+    if probe_bubblewrap():
+        return "bwrap"
+    if mode == "required":
+        raise SandboxUnavailable("bubblewrap is required but missing or not working on this machine")
+    return "none"
+
+
+@functools.cache
+def probe_bubblewrap() -> bool:
+    """Whether bubblewrap works here with exactly the flags trials use.
+
+    Starts the worker's Python interpreter in a sandbox built like a trial's,
+    so a kernel without user namespaces, a missing bwrap or an interpreter
+    that cannot be bound all show up as False. Cached per process.
+    """
+    if shutil.which("bwrap") is None:
+        return False
+    try:
+        with tempfile.TemporaryDirectory(prefix="rsi-bwrap-probe-") as tmp:
+            result = run_sandboxed(
+                [sys.executable, "-I", "-S", "-c", "pass"],
+                cwd=Path(tmp),
+                env={"LANG": "C.UTF-8"},
+                timeout=30,
+                limits=Limits(),
+                writable=[Path(tmp)],
+                readable=[],
+                use_bwrap=True,
+            )
+    except (OSError, SandboxError):
+        return False
+    return result.returncode == 0 and not result.timed_out
+
+
+def interpreter_paths(python: str) -> list[Path]:
+    """Directories a sandbox must expose read-only for ``python`` to start.
+
+    The interpreter's prefix, the prefix of the binary it resolves to, and
+    for a virtualenv the base installation named in ``pyvenv.cfg``. The root
+    directory is never returned.
+    """
+    located = shutil.which(python) or python
+    exe = Path(located).absolute()
+    candidates = [exe.parent.parent, Path(os.path.realpath(exe)).parent.parent]
+    config = exe.parent.parent / "pyvenv.cfg"
+    if config.is_file():
+        for line in config.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                home = Path(value.strip())
+                candidates += [home.parent, Path(os.path.realpath(home)).parent]
+    found: list[Path] = []
+    for path in candidates:
+        if path != Path("/") and path.is_dir() and path not in found:
+            found.append(path)
+    return found
+
+
+def run_sandboxed(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    limits: Limits,
+    writable: Sequence[Path],
+    readable: Sequence[Path],
+    use_bwrap: bool,
+) -> ProcessResult:
+    """Run ``argv`` to completion (or ``timeout`` seconds) and clean up after it.
+
+    Preconditions: absolute paths; ``cwd`` and every ``writable`` path exist;
+    ``readable`` paths that do not exist are skipped. Raises ValueError for
+    bad arguments and SandboxError when the sandbox cannot be set up; a
+    command that cannot be started gives returncode 127. When it returns,
+    the command and every process it started are gone. Under root, the
+    ``writable`` trees are chowned to 65534 as a side effect.
+    """
+    argv = _checked_argv(argv)
+    cwd, writable_paths, readable_paths = _checked_paths(cwd, writable, readable)
+    env = _checked_env(env)
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+
+    drop = os.geteuid() == 0
+    with _RUN_LOCK:
+        if drop:
+            for path in writable_paths:
+                _chown_tree(path, NOBODY_UID, NOBODY_GID)
+            if not use_bwrap:
+                # Outside bwrap nobody must reach the real paths; say so plainly
+                # instead of letting the command fail with EACCES.
+                for path in [cwd, *writable_paths]:
+                    _check_reachable(path, NOBODY_UID, NOBODY_GID, "directory")
+                program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+                if program is not None:
+                    _check_reachable(Path(os.path.realpath(program)), NOBODY_UID, NOBODY_GID, "program")
+        rlimits = _rlimit_plan(limits, NOBODY_UID if drop else os.getuid())
+        _become_subreaper()
+        before = _child_pids()
+        status_read, status_write = os.pipe()
+        with (
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            open(status_read, "rb", buffering=0) as status,
+            open(status_write, "wb", buffering=0) as status_sink,
+        ):
+            popen_kwargs: dict[str, Any]
+            if use_bwrap:
+                command = _bwrap_command(
+                    argv, cwd=cwd, env=env, writable=writable_paths, readable=readable_paths, drop=drop
+                )
+                # bwrap reports {"exit-code": n} only if the command really ran,
+                # which tells a broken sandbox from a failing command.
+                command[1:1] = ["--json-status-fd", str(status_write)]
+                # bwrap sets no_new_privs itself; a setuid bwrap must not get it earlier.
+                popen_kwargs = {
+                    "cwd": "/",
+                    "env": {},
+                    "pass_fds": (status_write,),
+                    "preexec_fn": _preexec(rlimits, no_new_privs=False),
+                }
+            else:
+                command = argv
+                popen_kwargs = {"cwd": cwd, "env": env, "preexec_fn": _preexec(rlimits, no_new_privs=True)}
+                if drop:
+                    popen_kwargs.update(user=NOBODY_UID, group=NOBODY_GID, extra_groups=[])
+            started = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    **popen_kwargs,
+                )
+            except subprocess.SubprocessError as exc:
+                # Only preexec_fn failures land here: limits or prctl refused.
+                raise SandboxError(f"could not apply limits to the child: {exc}") from exc
+            except OSError as exc:
+                if use_bwrap:
+                    raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+                err.write(f"sandbox: cannot run {argv[0]!r}: {exc}\n".encode())
+                return _result(127, False, out, err, limits, time.monotonic() - started, use_bwrap, 0)
+            # Only the child holds the write end now, so the read below ends at its exit.
+            status_sink.close()
+            timed_out = False
+            try:
+                timed_out = _wait(proc, timeout)
+            finally:
+                # Also runs on KeyboardInterrupt: never leave the group behind.
+                _kill_group(proc.pid)
+                proc.wait()
+                wall_time = time.monotonic() - started
+                strays = _sweep(before)
+            result = _result(proc.returncode, timed_out, out, err, limits, wall_time, use_bwrap, strays)
+            if use_bwrap and not timed_out and b'"exit-code"' not in _read_available(status):
+                tail = result.stderr[-2000:].decode(errors="replace")
+                if proc.returncode is not None and proc.returncode < 0:
+                    # bubblewrap itself was killed from outside (not the
+                    # agent inside it, whose exit bubblewrap would report).
+                    name = signal.Signals(-proc.returncode).name
+                    raise SandboxError(f"the sandbox was killed by {name} before the command finished: {tail}")
+                raise SandboxError(f"bubblewrap could not set up the sandbox: {tail}")
+            return result
+
+
+# --- argument checks ----------------------------------------------------------
+
+
+def _checked_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str) or not argv or not all(isinstance(arg, str) for arg in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    return list(argv)
+
+
+def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
+            raise ValueError(f"bad environment entry {key!r}={value!r}")
+    return dict(env)
+
+
+def _checked_paths(
+    cwd: Path, writable: Sequence[Path], readable: Sequence[Path]
+) -> tuple[Path, list[Path], list[Path]]:
+    cwd = Path(cwd)
+    if not cwd.is_absolute() or not cwd.is_dir():
+        raise ValueError(f"cwd must be an existing absolute directory, got {cwd}")
+    writable_paths = [Path(path) for path in writable]
+    readable_paths = [Path(path) for path in readable]
+    for path in [*writable_paths, *readable_paths]:
+        if not path.is_absolute():
+            raise ValueError(f"sandbox paths must be absolute, got {path}")
+        if path == Path("/"):
+            # Binding / would expose the database and the keys.
+            raise ValueError("the root filesystem can never be bound into a sandbox")
+    for path in writable_paths:
+        if not path.exists():
+            raise ValueError(f"writable path {path} does not exist")
+    return cwd, writable_paths, [path for path in readable_paths if path.exists()]
+
+
+# --- limits and privileges ----------------------------------------------------
+
+
+def _rlimit_plan(limits: Limits, uid: int) -> list[tuple[int, tuple[int, int]]]:
+    """The (resource, (soft, hard)) pairs to set in the child.
+
+    RLIMIT_NPROC counts every task of the real uid on the host, so the
+    budget is added to what the uid already runs. Values are clamped to the
+    current hard limit, which an unprivileged child could not raise.
+    """
+    plan = [
+        # One second of grace: SIGXCPU first, SIGKILL at the hard limit.
+        (resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1)),
+        (resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes)),
+        (resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes)),
+        (resource.RLIMIT_NPROC, (_task_count(uid) + limits.processes,) * 2),
+        (resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    clamped = []
+    for res, (soft, hard) in plan:
+        _, current_hard = resource.getrlimit(res)
+        if current_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current_hard), min(hard, current_hard)
+        clamped.append((res, (soft, hard)))
+    return clamped
+
+
+def _task_count(uid: int) -> int:
+    """Tasks (threads included, as RLIMIT_NPROC counts them) whose real uid is ``uid``.
+
+    Only processes whose /proc folder belongs to ``uid`` (their effective
+    uid) are read: a stat costs far less than rendering every process's
+    status, and a process whose real and effective uids differ (a setuid
+    program) is not one a trial's unprivileged user runs.
+    """
+    total = 0
+    for name in _proc_pids():
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/status", "rb") as handle:
+                status = handle.read()
+        except OSError:
+            continue
+        real_uid = threads = None
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                real_uid = int(line.split()[1])
+            elif line.startswith(b"Threads:"):
+                threads = int(line.split()[1])
+        if real_uid == uid:
+            total += threads or 1
+    return total
+
+
+def _prctl(option: int, value: int) -> None:
+    if _LIBC is None or _LIBC.prctl(option, value, 0, 0, 0) != 0:
+        errno = ctypes.get_errno() if _LIBC is not None else 0
+        raise OSError(errno, f"prctl({option}, {value}) failed: {os.strerror(errno)}")
+
+
+def _preexec(rlimits: list[tuple[int, tuple[int, int]]], *, no_new_privs: bool) -> Callable[[], None]:
+    """The function run in the child between fork and exec (after any setuid)."""
+
+    def preexec() -> None:
+        for res, value in rlimits:
+            resource.setrlimit(res, value)
+        # Die with the worker instead of running on as an orphan.
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if no_new_privs:
+            # setuid binaries (su, sudo, ...) must not hand root back.
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+    return preexec
+
+
+def _become_subreaper() -> None:
+    """Make orphaned descendants reparent to this process so the sweep sees them."""
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError as exc:
+        raise SandboxError(f"cannot become a child subreaper: {exc}") from exc
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def first_blocked(path: Path, uid: int = NOBODY_UID, gid: int = NOBODY_GID) -> Path | None:
+    """The first of ``path`` and its ancestors that uid/gid may not search or execute.
+
+    None when the whole path is reachable. Looks at mode bits only (no ACLs),
+    and at the path as given: pass a resolved path to check a symlink's target.
+    """
+    for part in [*reversed(path.parents), path]:
+        st = part.stat()
+        if st.st_uid == uid:
+            bit = 0o100
+        elif st.st_gid == gid:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return part
+    return None
+
+
+def _check_reachable(path: Path, uid: int, gid: int, what: str) -> None:
+    blocked = first_blocked(path, uid, gid)
+    if blocked is not None:
+        raise SandboxError(
+            f"{what} {path} is unreachable for uid {uid} without bubblewrap: {blocked} is not searchable "
+            "or executable by it (use directories with mode 0711 or wider, and an interpreter outside /root)"
+        )
+
+
+# --- bubblewrap ---------------------------------------------------------------
+
+
+def _bwrap_command(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    writable: list[Path],
+    readable: list[Path],
+    drop: bool,
+) -> list[str]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bwrap is not installed")
+    if drop:
+        # Everything --unshare-all does except the user namespace: as root it
+        # would map the sandbox back to root, and the drop to 65534 below
+        # needs to happen in the host's user namespace to count for RLIMIT_NPROC.
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        namespaces = ["--unshare-all"]
+    command = [bwrap, *namespaces, "--die-with-parent", "--new-session"]
+    # Host directories visible in the sandbox: their subdirectories already exist.
+    host_mounts: list[Path] = []
+    for name in SYSTEM_DIRS:
+        if os.path.islink(name):
+            command += ["--symlink", os.readlink(name), name]
+            host_mounts.append(Path(name))
+        elif os.path.isdir(name):
+            command += ["--ro-bind", name, name]
+            host_mounts.append(Path(name))
+    system_mounts = list(host_mounts)
+    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    fresh_mounts = {Path("/proc"), Path("/dev"), Path("/tmp")}
+
+    interpreter = [Path(sys.prefix), Path(sys.base_prefix)]
+    binds = [("--ro-bind", path) for path in [*interpreter, *readable] if path.exists()]
+    binds += [("--bind", path) for path in writable]
+    created: set[Path] = set()
+    seen: set[tuple[str, Path]] = set()
+    # Parents first, so a later bind never hides an earlier one below it.
+    for flag, path in sorted(binds, key=lambda bind: len(bind[1].parts)):
+        if (flag, path) in seen or (flag == "--ro-bind" and _covered(path, system_mounts)):
+            continue
+        seen.add((flag, path))
+        for parent in reversed(path.parents):
+            if parent == Path("/") or parent in created or parent in fresh_mounts or _covered(parent, host_mounts):
+                continue
+            # bwrap would create missing parents 0700, unreachable after the drop.
+            command += ["--perms", "0755", "--dir", str(parent)]
+            created.add(parent)
+        command += [flag, str(path), str(path)]
+        host_mounts.append(path)
+
+    command.append("--clearenv")
+    for key, value in env.items():
+        command += ["--setenv", key, value]
+    command += ["--chdir", str(cwd), "--"]
+    uid, gid = (str(NOBODY_UID), str(NOBODY_GID)) if drop else ("-", "-")
+    keep_pwd = "1" if "PWD" in env else "0"
+    tools = _exec_tools()
+    if tools is not None and "=" not in argv[0]:
+        # The same steps with two small C programs: a second Python start-up
+        # costs more than a whole trivial trial.
+        setpriv, env_program = tools
+        drop_to = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if drop else []
+        unset = [] if keep_pwd == "1" else ["-u", "PWD"]
+        return [*command, *drop_to, env_program, *unset, "--", *argv]
+    return [*command, sys.executable, "-I", "-S", "-c", _BWRAP_EXEC, uid, gid, keep_pwd, *argv]
+
+
+@functools.cache
+def _exec_tools() -> tuple[str, str] | None:
+    """setpriv and env from the system directories (bound in every sandbox),
+    or None to fall back to the Python shim. An ``env`` exits with 127 and
+    names the program when it cannot run it, like the shim."""
+    found = []
+    for name in ("setpriv", "env"):
+        for directory in ("/usr/bin", "/bin"):
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                found.append(path)
+                break
+        else:
+            return None
+    return found[0], found[1]
+
+
+def _covered(path: Path, mounts: Sequence[Path]) -> bool:
+    return any(path == mount or mount in path.parents for mount in mounts)
+
+
+# --- processes ----------------------------------------------------------------
+
+
+def _proc_pids() -> list[str]:
+    try:
+        return [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _child_pids() -> set[int]:
+    """Pids whose parent is this process, read from /proc/<pid>/stat."""
+    me = os.getpid()
+    children = set()
+    for name in _proc_pids():
+        # Plain descriptors: this runs over every process, twice per command.
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            stat = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        # The command name may contain spaces and parentheses; fields resume after the last ')'.
+        fields_after_comm = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields_after_comm[1]) == me:
+            children.add(int(name))
+    return children
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for ``proc`` to exit; True when ``timeout`` passed first.
+
+    ``Popen.wait(timeout=...)`` polls with sleeps of up to 50 ms, which
+    costs more than a whole fast trial; a pidfd wakes us the moment the
+    child exits. Falls back to polling where pidfds are unavailable.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    if not ready:
+        return True
+    proc.wait()
+    return False
+
+
+def _kill_group(pgid: int) -> None:
+    # The group id stays reserved while any member lives, so this cannot hit a stranger.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _sweep(before: set[int]) -> int:
+    """Kill and reap every child of this process not present in ``before``.
+
+    Escaped daemons were reparented here (subreaper), and killing one can
+    reparent its own children here, so repeat until a pass finds none.
+    Returns how many processes were reaped.
+    """
+    reaped = 0
+    deadline = time.monotonic() + SWEEP_SECONDS
+    while time.monotonic() < deadline:
+        strays = _child_pids() - before
+        if not strays:
+            return reaped
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in strays:
+            reaped += _reap(pid, deadline)
+    raise SandboxError(f"processes of the sandboxed command survived {SWEEP_SECONDS} s of SIGKILL")
+
+
+def _reap(pid: int, deadline: float) -> int:
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if done:
+            return 1
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.005)
+
+
+def _result(
+    returncode: int,
+    timed_out: bool,
+    out: IO[bytes],
+    err: IO[bytes],
+    limits: Limits,
+    wall_time: float,
+    use_bwrap: bool,
+    strays: int,
+) -> ProcessResult:
+    if use_bwrap and returncode > 128 and (returncode - 128) in signal.valid_signals():
+        returncode = -(returncode - 128)
+    stdout, stdout_truncated = _read_head(out, limits.output_bytes)
+    stderr, stderr_truncated = _read_tail(err, limits.output_bytes)
+    return ProcessResult(
+        returncode=returncode,
+        timed_out=timed_out,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=stdout_truncated,
+        stderr_truncated=stderr_truncated,
+        wall_time=wall_time,
+        killed_by_signal=-returncode if returncode < 0 else None,
+        strays_reaped=strays,
+    )
+
+
+def _read_available(stream: IO[bytes]) -> bytes:
+    """What the pipe holds; every writer is gone, so this never blocks."""
+    os.set_blocking(stream.fileno(), False)
+    chunks = []
+    while len(chunks) < 64:
+        try:
+            chunk = stream.read(65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_head(stream: IO[bytes], cap: int) -> tuple[bytes, bool]:
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(0)
+    return stream.read(cap), size > cap
+
+
+def _read_tail(stream: IO[bytes], cap: int) -> tuple[bytes, bool]:
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, size - cap))
+    return stream.read(cap), size > cap

@@ -1,0 +1,270 @@
+"""Reads of the evolution domain (no writes here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+
+from evolution import metrics
+from evolution.models import (
+    EVOLVE_SPLITS,
+    Candidate,
+    CertifiedResult,
+    Evaluation,
+    EvaluationSplitStats,
+    Experiment,
+    SplitMembership,
+    SplitName,
+    Trial,
+)
+
+
+def _count_of(queryset: QuerySet[Any]) -> Coalesce:
+    """A correlated ``COUNT(*)`` of ``queryset`` (filtered on ``OuterRef``):
+    one index probe per row, where joining two many-sided tables and counting
+    distinct would multiply them."""
+    counted = queryset.order_by().values("experiment_id").annotate(n=Count("pk")).values("n")
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def experiment_overview() -> QuerySet[Experiment]:
+    """Experiments with candidate and certified-record counts, newest first."""
+    return (
+        Experiment.objects.select_related("benchmark", "surface", "evaluator")
+        .annotate(
+            candidate_count=_count_of(Candidate.objects.filter(experiment=OuterRef("pk"))),
+            accepted_count=_count_of(
+                Candidate.objects.filter(experiment=OuterRef("pk"), state=Candidate.State.ACCEPTED)
+            ),
+            record_count=_count_of(CertifiedResult.objects.filter(experiment=OuterRef("pk"))),
+        )
+        .order_by("-created_at")
+    )
+
+
+def run_trial_counts(*, run_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Per run: trials started, finished and finished with an error, from the
+    evaluations' own counters (two queries whatever the number of trials:
+    errors are found through the trial state index)."""
+    counts: dict[int, dict[str, int]] = {}
+    for row in (
+        Evaluation.objects.filter(run_id__in=run_ids)
+        .values("run_id")
+        .annotate(started=Sum("trials_total"), done=Sum("trials_finished"))
+        .order_by()
+    ):
+        counts[row["run_id"]] = {"started": row["started"] or 0, "done": row["done"] or 0, "errors": 0}
+    for row in (
+        Trial.objects.filter(state=Trial.State.ERROR, evaluation__run_id__in=run_ids)
+        .values("evaluation__run_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    ):
+        counts.setdefault(row["evaluation__run_id"], {"started": 0, "done": 0, "errors": 0})["errors"] = row["n"]
+    return counts
+
+
+def candidate_scores(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    mean_score: bool,
+    candidate_ids: QuerySet[Any] | None = None,
+) -> dict[int, tuple[float, float | None]]:
+    """Score (pass@1, or mean score when ``mean_score``) and mean tokens per
+    trial of each candidate over its certified ``purposes`` evaluations on
+    ``splits``, as the gate computes them; optionally only the candidates of
+    ``candidate_ids`` (a values("pk") queryset). Read from the per-split
+    totals stored at certification (two queries: the second counts the
+    trials of any certified evaluation stored without totals, e.g. imported
+    ones, and finds none in the usual case)."""
+    certified = Evaluation.objects.filter(
+        experiment_id=experiment_id, state=Evaluation.State.CERTIFIED, purpose__in=purposes
+    )
+    if candidate_ids is not None:
+        certified = certified.filter(candidate_id__in=candidate_ids)
+    totals: dict[int, list[float]] = {}
+    stored = (
+        EvaluationSplitStats.objects.filter(evaluation__in=certified.values("pk"), split__in=splits)
+        .values("candidate_id")
+        .annotate(
+            n=Sum("trials"),
+            passed=Sum("passed"),
+            score_sum=Sum("score_sum"),
+            tokens_total=Sum("tokens_sum"),
+            tokens_n=Sum("tokens_count"),
+        )
+        .order_by()
+    )
+    unstored = (
+        Trial.objects.filter(evaluation__in=certified.filter(split_stats__isnull=True).values("pk"), split__in=splits)
+        .values("candidate_id")
+        .annotate(
+            n=Count("pk"),
+            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
+            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR)),
+            tokens_total=Sum("tokens"),
+            tokens_n=Count("tokens"),
+        )
+        .order_by()
+    )
+    for row in [*stored, *unstored]:
+        parts = totals.setdefault(row["candidate_id"], [0, 0, 0.0, 0, 0])
+        for i, key in enumerate(("n", "passed", "score_sum", "tokens_total", "tokens_n")):
+            parts[i] += row[key] or 0
+    result = {}
+    for candidate_id, (n, passed, score_sum, tokens, tn) in totals.items():
+        if n:
+            result[candidate_id] = ((score_sum if mean_score else passed) / n, tokens / tn if tn else None)
+    return result
+
+
+def _trial_record(
+    task: str, split: str, index: int, outcome: str, score: float | None, tokens: int | None, steps: int | None
+) -> metrics.TrialRecord:
+    return metrics.TrialRecord(
+        task=task,
+        split=split,
+        index=index,
+        passed=outcome == Trial.Outcome.PASS,
+        score=score if score is not None else 0.0,
+        tokens=tokens,
+        steps=steps,
+        error=outcome == Trial.Outcome.ERROR,
+    )
+
+
+def evaluation_trial_records(*, evaluation: Evaluation) -> list[metrics.TrialRecord]:
+    """An evaluation's finished trials as metric inputs (one query)."""
+    rows = Trial.objects.filter(evaluation=evaluation).values_list(
+        "task__external_id", "split", "index", "outcome", "score", "tokens", "steps"
+    )
+    return [_trial_record(*row) for row in rows]
+
+
+def evaluation_summary(*, evaluation: Evaluation) -> dict[str, metrics.SplitSummary]:
+    """Per-split rate, contribution, pass@k, pass^k and cost of an evaluation.
+
+    Contributions are relative to all tasks of the experiment's own
+    benchmark (held-out tasks excluded), so train + gate + sealed
+    contributions add up to the benchmark-wide pass@1.
+    """
+    counts = SplitMembership.objects.filter(experiment_id=evaluation.experiment_id)
+    own_total = counts.exclude(split=SplitName.HELDOUT).count()
+    heldout_total = counts.filter(split=SplitName.HELDOUT).count()
+    records = evaluation_trial_records(evaluation=evaluation)
+    own = [r for r in records if r.split != SplitName.HELDOUT]
+    heldout = [r for r in records if r.split == SplitName.HELDOUT]
+    summary = metrics.split_summaries(own, own_total) if own else {}
+    if heldout:
+        # Held-out benchmarks are reported against their own size.
+        summary.update(metrics.split_summaries(heldout, heldout_total))
+    return summary
+
+
+REPORTED_PURPOSES = (Evaluation.Purpose.BASELINE, Evaluation.Purpose.CANDIDATE, Evaluation.Purpose.TRANSFER)
+
+
+def candidate_trial_records(*, candidate: Candidate) -> list[metrics.TrialRecord]:
+    """The candidate's certified trials, one evaluation per split (the seed's
+    noise repeats are left out so every task has exactly k trials)."""
+    rows = Trial.objects.filter(
+        candidate=candidate,
+        evaluation__state=Evaluation.State.CERTIFIED,
+        evaluation__purpose__in=REPORTED_PURPOSES,
+    ).values_list("evaluation_id", "task__external_id", "split", "index", "outcome", "score", "tokens", "steps")
+    first_evaluation: dict[str, int] = {}
+    for evaluation_id, _, split, *_ in sorted(rows):
+        first_evaluation.setdefault(split, evaluation_id)
+    return [_trial_record(*row[1:]) for row in rows if first_evaluation[row[2]] == row[0]]
+
+
+@dataclass(frozen=True)
+class CandidateMetrics:
+    splits: dict[str, metrics.SplitSummary]
+    delta_score: float | None  # evolve-set pass@1 minus the parent's
+    delta_cost: float | None  # relative change in tokens per trial
+    delta_ci: tuple[float, float, float] | None  # paired bootstrap over evolve tasks: (mean, low, high)
+
+
+def candidate_metrics(*, candidate: Candidate, evolve_splits: tuple[str, ...] = EVOLVE_SPLITS) -> CandidateMetrics:
+    """Per-split rate and contribution (labelled apart), pass@k, pass^k,
+    tokens and steps; and dS, dC against the parent with a paired bootstrap
+    confidence interval of dS over the evolve tasks."""
+    total = (
+        SplitMembership.objects.filter(experiment_id=candidate.experiment_id).exclude(split=SplitName.HELDOUT).count()
+    )
+    own = candidate_trial_records(candidate=candidate)
+    summaries = metrics.split_summaries([r for r in own if r.split != SplitName.HELDOUT], total) if own else {}
+    heldout = [r for r in own if r.split == SplitName.HELDOUT]
+    if heldout:
+        heldout_total = SplitMembership.objects.filter(
+            experiment_id=candidate.experiment_id, split=SplitName.HELDOUT
+        ).count()
+        summaries.update(metrics.split_summaries(heldout, heldout_total))
+    if candidate.parent_id is None:
+        return CandidateMetrics(summaries, None, None, None)
+    parent = candidate_trial_records(candidate=candidate.parent)
+    mine = [r for r in own if r.split in evolve_splits]
+    theirs = [r for r in parent if r.split in evolve_splits]
+    if not mine or not theirs:
+        return CandidateMetrics(summaries, None, None, None)
+    d_score = metrics.pass_at_1(mine) - metrics.pass_at_1(theirs)
+    new_cost, old_cost = metrics.mean_tokens(mine), metrics.mean_tokens(theirs)
+    d_cost = metrics.relative_cost_change(new_cost, old_cost) if new_cost is not None and old_cost else None
+    ci = metrics.paired_bootstrap_ci(
+        metrics.task_mean_scores(theirs), metrics.task_mean_scores(mine), seed=candidate.pk
+    )
+    return CandidateMetrics(summaries, d_score, d_cost, ci)
+
+
+@dataclass(frozen=True)
+class ExternalResult:
+    """One ingested external submission: never certified, always labelled external."""
+
+    evaluation: Evaluation
+    source: dict[str, Any]
+    trials: int
+    passed: int
+    mean_score: float | None
+    mean_tokens: float | None
+    splits: dict[str, metrics.SplitSummary]  # empty when tasks have uneven trial counts
+
+
+def candidate_external_results(*, candidate: Candidate) -> list[ExternalResult]:
+    """The candidate's external evaluations, newest first, with their numbers.
+
+    Kept apart from ``candidate_trial_records``/``candidate_metrics``, which
+    count certified evaluations only.
+    """
+    total = (
+        SplitMembership.objects.filter(experiment_id=candidate.experiment_id).exclude(split=SplitName.HELDOUT).count()
+    )
+    evaluations = Evaluation.objects.filter(
+        candidate=candidate, external=True, state=Evaluation.State.EXTERNAL
+    ).order_by("-created_at", "-pk")
+    found = []
+    for evaluation in evaluations:
+        records = evaluation_trial_records(evaluation=evaluation)
+        tokens = [r.tokens for r in records if r.tokens is not None]
+        try:
+            own = [r for r in records if r.split != SplitName.HELDOUT]
+            splits = metrics.split_summaries(own, total) if own else {}
+        except ValueError:
+            splits = {}
+        found.append(
+            ExternalResult(
+                evaluation=evaluation,
+                source=evaluation.source,
+                trials=len(records),
+                passed=sum(r.passed for r in records),
+                mean_score=sum(r.score for r in records) / len(records) if records else None,
+                mean_tokens=sum(tokens) / len(tokens) if tokens else None,
+                splits=splits,
+            )
+        )
+    return found

@@ -1,0 +1,414 @@
+"""Evaluations and trials: start, claim, execute, finish, reap.
+
+Every step is safe to run twice. A trial is claimed with a conditional
+UPDATE (pending, or running with an expired lease) and finished with another
+conditional UPDATE that names the claim (owner and attempt), so a worker
+whose lease was taken over cannot overwrite the newer result. The trial that
+finishes an evaluation enqueues certification after commit; the certifier
+itself is idempotent, and the reaper re-enqueues whatever a lost message or a
+killed worker left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from evolution import digests, faults
+from evolution.models import Candidate, Evaluation, Evaluator, Run, SplitMembership, Tree, Trial
+from evolution.sandbox import Limits
+from evolution.services.records import evaluator_config_digest
+from evolution.services.snapshots import tree_entries
+from evolution.services.trajectories import trajectory_store
+from evolution.trees import FileEntry, materialize
+from evolution.trials import TrialResult, TrialSpec, run_trial
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+# A candidate may have several evaluations (seed repeats for the noise band,
+# transfer runs on sealed splits after the gate). Only an APPROVED candidate
+# changes state when evaluated; the others keep the state the gate gave them.
+EVALUABLE_STATES = (
+    Candidate.State.APPROVED,
+    Candidate.State.EVALUATING,
+    Candidate.State.CERTIFIED,
+    Candidate.State.ACCEPTED,
+    Candidate.State.REJECTED_GATE,
+)
+
+
+class EvaluationError(ValueError):
+    pass
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def trial_seed(base_seed: int, task_external_id: str, index: int) -> int:
+    """A trial's seed from the evaluation seed, the task and the trial index.
+
+    Independent of database ids, so the same evaluation in another experiment
+    (or after a crash and resume) runs with the same seeds.
+    """
+    material = digests.sha256_hex(f"{base_seed}\n{task_external_id}\n{index}".encode())
+    return int(material[:12], 16)
+
+
+def _infra_error(message: str) -> TrialResult:
+    return TrialResult(
+        outcome=Trial.Outcome.ERROR,
+        score=None,
+        criteria_results=[],
+        tokens=None,
+        steps=None,
+        wall_time=0.0,
+        valid_output=None,
+        submitted=None,
+        error_kind=Trial.ErrorKind.INFRA,
+        error=message,
+        sandbox_profile="",
+        trajectory=None,
+        agent_log="",
+    )
+
+
+def _enqueue_trials(trial_ids: Sequence[int]) -> None:
+    from evolution.tasks import trial_run
+
+    faults.checkpoint("publish:trials")
+    for trial_id in trial_ids:
+        trial_run.delay(trial_id)
+
+
+def _enqueue_certify(evaluation_id: int) -> None:
+    from evolution.tasks import result_certify
+
+    result_certify.delay(evaluation_id)
+
+
+def evaluation_start(
+    *,
+    candidate: Candidate,
+    splits: Sequence[str],
+    k: int | None = None,
+    purpose: str = Evaluation.Purpose.CANDIDATE,
+    repeat: int = 0,
+    seed: int | None = None,
+    run: Run | None = None,
+) -> Evaluation:
+    """Create an evaluation of ``candidate`` on every task of ``splits`` with
+    ``k`` trials each, and enqueue its trials after commit.
+
+    Precondition: the candidate is approved for evaluation (or certified,
+    for a repeat or transfer evaluation).
+    """
+    experiment = candidate.experiment
+    k = k or experiment.trials_per_task
+    if k < 1:
+        raise EvaluationError("k must be at least 1")
+    unknown = set(splits) - set(experiment.split_digests)
+    if not splits or unknown:
+        raise EvaluationError(f"unknown or empty splits: {sorted(unknown) or '(none)'}")
+    base_seed = int(experiment.run_settings.get("seed", 0)) if seed is None else seed
+    base_seed += repeat
+
+    with transaction.atomic():
+        locked = Candidate.objects.select_for_update().get(pk=candidate.pk)
+        if locked.state not in EVALUABLE_STATES:
+            raise EvaluationError(f"candidate {locked.pk} is {locked.state}; it cannot be evaluated")
+        memberships = (
+            SplitMembership.objects.filter(experiment=experiment, split__in=splits)
+            .select_related("task")
+            .order_by("split", "task__external_id")
+        )
+        evaluation = Evaluation.objects.create(
+            experiment=experiment,
+            candidate=locked,
+            run=run,
+            purpose=purpose,
+            repeat=repeat,
+            splits=sorted(splits),
+            k=k,
+            seed=base_seed,
+            # The evaluator as stored now (the one the trials will load), not
+            # a copy the caller may hold from before a change.
+            evaluator_digest=evaluator_config_digest(Evaluator.objects.get(experiments=experiment)),
+        )
+        lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+        trials = [
+            Trial(
+                evaluation=evaluation,
+                candidate=locked,
+                task=membership.task,
+                split=membership.split,
+                index=index,
+                seed=trial_seed(base_seed, membership.task.external_id, index),
+                # For a pending trial the lease is the time after which the
+                # reaper assumes its message was lost and sends it again.
+                lease_expires_at=lease,
+            )
+            for membership in memberships
+            for index in range(k)
+        ]
+        Trial.objects.bulk_create(trials)
+        evaluation.trials_total = len(trials)
+        evaluation.save(update_fields=["trials_total"])
+        Candidate.objects.filter(pk=locked.pk, state=Candidate.State.APPROVED).update(state=Candidate.State.EVALUATING)
+        trial_ids = list(Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True))
+        transaction.on_commit(lambda: _enqueue_trials(trial_ids))
+    return evaluation
+
+
+def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
+    """Claim a trial for ``owner``; None when someone else holds it or it is
+    finished. Safe to call for a duplicate message."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+    claimable = Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING, lease_expires_at__lt=now)
+    claimed = Trial.objects.filter(claimable, pk=trial_id, evaluation__state=Evaluation.State.RUNNING).update(
+        state=Trial.State.RUNNING,
+        lease_owner=owner,
+        lease_expires_at=lease,
+        attempt=F("attempt") + 1,
+        started_at=now,
+    )
+    if not claimed:
+        return None
+    return Trial.objects.select_related("task__benchmark", "evaluation__experiment__evaluator", "candidate").get(
+        pk=trial_id
+    )
+
+
+# Trees are content-addressed (a digest names exactly one content), so the
+# files a worker read for one trial serve every later trial of the same
+# candidate, evaluator or task without two queries each. Bounded, oldest out.
+TREE_CACHE_BYTES = 32 << 20
+TREE_CACHE_TREES = 256
+_tree_cache: OrderedDict[str, tuple[list[FileEntry], int]] = OrderedDict()
+_tree_cache_size = [0]
+_tree_cache_lock = threading.Lock()
+
+
+def _tree_materialize_cached(digest: str, dest: Path) -> None:
+    """Write the tree ``digest`` into ``dest`` like ``tree_materialize``
+    (entries re-validated by ``materialize`` on every write)."""
+    with _tree_cache_lock:
+        cached = _tree_cache.get(digest)
+        if cached is not None:
+            _tree_cache.move_to_end(digest)
+    if cached is not None:
+        entries = cached[0]
+    else:
+        entries = tree_entries(tree=Tree(digest=digest))
+        size = sum(len(entry.data) for entry in entries)
+        if size <= TREE_CACHE_BYTES // 4:
+            with _tree_cache_lock:
+                if digest not in _tree_cache:
+                    _tree_cache[digest] = (entries, size)
+                    _tree_cache_size[0] += size
+                while _tree_cache_size[0] > TREE_CACHE_BYTES or len(_tree_cache) > TREE_CACHE_TREES:
+                    _, (_dropped, dropped_size) = _tree_cache.popitem(last=False)
+                    _tree_cache_size[0] -= dropped_size
+    materialize(entries, dest)
+
+
+def _trial_spec(trial: Trial, root: Path) -> TrialSpec:
+    evaluator = trial.evaluation.experiment.evaluator
+    harness_dir = root / "harness"
+    task_dir = root / "task"
+    evaluator_dir = root / "evaluator"
+    # Materialized for every trial (from the database, or from this process's
+    # memory of the same content-addressed tree): no worker depends on a
+    # shared disk, and nothing edited on disk between trials is ever used.
+    _tree_materialize_cached(trial.candidate.tree_id, harness_dir)
+    _tree_materialize_cached(evaluator.files_id, evaluator_dir)
+    if trial.task.public_files_id:
+        _tree_materialize_cached(trial.task.public_files_id, task_dir)
+    task_dir.mkdir(parents=True, exist_ok=True)
+    (task_dir / "instruction.md").write_text(trial.task.instruction)
+    return TrialSpec(
+        harness_dir=harness_dir,
+        task_dir=task_dir,
+        evaluator_dir=evaluator_dir,
+        private={"expected": trial.task.expected, "criteria": trial.task.criteria},
+        runner_argv=list(evaluator.runner_argv),
+        verifier_argv=list(evaluator.verifier_argv),
+        env_allowlist=list(evaluator.env_allowlist),
+        extra_env={"RSI_SEED": str(trial.seed), "RSI_TRIAL_INDEX": str(trial.index)},
+        timeout_seconds=min(evaluator.timeout_seconds, settings.RSI_TRIAL_TIMEOUT),
+        limits=Limits.from_dict(evaluator.limits),
+        seed=trial.seed,
+        trial_index=trial.index,
+        sandbox_mode=settings.RSI_SANDBOX,
+        python=settings.RSI_PYTHON,
+        # Fresh copies made for this trial alone: moved, not copied a second time.
+        move_inputs=True,
+    )
+
+
+def lease_renew(*, trial: Trial, owner: str) -> bool:
+    """Push the lease of a trial ``owner`` still holds forward; False when
+    the claim was lost (taken over, cancelled or finished)."""
+    lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+    return bool(
+        Trial.objects.filter(pk=trial.pk, state=Trial.State.RUNNING, lease_owner=owner, attempt=trial.attempt).update(
+            lease_expires_at=lease
+        )
+    )
+
+
+@contextmanager
+def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
+    """Renew the trial's lease every third of its length while it runs.
+
+    The lease says "a live worker holds this"; a trial that runs longer than
+    the lease (a slow agent, a loaded machine) must not be taken over while
+    its worker is alive, or every attempt is stolen before it finishes. Only
+    a worker that died stops renewing, and the reaper then sends the trial
+    again. Inside a caller's transaction (tests, in-process drivers) the
+    caller already holds the row, and a second connection would only wait
+    for it, so no renewal runs there.
+    """
+    interval = max(0.2, settings.RSI_TRIAL_LEASE_SECONDS / 3)
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(interval):
+                if not lease_renew(trial=trial, owner=owner):
+                    return
+        except Exception:  # a missed renewal only risks a duplicate attempt, which is safe
+            logger.exception("trial %s: lease renewal failed", trial.pk)
+        finally:
+            connection.close()
+
+    renew = not connection.in_atomic_block and not (connection.vendor == "sqlite" and connection.is_in_memory_db())
+    thread = threading.Thread(target=beat, name=f"lease-{trial.pk}", daemon=True) if renew else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+
+
+def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
+    """Claim, run and finish one trial. Returns False when there was nothing
+    to do (finished already, or claimed by someone else)."""
+    owner = owner or worker_identity()
+    trial = trial_claim(trial_id=trial_id, owner=owner)
+    if trial is None:
+        return False
+    if trial.attempt > MAX_ATTEMPTS:
+        result = _infra_error(f"gave up after {MAX_ATTEMPTS} attempts (worker lost each time)")
+        return trial_finish(trial=trial, owner=owner, result=result)
+    settings.RSI_WORK_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"trial-{trial.pk}-", dir=settings.RSI_WORK_DIR))
+    # Traversable (not listable) so an unprivileged trial user reaches its workspace.
+    root.chmod(0o711)
+    try:
+        spec = _trial_spec(trial, root / "inputs")
+        with _lease_heartbeat(trial, owner):
+            result = run_trial(spec, work_root=root)
+        faults.checkpoint("trial:finished")
+    except Exception as exc:  # the trial must end in a state, never vanish
+        logger.exception("trial %s: infrastructure failure", trial.pk)
+        result = _infra_error(f"{type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return trial_finish(trial=trial, owner=owner, result=result)
+
+
+def _store_trajectory(trial: Trial, document: dict[str, Any]) -> None:
+    # The one writer of trajectories (redacts secrets, replaces any previous one).
+    trajectory_store(trial=trial, document=document)
+
+
+def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
+    """Record a trial's result if ``owner`` still holds the claim, advance the
+    evaluation's counter, and enqueue certification when it was the last."""
+    now = timezone.now()
+    state = Trial.State.ERROR if result.outcome == Trial.Outcome.ERROR else Trial.State.DONE
+    with transaction.atomic():
+        updated = Trial.objects.filter(
+            pk=trial.pk, state=Trial.State.RUNNING, lease_owner=owner, attempt=trial.attempt
+        ).update(
+            state=state,
+            outcome=result.outcome,
+            score=result.score,
+            criteria_results=result.criteria_results,
+            tokens=result.tokens,
+            steps=result.steps,
+            wall_time=result.wall_time,
+            valid_output=result.valid_output,
+            submitted=result.submitted,
+            error_kind=result.error_kind,
+            error=result.error[:10000],
+            sandbox_profile=result.sandbox_profile,
+            finished_at=now,
+            lease_expires_at=None,
+        )
+        if not updated:
+            logger.warning("trial %s: claim by %s was lost; result discarded", trial.pk, owner)
+            return False
+        if result.trajectory:
+            _store_trajectory(trial, result.trajectory)
+        Evaluation.objects.filter(pk=trial.evaluation_id).update(trials_finished=F("trials_finished") + 1)
+        completed = Evaluation.objects.filter(
+            pk=trial.evaluation_id, state=Evaluation.State.RUNNING, trials_finished__gte=F("trials_total")
+        ).update(state=Evaluation.State.COMPLETE, finished_at=now)
+        if completed:
+            # Locked so that two evaluations of one candidate finishing at once
+            # cannot both see the other still running.
+            Candidate.objects.select_for_update().filter(pk=trial.candidate_id).first()
+            if not Evaluation.objects.filter(candidate_id=trial.candidate_id, state=Evaluation.State.RUNNING).exists():
+                Candidate.objects.filter(pk=trial.candidate_id, state=Candidate.State.EVALUATING).update(
+                    state=Candidate.State.EVALUATED
+                )
+            evaluation_id = trial.evaluation_id
+            transaction.on_commit(lambda: _enqueue_certify(evaluation_id))
+    return True
+
+
+def lease_reap(*, now: Any = None, enqueue_trial: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Send again whatever was lost: pending trials whose message never
+    arrived, running trials whose worker died (expired lease), and complete
+    evaluations that were never certified. Safe to run at any time, from any
+    number of processes: every action it triggers is itself idempotent."""
+    now = now or timezone.now()
+    lease = timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+    expired = Q(lease_expires_at__lt=now) & (Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING))
+    trial_ids = list(
+        Trial.objects.filter(expired, evaluation__state=Evaluation.State.RUNNING).values_list("pk", flat=True)[:1000]
+    )
+    # Push pending leases forward so the next pass does not send them again at once.
+    Trial.objects.filter(pk__in=trial_ids, state=Trial.State.PENDING).update(lease_expires_at=now + lease)
+    send = enqueue_trial or (lambda trial_id: _enqueue_trials([trial_id]))
+    for trial_id in trial_ids:
+        send(trial_id)
+    stale = now - lease
+    evaluation_ids = list(
+        Evaluation.objects.filter(state=Evaluation.State.COMPLETE, finished_at__lt=stale).values_list("pk", flat=True)
+    )
+    for evaluation_id in evaluation_ids:
+        _enqueue_certify(evaluation_id)
+    return {"trials": len(trial_ids), "evaluations": len(evaluation_ids)}

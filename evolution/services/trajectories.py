@@ -1,0 +1,153 @@
+"""Trajectories of trials: the only writer of Trajectory and TrajectoryStep.
+
+``trajectory_store`` stores an ATIF-shaped document (secrets redacted,
+replacing the trial's previous trajectory); the worker calls it for the
+trajectory an agent wrote, and ``trajectory_import`` calls it after
+detecting the format, validating and converting (evolution.trajectory_formats).
+Bad input raises ``TrajectoryFormatError`` before anything is written, so
+the previous trajectory stays.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import JSONField
+
+from evolution.models import Trajectory, TrajectoryStep, Trial
+from evolution.redaction import redact
+from evolution.trajectory_formats import ROOT_FIELDS, STEP_FIELDS, TrajectoryFormatError, parse
+
+__all__ = ["TrajectoryFormatError", "trajectory_import", "trajectory_store"]
+
+
+def _message_text(message: Any) -> str:
+    if isinstance(message, str):
+        return message
+    if isinstance(message, list):  # ATIF content parts
+        texts = [part.get("text") for part in message if isinstance(part, dict)]
+        return "\n".join(text for text in texts if isinstance(text, str))
+    return ""
+
+
+def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
+    """Store ``document`` (ATIF-shaped) as ``trial``'s trajectory, replacing any.
+
+    Secrets are redacted first; when any were found the trajectory is marked
+    ``redacted`` and ``extra["redactions"]`` holds {kind: count}. Fields
+    with no column are kept: a step's in its ``extra``, top-level ones in
+    the trajectory's ``extra["document_fields"]``. Lenient about shapes (the
+    worker stores whatever the agent wrote); validate with
+    ``trajectory_formats.parse`` first for strictness.
+    """
+    document, redactions = redact(_without_nul(document))
+    steps = [step for step in document.get("steps") or [] if isinstance(step, dict)]
+    extra = dict(document.get("extra") or {}) if isinstance(document.get("extra"), dict) else {}
+    unknown = {key: value for key, value in document.items() if key not in ROOT_FIELDS}
+    if unknown:
+        extra["document_fields"] = {**extra.get("document_fields", {}), **unknown}
+    if redactions:
+        extra["redactions"] = redactions
+    ids = [_step_id(step.get("step_id"), position) for position, step in enumerate(steps, start=1)]
+    if len(set(ids)) != len(ids):  # an agent's own file with repeated ids: number the steps in order
+        ids = list(range(1, len(steps) + 1))
+    with transaction.atomic():
+        Trajectory.objects.filter(trial=trial).delete()
+        trajectory = Trajectory.objects.create(
+            trial=trial,
+            schema_version=str(document.get("schema_version") or "")[:40],
+            session_id=str(document.get("session_id") or "")[:200],
+            agent=document.get("agent") if isinstance(document.get("agent"), dict) else {},
+            final_metrics=document.get("final_metrics") if isinstance(document.get("final_metrics"), dict) else {},
+            notes=str(document.get("notes") or ""),
+            extra=extra,
+            step_count=len(steps),
+            redacted=bool(redactions),
+        )
+        _steps_insert(
+            [
+                (
+                    trajectory.pk,
+                    step_id,
+                    str(step.get("timestamp") or "")[:64],
+                    str(step.get("source") or "")[:20],
+                    str(step.get("model_name") or "")[:200],
+                    _message_text(step.get("message")),
+                    str(step.get("reasoning_content") or ""),
+                    json.dumps(step.get("tool_calls") or []),
+                    json.dumps(step.get("observation") or {}),
+                    json.dumps(step.get("metrics") or {}),
+                    json.dumps(_step_extra(step)),
+                )
+                for step_id, step in zip(ids, steps, strict=True)
+            ]
+        )
+    return trajectory
+
+
+_STEP_COLUMNS = ("trajectory", *STEP_FIELDS, "extra")
+
+
+def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
+    """Insert step rows (values in ``_STEP_COLUMNS`` order, JSON columns as
+    JSON text) with one prepared statement.
+
+    What ``bulk_create`` would write, without a model instance and a
+    per-field preparation for each of thousands of steps, which cost several
+    times the insert itself.
+    """
+    if not rows:
+        return
+    meta = TrajectoryStep._meta
+    fields = [meta.get_field(name) for name in _STEP_COLUMNS]
+    quote = connection.ops.quote_name
+    jsonb = connection.vendor == "postgresql"
+    columns = ", ".join(quote(field.column) for field in fields)
+    values = ", ".join("%s::jsonb" if jsonb and isinstance(field, JSONField) else "%s" for field in fields)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values})", rows)
+
+
+def _without_nul(value: Any) -> Any:
+    """PostgreSQL text and jsonb cannot hold U+0000: it becomes U+FFFD.
+    ``value`` itself when its JSON text has none (JSON escapes it as \\u0000)."""
+    try:
+        if "\\u0000" not in json.dumps(value, check_circular=False):
+            return value
+    except (TypeError, ValueError, RecursionError):
+        pass
+    return _nul_replaced(value)
+
+
+def _nul_replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_nul_replaced(key): _nul_replaced(child) for key, child in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nul_replaced(child) for child in value]
+    return value
+
+
+def _step_id(value: Any, position: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else position
+
+
+def _step_extra(step: dict[str, Any]) -> dict[str, Any]:
+    extra = {key: value for key, value in step.items() if key not in STEP_FIELDS}
+    if isinstance(step.get("message"), list):
+        extra["message_parts"] = step["message"]
+    return extra
+
+
+def trajectory_import(*, trial: Trial, document: Any, fmt: str = "auto") -> Trajectory:
+    """Validate ``document`` (ATIF v1.x, mini-swe-agent or an OpenAI message
+    list; ``fmt`` "auto" detects which), redact it and store it as
+    ``trial``'s trajectory, replacing any. TrajectoryFormatError, with
+    nothing written, when it is not valid."""
+    detected, normalized = parse(document, fmt)
+    normalized.setdefault("extra", {})
+    normalized["extra"] = {**normalized["extra"], "imported_format": detected}
+    return trajectory_store(trial=trial, document=normalized)

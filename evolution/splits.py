@@ -1,0 +1,78 @@
+"""Split assignment: each task in exactly one of train, gate, sealed.
+
+Pure functions. The assignment is a deterministic function of the task ids,
+the seed and the ratios, so re-running it anywhere gives the same splits.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+SPLITS = ("train", "gate", "sealed")
+
+
+class SplitError(ValueError):
+    pass
+
+
+def validate_ratios(ratios: Mapping[str, float]) -> dict[str, float]:
+    unknown = set(ratios) - set(SPLITS)
+    if unknown:
+        raise SplitError(f"unknown split name(s) in ratios: {', '.join(sorted(unknown))}")
+    values = {name: float(ratios.get(name, 0.0)) for name in SPLITS}
+    if any(value < 0 for value in values.values()):
+        raise SplitError("split ratios must not be negative")
+    total = sum(values.values())
+    if not math.isclose(total, 1.0, abs_tol=1e-9):
+        raise SplitError(f"split ratios must add up to 1 (they add up to {total:g})")
+    return values
+
+
+def assign_by_ratio(task_ids: Sequence[str], *, seed: int, ratios: Mapping[str, float]) -> dict[str, str]:
+    """Shuffle the sorted ids with ``seed`` and cut them by ``ratios``.
+
+    Counts use largest-remainder rounding so they add up to the number of
+    tasks; ties in the remainders go to train, then gate, then sealed.
+    """
+    values = validate_ratios(ratios)
+    ids = sorted(set(task_ids))
+    if len(ids) != len(task_ids):
+        raise SplitError("task ids must be unique")
+    rng = random.Random(seed)
+    rng.shuffle(ids)
+    exact = {name: values[name] * len(ids) for name in SPLITS}
+    counts = {name: math.floor(exact[name]) for name in SPLITS}
+    leftover = len(ids) - sum(counts.values())
+    by_remainder = sorted(SPLITS, key=lambda name: (-(exact[name] - counts[name]), SPLITS.index(name)))
+    for name in by_remainder[:leftover]:
+        counts[name] += 1
+    assignment: dict[str, str] = {}
+    start = 0
+    for name in SPLITS:
+        for task_id in ids[start : start + counts[name]]:
+            assignment[task_id] = name
+        start += counts[name]
+    return assignment
+
+
+def assign_explicit(task_ids: Sequence[str], lists: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """Use explicit per-split id lists; every task must appear exactly once."""
+    unknown_splits = set(lists) - set(SPLITS)
+    if unknown_splits:
+        raise SplitError(f"unknown split name(s): {', '.join(sorted(unknown_splits))}")
+    known = set(task_ids)
+    assignment: dict[str, str] = {}
+    for name in SPLITS:
+        for task_id in lists.get(name, ()):
+            if task_id not in known:
+                raise SplitError(f"task {task_id!r} in split {name!r} is not in the benchmark")
+            if task_id in assignment:
+                raise SplitError(f"task {task_id!r} is in both {assignment[task_id]!r} and {name!r}")
+            assignment[task_id] = name
+    missing = sorted(known - set(assignment))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise SplitError(f"{len(missing)} task(s) are in no split: {shown}")
+    return assignment

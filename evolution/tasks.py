@@ -1,0 +1,47 @@
+"""Celery tasks: thin wrappers that load by id and call a service.
+
+All tasks are safe to run twice (the services claim their work with
+conditional updates), acknowledge late and are re-queued when the worker
+process dies, so a SIGKILL at any point loses nothing.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from evolution.services import evaluation as evaluation_services
+from evolution.services import loop as loop_services
+from evolution.services import records as record_services
+
+TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+
+
+@shared_task(name="evolution.trial_run", **TASK_OPTIONS)
+def trial_run(trial_id: int) -> bool:
+    return evaluation_services.trial_execute(trial_id=trial_id)
+
+
+@shared_task(name="evolution.result_certify", **TASK_OPTIONS)
+def result_certify(evaluation_id: int) -> bool:
+    return record_services.result_certify(evaluation_id=evaluation_id) is not None
+
+
+@shared_task(name="evolution.lease_reap", **TASK_OPTIONS)
+def lease_reap() -> dict[str, int]:
+    counts = evaluation_services.lease_reap()
+    # A lost run_advance message would stall a run; every step is idempotent,
+    # so nudging every active run costs nothing when nothing was lost.
+    runs = loop_services.runs_to_nudge()
+    for run_id in runs:
+        run_advance.delay(run_id)
+    return {**counts, "runs": len(runs)}
+
+
+@shared_task(name="evolution.run_advance", **TASK_OPTIONS)
+def run_advance(run_id: int) -> str:
+    return loop_services.run_advance(run_id=run_id)
+
+
+@shared_task(name="evolution.round_propose", **TASK_OPTIONS)
+def round_propose(run_id: int, round_number: int) -> int:
+    return loop_services.round_propose(run_id=run_id, round_number=round_number)

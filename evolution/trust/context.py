@@ -1,0 +1,920 @@
+"""What the trust suite's scenarios run on: ``Suite``.
+
+A suite owns, for its whole life and nothing longer:
+
+- a throwaway database (Django's test-database machinery under a unique
+  name: a file in the suite's folder on SQLite, ``rsiweb_trust_<hex>`` on
+  PostgreSQL), so the command never reads or writes the user's data; it is
+  destroyed at the end, on errors and on Ctrl-C too;
+- a queue of its own on the configured broker (and, for the embedded
+  file-system broker, a folder of its own), purged between trials, so
+  neither its messages nor its leftovers mix with anybody else's;
+- real Celery worker processes (``start_worker``), all stopped at the end;
+- per benchmark, a base experiment created once, and a fresh twin of it for
+  every trial (same benchmark, evaluator, surface, seed harness, splits and
+  settings, so certified records compare across trials);
+- per benchmark and key, the digest of an uninterrupted control run, made
+  once and cached (``control_digest``).
+
+The helpers below it (``records_digest``, ``no_half_made_parent``,
+``database_url_for_subprocess``, ``WorkerProcess``) are used by the tests too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from evolution import digests
+from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
+from evolution.trust import BENCHMARKS, TrialContext, TrustFailure
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Short leases and a fast reaper so a killed worker's work is sent again in
+# seconds; they only shorten the waits, every recovery path is the product's.
+LEASE_SECONDS = 3
+REAPER_INTERVAL = 1
+# Splits and sizes of the suite's runs: small enough for seconds per run.
+EVAL_SPLITS = {"example": ["train", "gate"], "harbor": ["train", "gate"]}
+EXAMPLE_TASKS = 10
+RUN_TIMEOUT = float(os.environ.get("RSI_TRUST_TIMEOUT", "180"))
+# RSI_TRUST_BREAK=no-reaper starts every worker without its reaper (beat): a
+# deliberately broken platform, to prove the suite reports what it cannot
+# recover from. Never set it outside that test.
+BREAK = os.environ.get("RSI_TRUST_BREAK", "")
+# Variables a held worker may still be given when released (read at run time).
+RUN_TIME_VARIABLES = ("RSI_FAULT_",)
+
+
+# --- Helpers shared with the tests ---------------------------------------------------------------
+
+
+def database_url_for_subprocess() -> str:
+    """A DATABASE_URL that reaches the database this process uses now (the
+    test database once one was created)."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    user = quote(db.get("USER") or "", safe="")
+    password = quote(db.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = db.get("HOST") or "localhost"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{db['NAME']}"
+
+
+def process_descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, grandchildren...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces: split after it.
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def process_argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+@dataclass
+class WorkerProcess:
+    """A Celery worker started as its own process group."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    hostname: str
+    env: dict[str, str] = field(default_factory=dict)
+    hold_path: Path | None = None
+    pending_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def child_pids(self) -> list[int]:
+        """The worker's descendants: pool children, and whatever they run."""
+        return process_descendants(self.process.pid) if self.alive() else []
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait for Celery's ready line; RuntimeError with the log's tail when
+        the worker exits or is not ready in time."""
+        deadline = time.monotonic() + timeout
+        while " ready." not in self.log():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"worker not ready after {timeout:.0f} s:\n{self.log()[-4000:]}")
+            time.sleep(0.05)
+
+    def release(self, extra_env: dict[str, str] | None = None, timeout: float = 60.0) -> None:
+        """Let a standby worker (started with ``hold``) consume, with
+        ``extra_env`` (variables read at run time only, such as fault points)
+        added to its environment, and wait until it does."""
+        if self.hold_path is not None and not self.hold_path.exists():
+            env = {**self.pending_env, **(extra_env or {})}
+            self.env.update(env)
+            temporary = self.hold_path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(env))
+            temporary.replace(self.hold_path)
+        self.wait_ready(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._kill_group()
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool children)."""
+        if self.process.poll() is None:
+            self._kill_group()
+            self.process.wait(timeout=20)
+
+    def _kill_group(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def worker_spawn(
+    *,
+    env: dict[str, str],
+    log_path: Path,
+    hostname: str,
+    concurrency: int = 2,
+    beat: bool = False,
+    schedule_path: Path | None = None,
+    ready_timeout: float = 60.0,
+    hold: bool = False,
+) -> WorkerProcess:
+    """Start ``python -m evolution.trust.worker`` (Celery's worker of rsiweb,
+    on ``RSI_TRUST_QUEUE`` when set) and wait until it is ready. Raises
+    RuntimeError, with the log's tail, when it exits or is not ready in time.
+    With ``hold`` it returns at once and the worker loads everything but
+    consumes nothing until ``release()``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "evolution.trust.worker",
+        "--loglevel=INFO",
+        f"--concurrency={concurrency}",
+        f"--hostname={hostname}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--pool=prefork",
+    ]
+    if beat:
+        argv += ["--beat", f"--schedule={schedule_path or log_path.with_suffix('.beat')}"]
+    hold_path = None
+    if hold:
+        hold_path = log_path.with_suffix(".go")
+        env = {**env, "RSI_TRUST_HOLD": str(hold_path)}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    worker = WorkerProcess(process=process, log_path=log_path, hostname=hostname, env=env, hold_path=hold_path)
+    if not hold:
+        worker.wait_ready(ready_timeout)
+    return worker
+
+
+def record_contents(experiment: Experiment) -> list[str]:
+    """Sorted digests of what each certified record of ``experiment``
+    certifies, without what legitimately differs between two experiments
+    (their id, chain position and link) and without any timestamp."""
+    contents = []
+    for payload in CertifiedResult.objects.filter(experiment=experiment).values_list("payload", flat=True):
+        body = {k: v for k, v in payload.items() if k not in {"experiment", "seq", "prev"} and not k.endswith("_at")}
+        contents.append(digests.json_digest(body))
+    return sorted(contents)
+
+
+def records_difference(control: Experiment, experiment: Experiment, *, limit: int = 6) -> str:
+    """What differs between the certified records of two experiments, in
+    words: records on one side only, paired by candidate tree, purpose and
+    repeat, with the payload fields and trial rows that differ."""
+
+    def bodies(of: Experiment) -> dict[tuple[str, str, int], dict[str, Any]]:
+        found = {}
+        for payload in CertifiedResult.objects.filter(experiment=of).values_list("payload", flat=True):
+            body = {
+                k: v for k, v in payload.items() if k not in {"experiment", "seq", "prev"} and not k.endswith("_at")
+            }
+            evaluation = body.get("evaluation", {})
+            key = (str(body["candidate"]["tree"]), str(evaluation.get("purpose")), int(evaluation.get("repeat", 0)))
+            found[key] = body
+        return found
+
+    want, got = bodies(control), bodies(experiment)
+    notes = [f"{len(want)} records in the control, {len(got)} here"]
+    for key in sorted(set(want) ^ set(got)):
+        notes.append(f"only {'in the control' if key in want else 'here'}: tree {key[0][:12]} {key[1]} repeat {key[2]}")
+    for key in sorted(set(want) & set(got)):
+        a, b = want[key], got[key]
+        fields = sorted(k for k in set(a) | set(b) if k != "trials" and a.get(k) != b.get(k))
+        rows_a = {(r.get("task"), r.get("index")): r for r in a.get("trials", [])}
+        rows_b = {(r.get("task"), r.get("index")): r for r in b.get("trials", [])}
+        trials = [
+            f"{task}#{index}: "
+            + ", ".join(
+                f"{k} {rows_a.get((task, index), {}).get(k)!r} -> {rows_b.get((task, index), {}).get(k)!r}"
+                for k in sorted(set(rows_a.get((task, index), {})) | set(rows_b.get((task, index), {})))
+                if rows_a.get((task, index), {}).get(k) != rows_b.get((task, index), {}).get(k)
+            )
+            for task, index in sorted(set(rows_a) | set(rows_b), key=str)
+            if rows_a.get((task, index)) != rows_b.get((task, index))
+        ]
+        if fields or trials:
+            notes.append(f"tree {key[0][:12]} {key[1]} repeat {key[2]}: fields {fields}; trials {trials[:limit]}")
+    return "; ".join(notes[: limit + 1])
+
+
+def records_digest(experiment: Experiment) -> str:
+    """One digest of ``record_contents``: equal for two experiments exactly
+    when they certified the same results."""
+    return digests.json_digest(record_contents(experiment))
+
+
+def no_half_made_parent(experiment: Experiment) -> None:
+    """Raise TrustFailure when a candidate that is not fully certified could be
+    a parent, or when the record chain does not verify."""
+    from evolution.services.records import records_verify
+
+    for candidate in Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED):
+        if candidate.certified_at is None:
+            raise TrustFailure(f"candidate {candidate.pk} is accepted without certified_at")
+        if not CertifiedResult.objects.filter(candidate=candidate).exists():
+            raise TrustFailure(f"candidate {candidate.pk} is accepted without a certified result")
+    report = records_verify(experiment=experiment)
+    if not report.ok:
+        raise TrustFailure("records do not verify: " + "; ".join(report.problems)[:500])
+
+
+def use_broker(url: str, transport_options: dict[str, Any]) -> None:
+    """Point this process's Celery app at ``url`` with ``transport_options``."""
+    from kombu import pools as kombu_pools
+
+    from rsiweb.celery import app
+
+    app.conf.broker_url = url
+    app.conf.broker_transport_options = transport_options
+    # Drop every cached connection and producer pool (kombu keeps a global
+    # registry), so the next publish connects to the new broker.
+    kombu_pools.reset()
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PrivateRedis:
+    """A redis-server of the suite's own on a free port (never the machine's),
+    so a scenario may stop and start it."""
+
+    def __init__(self, folder: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server is not installed")
+        self.binary = binary
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(self.folder)]
+        log = (self.folder / "redis.log").open("ab")
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"private redis-server did not start on port {self.port}") from None
+                time.sleep(0.05)
+
+    def stop(self, *, kill: bool = True) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the suite's own (initdb into a folder, run as
+    the postgres user on a free port), never the machine's: a scenario may
+    stop it immediately and start it again."""
+
+    def __init__(self, folder: Path) -> None:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if not found:
+            raise FileNotFoundError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+        if os.geteuid() != 0 or shutil.which("runuser") is None:
+            raise FileNotFoundError("a private cluster is started as user postgres: needs root and runuser")
+        self.bin = found[-1].parent
+        self.folder = folder
+        self.data = folder / "data"
+        self.port = free_port()
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, *argv: str, timeout: float = 60) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *argv],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+            cwd="/",
+        )
+
+    def create(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        shutil.chown(self.folder, "postgres", "postgres")
+        self._as_postgres(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"), "-w", "start"
+        )
+
+    def stop(self, mode: str = "immediate") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+
+# --- The suite -----------------------------------------------------------------------------------
+
+
+class Suite:
+    """Database, broker, workers, experiments and controls of one trust-suite run.
+
+    Use as a context manager: everything it made is removed on exit, whatever
+    happened (including KeyboardInterrupt and SIGTERM)."""
+
+    def __init__(self, *, log: Callable[[str], None] | None = None) -> None:
+        self.uid = uuid.uuid4().hex[:10]
+        self.queue = f"rsi-trust-{self.uid}"
+        self.log = log or (lambda text: None)
+        self.root: Path | None = None
+        self.workers: list[WorkerProcess] = []
+        self._spare: WorkerProcess | None = None
+        self._default_broker_env: dict[str, str] = {}
+        self.redis_servers: list[PrivateRedis] = []
+        self.postgres_servers: list[PrivatePostgres] = []
+        self.broker_env: dict[str, str] = {}
+        self._broker: tuple[str, dict[str, Any]] = ("", {})
+        self._old_db_name: str | None = None
+        self._test_db_name = ""
+        self._old_broker: tuple[str, dict[str, Any]] | None = None
+        self._bases: dict[str, Experiment] = {}
+        self._controls: dict[tuple[str, str], str] = {}
+        self._control_experiments: dict[tuple[str, str], Experiment] = {}
+        self._count = 0
+        self._current: TrialContext | None = None
+        self._old_lease: int | None = None
+        self._old_sigterm: Any = None
+
+    # Life cycle
+
+    def __enter__(self) -> Suite:
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self.root = Path(tempfile.mkdtemp(prefix=f"rsi-trust-{self.uid}-"))
+        self.root.chmod(0o711)
+        self._db_create()
+        self._broker_setup()
+        self._old_lease = settings.RSI_TRIAL_LEASE_SECONDS
+        settings.RSI_TRIAL_LEASE_SECONDS = LEASE_SECONDS
+
+    def close(self) -> None:
+        for worker in [*self.workers, *([self._spare] if self._spare else [])]:
+            worker.kill()
+        self.workers.clear()
+        self._spare = None
+        for server in self.redis_servers:
+            server.stop()
+        self.redis_servers.clear()
+        for cluster in self.postgres_servers:
+            try:
+                cluster.stop()
+            except (OSError, subprocess.SubprocessError) as exc:
+                self.log(f"(could not stop the private PostgreSQL in {cluster.folder}: {exc})")
+        self.postgres_servers.clear()
+        if self._old_broker is not None:
+            from rsiweb.celery import app
+
+            self.purge()
+            use_broker(*self._old_broker)
+            app.conf.task_default_queue = "celery"
+            self._old_broker = None
+        if self._old_lease is not None:
+            settings.RSI_TRIAL_LEASE_SECONDS = self._old_lease
+            self._old_lease = None
+        if self._old_db_name is not None:
+            self._db_destroy()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    def _db_create(self) -> None:
+        assert self.root is not None
+        name = str(self.root / "trust.sqlite3") if connection.vendor == "sqlite" else f"rsiweb_trust_{self.uid}"
+        for db in (settings.DATABASES["default"], connection.settings_dict):
+            db.setdefault("TEST", {})["NAME"] = name
+        self._test_db_name = name
+        self._old_db_name = connection.settings_dict["NAME"]
+        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=False)
+        if connection.settings_dict["NAME"] != name:
+            raise RuntimeError(f"the suite's database is {connection.settings_dict['NAME']!r}, expected {name!r}")
+
+    def _db_destroy(self) -> None:
+        old_name, self._old_db_name = self._old_db_name, None
+        connection.close()
+        if connection.settings_dict["NAME"] != self._test_db_name:
+            # Creation failed before switching over: drop nothing, it is not ours.
+            settings.DATABASES["default"]["NAME"] = connection.settings_dict["NAME"] = old_name
+            return
+        for attempt in range(10):
+            try:
+                connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
+                return
+            except Exception:  # a killed worker's session may linger a moment on PostgreSQL
+                if attempt == 9:
+                    raise
+                connection.close()
+                time.sleep(0.5)
+
+    def _broker_setup(self) -> None:
+        from rsiweb.celery import app
+
+        assert self.root is not None
+        url = settings.CELERY_BROKER_URL
+        self._old_broker = (app.conf.broker_url, dict(app.conf.broker_transport_options or {}))
+        self.broker_env = {"RSI_TRUST_QUEUE": self.queue}
+        if urlsplit(url).scheme == "filesystem":
+            folder = self.root / "broker"
+            for sub in ("queue", "processed", "control"):
+                (folder / sub).mkdir(parents=True)
+            options = {
+                **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+                "data_folder_in": str(folder / "queue"),
+                "data_folder_out": str(folder / "queue"),
+                "processed_folder": str(folder / "processed"),
+                "control_folder": str(folder / "control"),
+            }
+            self.broker_env.update(CELERY_BROKER_URL=url, RSI_BROKER_DIR=str(folder))
+        else:
+            options = dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS)
+            self.broker_env["CELERY_BROKER_URL"] = url
+        self._broker = (url, options)
+        self._default_broker_env = dict(self.broker_env)
+        use_broker(url, options)
+        app.conf.task_default_queue = self.queue
+
+    @property
+    def database_name(self) -> str:
+        return f"{connection.vendor} {connection.settings_dict['NAME']}"
+
+    @property
+    def broker_url(self) -> str:
+        return self._default_broker_env.get("CELERY_BROKER_URL", "")
+
+    @property
+    def broker_kind(self) -> str:
+        return urlsplit(self._broker[0]).scheme
+
+    @contextmanager
+    def broker(self, url: str) -> Iterator[None]:
+        """Publish to ``url`` (a private redis-server of a scenario) meanwhile;
+        workers started meanwhile get it too."""
+        saved_env, saved = dict(self.broker_env), self._broker
+        self.broker_env = {"RSI_TRUST_QUEUE": self.queue, "CELERY_BROKER_URL": url}
+        self._broker = (url, {"visibility_timeout": 3600})
+        use_broker(*self._broker)
+        try:
+            yield
+        finally:
+            self.broker_env, self._broker = saved_env, saved
+            use_broker(*saved)
+
+    def purge(self) -> None:
+        """Drop every message waiting on the suite's queue."""
+        from rsiweb.celery import app
+
+        try:
+            with app.connection_for_write() as conn:
+                conn.default_channel.queue_purge(self.queue)
+        except Exception as exc:  # an unreachable private broker has nothing to purge
+            self.log(f"(could not purge {self.queue}: {exc})")
+
+    def private_postgres(self) -> PrivatePostgres:
+        """A private cluster, created and started (stopped by ``end_trial``)."""
+        assert self.root is not None
+        server = PrivatePostgres(self.root / f"postgres-{uuid.uuid4().hex[:8]}")
+        self.postgres_servers.append(server)
+        server.create()
+        server.start()
+        return server
+
+    def private_redis(self) -> PrivateRedis:
+        assert self.root is not None
+        server = PrivateRedis(self.root / f"redis-{uuid.uuid4().hex[:8]}")
+        self.redis_servers.append(server)
+        server.start()
+        return server
+
+    # Workers
+
+    def worker_env(self, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=database_url_for_subprocess(),
+            RSI_TRIAL_LEASE_SECONDS=str(LEASE_SECONDS),
+            RSI_REAPER_INTERVAL=str(REAPER_INTERVAL),
+            **self.broker_env,
+        )
+        env.update(extra_env or {})
+        return env
+
+    def start_worker(
+        self,
+        *,
+        extra_env: dict[str, str] | None = None,
+        hostname: str | None = None,
+        beat: bool = True,
+        concurrency: int = 2,
+        hold: bool = False,
+    ) -> WorkerProcess:
+        """A real worker on this suite's database and queue (with the reaper
+        when ``beat``), stopped by ``end_trial`` or at the end of the suite.
+        With ``hold``, a standby that consumes only after ``release()``."""
+        assert self.root is not None
+        if BREAK == "no-reaper":
+            beat = False
+        extra_env = dict(extra_env or {})
+        spare = self._spare
+        if (
+            spare is not None
+            and spare.alive()
+            and hostname is None
+            and beat
+            and concurrency == 2
+            and self.broker_env == self._default_broker_env
+            and all(key.startswith(RUN_TIME_VARIABLES) for key in extra_env)
+        ):
+            # A worker spawned ahead (held) takes over: ready in a moment.
+            self._spare = None
+            self.workers.append(spare)
+            spare.pending_env = extra_env
+            if not hold:
+                spare.release()
+            self._spawn_spare()
+            return spare
+        worker = self._spawn(extra_env=extra_env, hostname=hostname, beat=beat, concurrency=concurrency, hold=hold)
+        self.workers.append(worker)
+        if self._spare is None and self.broker_env == self._default_broker_env:
+            self._spawn_spare()
+        return worker
+
+    def _spawn(
+        self, *, extra_env: dict[str, str], hostname: str | None, beat: bool, concurrency: int, hold: bool
+    ) -> WorkerProcess:
+        assert self.root is not None
+        name = hostname or f"trust-{uuid.uuid4().hex[:8]}"
+        return worker_spawn(
+            env=self.worker_env(extra_env),
+            log_path=self.root / f"worker-{name}.log",
+            hostname=name,
+            concurrency=concurrency,
+            beat=beat,
+            schedule_path=self.root / f"beat-{name}",
+            hold=hold,
+        )
+
+    def _spawn_spare(self) -> None:
+        """Start the next worker now, held, so the next ``start_worker`` needs no start-up."""
+        if BREAK == "no-reaper":
+            return
+        self._spare = self._spawn(extra_env={}, hostname=None, beat=True, concurrency=2, hold=True)
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
+    def fault_env(self, point: str, marker: Path, *, skip: int = 0) -> dict[str, str]:
+        """Worker variables that block a worker process at ``point`` (see evolution/faults.py)."""
+        return {"RSI_FAULT_POINT": point, "RSI_FAULT_MARKER": str(marker), "RSI_FAULT_SKIP": str(skip)}
+
+    # Experiments
+
+    def base_experiment(self, benchmark: str) -> Experiment:
+        if benchmark not in self._bases:
+            self._bases[benchmark] = _create_base(benchmark, name=f"trust {benchmark} base {self.uid}")
+        return self._bases[benchmark]
+
+    def fresh_experiment(self, benchmark: str, name: str) -> Experiment:
+        """A twin of the benchmark's base experiment: comparable records."""
+        from evolution.services.experiments import experiment_twin
+
+        self._count += 1
+        return experiment_twin(like=self.base_experiment(benchmark), name=f"{name} #{self._count}")
+
+    def trial_context(self, benchmark: str, trial: int, scenario: str) -> TrialContext:
+        assert self.root is not None
+        self.purge()
+        workdir = self.root / f"{scenario}-{benchmark}-{trial}"
+        workdir.mkdir(parents=True)
+        workdir.chmod(0o711)
+        experiment = self.fresh_experiment(benchmark, f"trust {scenario} {benchmark} {trial}")
+        self._current = TrialContext(
+            benchmark=benchmark, trial=trial, experiment=experiment, workdir=workdir, suite=self
+        )
+        return self._current
+
+    def end_trial(self) -> None:
+        """Stop the trial's workers and private brokers; drop its leftover messages."""
+        for worker in self.workers:
+            worker.kill()
+        self.workers.clear()
+        for server in self.redis_servers:
+            server.stop()
+        self.redis_servers.clear()
+        for cluster in self.postgres_servers:
+            try:
+                cluster.stop()
+            except (OSError, subprocess.SubprocessError) as exc:
+                self.log(f"(could not stop the private PostgreSQL in {cluster.folder}: {exc})")
+        self.postgres_servers.clear()
+        self.purge()
+        self._current = None
+
+    # Runs and evaluations
+
+    def loop_recipe(self, benchmark: str) -> Any:
+        return loop_recipe(benchmark)
+
+    def run_start(self, experiment: Experiment) -> Run:
+        from evolution.services import loop
+
+        return loop.run_create(experiment=experiment, recipe=loop_recipe(experiment_benchmark(experiment)))
+
+    def evaluation_start(self, experiment: Experiment) -> Evaluation:
+        """The seed evaluated once (baseline) on the benchmark's evaluation splits, k=1."""
+        from evolution.services.evaluation import evaluation_start
+
+        return evaluation_start(
+            candidate=experiment.seed_candidate,
+            splits=EVAL_SPLITS[experiment_benchmark(experiment)],
+            k=1,
+            purpose=Evaluation.Purpose.BASELINE,
+        )
+
+    def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT) -> Run:
+        def done() -> bool:
+            run.refresh_from_db()
+            return run.status in {Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CANCELLED}
+
+        self.wait_until(done, timeout=timeout, what=f"run {run.pk} to finish")
+        if run.status != Run.Status.FINISHED:
+            raise TrustFailure(f"run {run.pk} ended {run.status}: {run.error[:300]}")
+        return run
+
+    def wait_evaluation(self, evaluation: Evaluation, *, timeout: float = RUN_TIMEOUT) -> Evaluation:
+        def done() -> bool:
+            evaluation.refresh_from_db()
+            return evaluation.state in {Evaluation.State.CERTIFIED, Evaluation.State.FAILED}
+
+        self.wait_until(done, timeout=timeout, what=f"evaluation {evaluation.pk} to be certified")
+        if evaluation.state != Evaluation.State.CERTIFIED:
+            raise TrustFailure(f"evaluation {evaluation.pk} ended {evaluation.state}: {evaluation.error[:300]}")
+        return evaluation
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.1) -> None:
+        """Poll ``predicate``; on timeout raise TrustFailure saying what state was reached."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TrustFailure(f"timed out after {timeout:.0f} s waiting for {what}\n{self.diagnose()}")
+            time.sleep(interval)
+
+    def diagnose(self) -> str:
+        lines = []
+        if self._current is not None:
+            experiment = self._current.experiment
+            runs = list(Run.objects.filter(experiment=experiment).values_list("pk", "status", "state__phase"))
+            lines.append(f"runs: {runs}")
+            evaluations = Counter(Evaluation.objects.filter(experiment=experiment).values_list("state", flat=True))
+            trials = Counter(Trial.objects.filter(evaluation__experiment=experiment).values_list("state", flat=True))
+            candidates = Counter(Candidate.objects.filter(experiment=experiment).values_list("state", flat=True))
+            lines.append(f"evaluations: {dict(evaluations)}; trials: {dict(trials)}; candidates: {dict(candidates)}")
+        for worker in self.workers:
+            state = "alive" if worker.alive() else f"exited {worker.process.returncode}"
+            lines.append(f"worker {worker.hostname} ({state}) log tail:\n{worker.log()[-1500:]}")
+        return "\n".join(lines)
+
+    # Controls
+
+    def control_digest(self, benchmark: str, key: str) -> str:
+        """The records digest of an uninterrupted control of ``key`` ("loop":
+        a run of the benchmark's loop recipe; "evaluation": one evaluation of
+        the seed) on a fresh twin, made once per suite and cached. Call it
+        before the trial starts its own workers (they share the queue)."""
+        if (benchmark, key) not in self._controls:
+            if any(worker.alive() for worker in self.workers):
+                raise RuntimeError("control_digest must run before the trial starts workers")
+            current, self._current = self._current, None
+            experiment = self.fresh_experiment(benchmark, f"trust control {key} {benchmark}")
+            self._current = TrialContext(
+                benchmark=benchmark, trial=-1, experiment=experiment, workdir=Path(), suite=self
+            )
+            started = time.monotonic()
+            try:
+                self.start_worker(hostname=f"control-{benchmark}-{key}-{self.uid}")
+                if key == "loop":
+                    self.wait_run(self.run_start(experiment))
+                elif key == "evaluation":
+                    self.wait_evaluation(self.evaluation_start(experiment))
+                else:
+                    raise ValueError(f"unknown control {key!r}")
+                no_half_made_parent(experiment)
+                self._controls[(benchmark, key)] = records_digest(experiment)
+                self._control_experiments[(benchmark, key)] = experiment
+                self.log(
+                    f"  (control {key} on {benchmark}: {len(record_contents(experiment))} records, "
+                    f"{time.monotonic() - started:.1f} s)"
+                )
+            finally:
+                self.stop_workers()
+                self.purge()
+                self._current = current
+        return self._controls[(benchmark, key)]
+
+    def control_experiment(self, benchmark: str, key: str) -> Experiment:
+        """The experiment of that control (made now if not yet)."""
+        self.control_digest(benchmark, key)
+        return self._control_experiments[(benchmark, key)]
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def experiment_benchmark(experiment: Experiment) -> str:
+    """Which of the suite's benchmarks ``experiment`` is a twin of."""
+    return "harbor" if experiment.benchmark.name.startswith("harbor") else "example"
+
+
+def _create_base(benchmark: str, *, name: str) -> Experiment:
+    if benchmark == "example":
+        return _create_example_base(name)
+    if benchmark == "harbor":
+        from evolution.management.commands.load_harbor_example import EXAMPLE_DIR, harbor_experiment_create
+
+        return harbor_experiment_create(folder=EXAMPLE_DIR, name=name)
+    raise ValueError(f"unknown benchmark {benchmark!r} (known: {', '.join(BENCHMARKS)})")
+
+
+def _create_example_base(name: str) -> Experiment:
+    """The bundled example as ``load_example`` creates it (evaluator, surface,
+    seed harness, split seed and ratios, run settings), on its first
+    ``EXAMPLE_TASKS`` tasks so a run takes seconds (a benchmark of its own
+    name, never mixed with the full one)."""
+    import tomllib
+
+    from evolution.management.commands.load_example import EXAMPLE_DIR, read_tasks
+    from evolution.services.experiments import (
+        benchmark_from_config,
+        evaluator_from_config,
+        experiment_create,
+        surface_create,
+    )
+    from evolution.services.snapshots import tree_import_directory
+
+    config = tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())
+    bench, evaluator_config = config["benchmark"], config["evaluator"]
+    tasks = read_tasks(EXAMPLE_DIR / bench["tasks"])[:EXAMPLE_TASKS]
+    seed_dir = EXAMPLE_DIR / bench["seed_harness"]
+    harness_config = tomllib.loads((seed_dir / "config.toml").read_text())
+    with transaction.atomic():
+        return experiment_create(
+            name=name,
+            description=bench.get("description", ""),
+            benchmark=benchmark_from_config(
+                config={**bench, "name": f"{bench['name']}-first-{len(tasks)}"}, tasks=tasks
+            ),
+            evaluator=evaluator_from_config(
+                config=evaluator_config, files=tree_import_directory(path=EXAMPLE_DIR / evaluator_config["files"])
+            ),
+            surface=surface_create(name=f"{bench['name']} surface", spec=(EXAMPLE_DIR / bench["surface"]).read_text()),
+            seed_tree=tree_import_directory(path=seed_dir),
+            split_seed=int(config["splits"]["seed"]),
+            split_ratios=config["splits"]["ratios"],
+            trials_per_task=int(config["trials"]["k"]),
+            run_settings={"model": harness_config.get("model", ""), "seed": 0},
+        )
+
+
+def proposer_python() -> str:
+    """An interpreter the command proposer's unprivileged user can run."""
+    from evolution.sandbox import first_blocked
+
+    if os.geteuid() != 0:
+        return sys.executable
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
+            return candidate
+    return "/usr/bin/python3"
+
+
+def loop_recipe(benchmark: str) -> Any:
+    """The suite's loop: the rrsi preset, one round of two candidates, k=1,
+    the seed measured twice for the noise band, sealed tasks never run (the
+    records stay few); the example proposer on the example benchmark, the
+    command proposer running ``proposer_program.py`` on the Harbor one."""
+    import evolution.proposers  # noqa: F401  (registers the example and command proposers)
+    from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
+
+    data = recipe_to_dict(load_preset("rrsi"))
+    data.update(rounds=1, candidates_per_round=2)
+    if benchmark == "example":
+        data["proposal"] = {"operator": "example", "params": {"family_weights": {"generic": 1.0}}}
+    else:
+        program = Path(__file__).resolve().with_name("proposer_program.py")
+        argv = [proposer_python(), str(program), "{workspace}", "{manifest}"]
+        data["proposal"] = {"operator": "command", "params": {"argv": argv, "timeout_seconds": 60}}
+    data["evaluation"] = {
+        **data["evaluation"],
+        "trials_per_task": 1,
+        "evolve_splits": EVAL_SPLITS[benchmark],
+        "sealed": "never",
+    }
+    data["noise"] = {**data["noise"], "repeats": 2}
+    data["edit_budget"] = {**data["edit_budget"], "T": 1}
+    return parse_recipe(data)

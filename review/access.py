@@ -1,0 +1,86 @@
+"""Who may see and do what in the review application.
+
+Roles are Django groups made of model permissions; ``roles_ensure`` keeps
+them in step after every migrate. Per-task sealed data (trials, scores per
+task, trajectories of sealed trials) needs ``view_sealed_details``; without
+it a user sees sealed aggregates only (rates, contributions, counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from evolution.models import SplitName
+
+VIEW = "evolution.view_experiment"
+SEALED = "evolution.view_sealed_details"
+REVIEW = "evolution.review_leakage"
+OPERATE = "evolution.operate_runs"
+ANNOTATE = "evolution.annotate_trials"
+
+ROLES: dict[str, tuple[str, ...]] = {
+    "viewer": (VIEW,),
+    "annotator": (VIEW, ANNOTATE),
+    "reviewer": (VIEW, REVIEW),
+    "operator": (VIEW, OPERATE),
+    "admin": (VIEW, ANNOTATE, REVIEW, OPERATE, SEALED),
+}
+
+
+def roles_ensure(**_: Any) -> None:
+    """Create the role groups and give each exactly its permissions (idempotent)."""
+    from django.contrib.auth.models import Group, Permission
+
+    for name, perms in ROLES.items():
+        group, _created = Group.objects.get_or_create(name=name)
+        wanted = []
+        for perm in perms:
+            app_label, codename = perm.split(".")
+            found = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
+            if found is not None:  # absent only mid-migration, before post_migrate created it
+                wanted.append(found)
+        group.permissions.set(wanted)
+
+
+def can_see_sealed(user: Any) -> bool:
+    return bool(user.is_authenticated and user.has_perm(SEALED))
+
+
+def hide_sealed(queryset: QuerySet[Any], user: Any, *, split_field: str = "split") -> QuerySet[Any]:
+    """``queryset`` without rows of the sealed split unless ``user`` may see them.
+
+    Use on every query that returns per-task rows (trials, trajectories,
+    per-task scores): lists, filters, counts shown per task and detail pages.
+    """
+    if can_see_sealed(user):
+        return queryset
+    return queryset.exclude(**{split_field: SplitName.SEALED})
+
+
+View = Callable[..., HttpResponse]
+
+
+def permission_required(perm: str | None = None) -> Callable[[View], View]:
+    """Login required (redirect to the login page), then ``perm`` (403).
+
+    Every screen needs at least the viewer permission; pass a stronger one
+    for actions.
+    """
+
+    def decorator(view: View) -> View:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.has_perm(VIEW) or (perm is not None and not request.user.has_perm(perm)):
+                raise PermissionDenied(f"you need the {perm or VIEW} permission for this")
+            return view(request, *args, **kwargs)
+
+        return login_required(wrapped)
+
+    return decorator

@@ -1,0 +1,229 @@
+"""Layout of the candidate tree (pure: no ORM, no HTML).
+
+Columns are rounds, left to right (the seed is round 0); a candidate whose
+parent is in the same round (derived by a reviewer from a flagged one) gets
+a column of its own right after that round's. Within a column a node sits
+at its parent's height when it can, else just below the node above it, so
+a family stays together and a round with many proposals stays compact.
+Edges run from the right side of the parent to the left side of the child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Categories shown in the legend, in this order; "other" takes every state not listed.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("seed", "seed"),
+    ("accepted", "accepted by the gate"),
+    ("rejected_gate", "rejected by the gate"),
+    ("flagged", "flagged, awaiting review"),
+    ("rejected_review", "rejected by a reviewer"),
+    ("rejected_critic", "rejected by the critic"),
+    ("rejected_surface", "out of surface"),
+    ("evaluating", "evaluating or awaiting the gate"),
+    ("other", "other (frozen, over budget, failed, cancelled)"),
+)
+CATEGORY_TITLES: dict[str, str] = dict(CATEGORIES)
+_IN_PROGRESS = frozenset({"approved", "evaluating", "evaluated", "certified"})
+
+
+def category(*, state: str, origin: str) -> str:
+    """The legend category of a candidate."""
+    if origin == "seed":
+        return "seed"
+    if state in CATEGORY_TITLES and state not in {"seed", "other", "evaluating"}:
+        return state
+    if state in _IN_PROGRESS:
+        return "evaluating"
+    return "other"
+
+
+@dataclass(frozen=True)
+class NodeInput:
+    id: int
+    parent_id: int | None
+    state: str
+    origin: str = "proposed"
+    round: int | None = None
+    label: str = ""
+    score: float | None = None  # evolve score S, when measured
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    parent_id: int | None
+    x: float
+    y: float
+    column: int
+    category: str
+    state: str
+    round: int
+    label: str
+    score: float | None
+    on_path: bool  # an ancestor of (or) the highlighted candidate
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: int
+    target: int
+    path: str  # SVG path data
+    on_path: bool
+
+
+@dataclass(frozen=True)
+class Column:
+    x: float
+    title: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: list[Node]
+    edges: list[Edge]
+    columns: list[Column]
+    width: float
+    height: float
+    node_width: float
+    node_height: float
+
+
+def layout(
+    rows: Iterable[NodeInput],
+    *,
+    highlight: int | None = None,
+    node_width: float = 128,
+    node_height: float = 22,
+    column_gap: float = 46,
+    row_gap: float = 6,
+    margin: float = 10,
+    header: float = 24,
+) -> Layout:
+    """Place every candidate. ``highlight`` (e.g. the run's current harness)
+    marks it and its ancestors as the main line. Rows whose parent is not
+    among them are drawn as roots. Runs in O(n log n)."""
+    by_id = {row.id: row for row in rows}
+    children: dict[int | None, list[int]] = {}
+    for row in by_id.values():
+        parent = row.parent_id if row.parent_id in by_id else None
+        children.setdefault(parent, []).append(row.id)
+
+    # Column key per node: (round, generation within that round), parents first.
+    keys: dict[int, tuple[int, int]] = {}
+    stack = sorted(children.get(None, []), reverse=True)
+    while stack:
+        node_id = stack.pop()
+        row = by_id[node_id]
+        parent = by_id.get(row.parent_id) if row.parent_id is not None else None
+        if parent is None:
+            keys[node_id] = (row.round or 0, 0)
+        else:
+            p_round, p_gen = keys[parent.id]
+            own = row.round if row.round is not None else p_round + 1
+            keys[node_id] = (own, 0) if own > p_round else (p_round, p_gen + 1)
+        stack.extend(sorted(children.get(node_id, []), reverse=True))
+    # Nodes in a parent cycle (impossible in the database) are left out rather than looping.
+
+    column_keys = sorted(set(keys.values()))
+    column_of = {key: n for n, key in enumerate(column_keys)}
+    members: dict[int, list[int]] = {}
+    for node_id, key in keys.items():
+        members.setdefault(column_of[key], []).append(node_id)
+
+    on_path: set[int] = set()
+    cursor = highlight if highlight in by_id else None
+    while cursor is not None and cursor not in on_path:
+        on_path.add(cursor)
+        parent_id = by_id[cursor].parent_id
+        cursor = parent_id if parent_id in by_id else None
+
+    pitch = node_height + row_gap
+    ys: dict[int, float] = {}
+    for column in range(len(column_keys)):
+        ordered = sorted(
+            members[column],
+            key=lambda i: (ys.get(by_id[i].parent_id, -1.0), i),
+        )
+        floor = header
+        for node_id in ordered:
+            parent_id = by_id[node_id].parent_id
+            wanted = ys.get(parent_id, header) if parent_id is not None else header
+            ys[node_id] = max(wanted, floor)
+            floor = ys[node_id] + pitch
+
+    def column_x(column: int) -> float:
+        return margin + column * (node_width + column_gap)
+
+    nodes = [
+        Node(
+            id=node_id,
+            parent_id=by_id[node_id].parent_id,
+            x=column_x(column_of[keys[node_id]]),
+            y=ys[node_id],
+            column=column_of[keys[node_id]],
+            category=category(state=by_id[node_id].state, origin=by_id[node_id].origin),
+            state=by_id[node_id].state,
+            round=keys[node_id][0],
+            label=by_id[node_id].label,
+            score=by_id[node_id].score,
+            on_path=node_id in on_path,
+        )
+        for node_id in sorted(keys, key=lambda i: (column_of[keys[i]], ys[i]))
+    ]
+    placed = {node.id: node for node in nodes}
+    edges = []
+    for node in nodes:
+        parent = placed.get(node.parent_id) if node.parent_id is not None else None
+        if parent is None:
+            continue
+        x1, y1 = parent.x + node_width, parent.y + node_height / 2
+        x2, y2 = node.x, node.y + node_height / 2
+        middle = (x1 + x2) / 2
+        edges.append(
+            Edge(
+                source=parent.id,
+                target=node.id,
+                path=f"M{x1:.1f} {y1:.1f} C{middle:.1f} {y1:.1f} {middle:.1f} {y2:.1f} {x2:.1f} {y2:.1f}",
+                on_path=parent.on_path and node.on_path,
+            )
+        )
+    columns = [
+        Column(x=column_x(n), title=_column_title(key), count=len(members[n])) for n, key in enumerate(column_keys)
+    ]
+    width = margin * 2 + max(len(column_keys), 1) * (node_width + column_gap) - column_gap
+    height = max((node.y for node in nodes), default=header) + node_height + margin
+    return Layout(nodes, edges, columns, width, height, node_width, node_height)
+
+
+def _column_title(key: tuple[int, int]) -> str:
+    round_number, generation = key
+    name = "seed" if round_number == 0 and generation == 0 else f"round {round_number}"
+    if generation:
+        name += " derived" if generation == 1 else f" derived ×{generation}"
+    return name
+
+
+def round_window(counts: dict[int, int], *, start: int | None, end: int | None, cap: int) -> tuple[int, int]:
+    """The rounds ``(first, last)`` to draw: consecutive rounds holding at most
+    ``cap`` candidates together (always at least one round). From ``start``
+    forwards when given, else back from ``end`` (default: the latest round),
+    so a first view is bounded however many candidates there are."""
+    rounds = sorted(counts)
+    if not rounds:
+        return (0, 0)
+    if start is not None:
+        chosen = [r for r in rounds if r >= start] or rounds[-1:]
+    else:
+        last = end if end is not None else rounds[-1]
+        chosen = list(reversed([r for r in rounds if r <= last])) or rounds[:1]
+    total, taken = 0, []
+    for number in chosen:
+        if taken and total + counts[number] > cap:
+            break
+        taken.append(number)
+        total += counts[number]
+    return (min(taken), max(taken))

@@ -1,0 +1,114 @@
+"""Login throttling: too many failed logins lock a username and an address.
+
+After ``RSI_LOGIN_FAILURES`` failed logins for one username, or
+``RSI_LOGIN_ADDRESS_FAILURES`` from one client address, within
+``RSI_LOGIN_WINDOW_SECONDS``, every further attempt (even with the right
+password) gets HTTP 429 with a message saying how long to wait, and the
+password is not even checked. A successful login clears the username's count
+(not the address's: an attacker holding one valid account must not be able
+to reset the counter of the address they guess other accounts from).
+
+The failures are rows in the database (``review.models.LoginFailure``), not a
+local-memory cache: several web processes on several machines share one
+count. Wrap a login view with ``throttled``; the site login and the admin
+login both are (rsiweb/urls.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import timedelta
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from review.models import LoginFailure
+
+View = Callable[..., HttpResponse]
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address. Behind our TLS proxy (RSI_BEHIND_PROXY=1) that is
+    the last X-Forwarded-For entry, the one the proxy itself appended; earlier
+    entries come from the client and could be forged."""
+    if settings.RSI_BEHIND_PROXY:
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+        if forwarded:
+            return forwarded[-1][:255]
+    return str(request.META.get("REMOTE_ADDR", ""))[:255]
+
+
+def _keys(username: str, address: str) -> list[tuple[str, str, int]]:
+    keys = [(LoginFailure.Scope.ADDRESS, address, settings.RSI_LOGIN_ADDRESS_FAILURES)]
+    if username:
+        keys.insert(0, (LoginFailure.Scope.USERNAME, username.casefold()[:255], settings.RSI_LOGIN_FAILURES))
+    return keys
+
+
+def login_wait_seconds(*, username: str, address: str) -> int:
+    """Seconds until a login for ``username`` from ``address`` may be tried
+    again; 0 when it may be tried now. Deletes failures older than the window."""
+    now = timezone.now()
+    since = now - timedelta(seconds=settings.RSI_LOGIN_WINDOW_SECONDS)
+    wait = 0.0
+    for scope, key, limit in _keys(username, address):
+        LoginFailure.objects.filter(scope=scope, key=key, failed_at__lt=since).delete()
+        times = list(
+            LoginFailure.objects.filter(scope=scope, key=key, failed_at__gte=since)
+            .order_by("-failed_at")
+            .values_list("failed_at", flat=True)[:limit]
+        )
+        if len(times) >= limit:
+            # Locked until the oldest of the last ``limit`` failures leaves the window.
+            wait = max(wait, (times[-1] - since).total_seconds())
+    return math.ceil(wait) if wait > 0 else 0
+
+
+def login_failed(*, username: str, address: str) -> None:
+    now = timezone.now()
+    LoginFailure.objects.bulk_create(
+        LoginFailure(scope=scope, key=key, failed_at=now) for scope, key, _limit in _keys(username, address)
+    )
+
+
+def login_succeeded(*, username: str) -> None:
+    LoginFailure.objects.filter(scope=LoginFailure.Scope.USERNAME, key=username.casefold()[:255]).delete()
+
+
+def lockout_message(wait: int) -> str:
+    minutes = max(1, math.ceil(wait / 60))
+    return (
+        "Too many failed logins for this account or from this address. "
+        f"Logins are refused for about {minutes} minute{'s' if minutes != 1 else ''}; try again later."
+    )
+
+
+def throttled(view: View) -> View:
+    """``view`` (a login view: redirects on success, shows the form again on
+    failure) with the throttle in front of its POST."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        username = str(request.POST.get("username", ""))
+        address = client_address(request)
+        wait = login_wait_seconds(username=username, address=address)
+        if wait:
+            context = {"locked": lockout_message(wait), "next": request.POST.get("next", "")}
+            response = render(request, "registration/login.html", context, status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        response = view(request, *args, **kwargs)
+        if response.status_code in (301, 302, 303):
+            login_succeeded(username=username)
+        else:
+            login_failed(username=username, address=address)
+        return response
+
+    return wrapped

@@ -1,0 +1,15 @@
+"""Routes of the review application; each screen's module lists its own."""
+
+from __future__ import annotations
+
+from review.views import annotations, candidates, experiments, queue, results
+
+app_name = "review"
+
+urlpatterns = [
+    *experiments.urlpatterns,
+    *candidates.urlpatterns,
+    *results.urlpatterns,
+    *queue.urlpatterns,
+    *annotations.urlpatterns,
+]

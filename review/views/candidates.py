@@ -1,0 +1,752 @@
+"""Candidate page, side-by-side diff, raw files and certified records.
+
+Views parse the request, call selectors and the pure diff module
+(``review.diffs``), and render. Nothing here writes evolution state; the
+only write is the reviewer's own "viewed" mark (``review.models.ViewedFile``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path, reverse
+from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from evolution import records, regularization, selectors
+from evolution.models import (
+    EVOLVE_SPLITS,
+    STRUCTURAL_KINDS,
+    AtomicEdit,
+    Candidate,
+    CertifiedResult,
+    GateDecision,
+    LeakageFlag,
+    SplitMembership,
+    SplitName,
+    TreeEntry,
+)
+from evolution.recipes import RecipeError, parse_recipe
+from evolution.services.records import records_verify
+from evolution.services.snapshots import tree_entries
+from evolution.trees import FileEntry
+from review import access, diffs
+from review.flags import flag_task_visible
+from review.models import ViewedFile
+from review.views.results import external_source_text
+
+SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
+DIGEST_RE = re.compile(r"^(?:[0-9a-f]{64})?$")
+DIFF_CACHE_SECONDS = 3600
+# Bump when the rendered rows change shape, so stale cache entries are ignored.
+DIFF_CACHE_VERSION = 2
+
+# --- Gate decisions in words ------------------------------------------------------
+
+RULE_WORDS: dict[str, str] = {
+    "seed": "The seed is evaluated first and becomes the first parent.",
+    "floor": "Floor (E): S fell below S_best - delta, so the candidate is out whatever else it does.",
+    "guard_valid_output": "Domain guard (F): the valid-output rate fell by more than allowed.",
+    "guard_no_submission": "Domain guard (F): the no-submission rate rose by more than allowed.",
+    "admissible_above_noise": "Above the noise band (F): dS > delta and the cost rise dC is within c0 + c1 x dS.",
+    "cost_too_high": "Above the noise band (F), but the cost rise dC exceeds the allowance c0 + c1 x dS.",
+    "inside_noise_gain": "Inside the noise band (F): the objective lambda_S dS - lambda_C dC + lambda_N N_new is "
+    "positive (a cost cut or a new structural mechanism).",
+    "inside_noise_no_gain": "Inside the noise band (F): the objective lambda_S dS - lambda_C dC + lambda_N N_new is "
+    "not positive; a score rise inside the noise earns nothing by itself.",
+    "below_current": "Below the current harness by more than the noise band.",
+    "passes_floor": "Admissibility (F) is off: at or above the floor is enough.",
+    "unfiltered": "Neither the floor (E) nor admissibility (F) is on: everything is admissible.",
+    "unregularized_beats_best": "Unregularized baseline: S beats the best score so far.",
+    "unregularized_not_better": "Unregularized baseline: S does not beat the best score so far.",
+}
+
+# (key, meaning, format) in display order; keys not listed are shown raw after these.
+NUMBER_LABELS: tuple[tuple[str, str, str], ...] = (
+    ("S", "S: score of this candidate on the evolve set", "score"),
+    ("S_current", "S of the current harness it was compared with", "score"),
+    ("S_best", "S_best: best accepted score so far", "score"),
+    ("dS", "dS = S - S_current", "signed_score"),
+    ("dS_best", "S - S_best", "signed_score"),
+    ("delta", "delta: noise band used by the gate", "score"),
+    ("delta_estimated", "delta estimated from repeated seed runs", "score"),
+    ("floor", "floor = S_best - delta", "score"),
+    ("repeats", "seed scores of the repeated runs", "list"),
+    ("C", "C: mean policy tokens per trial", "tokens"),
+    ("C_current", "C of the current harness", "tokens"),
+    ("dC", "dC: relative change in tokens per trial", "signed_percent"),
+    ("score_unit", "one score unit (e.g. one passing trial) in S", "score"),
+    ("dS_units", "dS in score units", "number"),
+    ("c0", "c0: cost allowance at dS = 0", "number"),
+    ("c1", "c1: extra cost allowed per score unit", "number"),
+    ("c_limit", "allowed dC = c0 + c1 x dS units", "signed_percent"),
+    ("lambda_S", "lambda_S: weight of dS inside the noise band", "number"),
+    ("lambda_C", "lambda_C: weight of dC", "number"),
+    ("lambda_N", "lambda_N: weight of each new structural kind", "number"),
+    ("N_new", "N_new (novelty): structural kinds no accepted edit touched before", "int"),
+    ("new_structural_kinds", "those kinds", "list"),
+    ("objective", "lambda_S dS - lambda_C dC + lambda_N N_new", "number"),
+    ("valid_drop", "drop in the valid-output rate", "signed_percent"),
+    ("valid_drop_limit", "largest drop allowed", "percent"),
+    ("no_submission_rise", "rise in the no-submission rate", "signed_percent"),
+    ("no_submission_rise_limit", "largest rise allowed", "percent"),
+)
+
+
+def _format_number(value: Any, kind: str) -> str:
+    if value is None:
+        return "n/a (infinite or undefined)" if kind in ("signed_percent", "number") else "n/a"
+    if kind == "list":
+        return ", ".join(str(item) for item in value) if isinstance(value, list | tuple) else str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if kind == "score":
+        return f"{value:.3f} ({value * 100:.2f} points)"
+    if kind == "signed_score":
+        return f"{value:+.3f} ({value * 100:+.2f} points)"
+    if kind == "percent":
+        return f"{value * 100:.1f}%"
+    if kind == "signed_percent":
+        return f"{value * 100:+.1f}%"
+    if kind == "tokens":
+        return f"{value:,.0f}"
+    if kind == "int":
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    return f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class NumberRow:
+    key: str
+    meaning: str
+    value: str
+
+
+def gate_numbers(numbers: dict[str, Any]) -> list[NumberRow]:
+    """A gate decision's numbers, each with what it means, in reading order."""
+    rows = [
+        NumberRow(key, meaning, _format_number(numbers[key], kind))
+        for key, meaning, kind in NUMBER_LABELS
+        if key in numbers
+    ]
+    known = {key for key, _, _ in NUMBER_LABELS}
+    rows += [NumberRow(key, "", _format_number(value, "number")) for key, value in numbers.items() if key not in known]
+    return rows
+
+
+def gate_summary(numbers: dict[str, Any]) -> str:
+    """The headline numbers of a decision in one line."""
+    parts = []
+    for key, label, kind in (
+        ("dS", "dS", "signed_score"),
+        ("dC", "dC", "signed_percent"),
+        ("delta", "delta", "score"),
+        ("N_new", "novelty N_new", "int"),
+    ):
+        if key in numbers:
+            parts.append(f"{label} = {_format_number(numbers[key], kind)}")
+    return " · ".join(parts)
+
+
+# --- Certified records --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def record_checks(record: CertifiedResult, *, previous_digest: str | None = None) -> list[Check]:
+    """What can be checked of one record on its own, one row per check:
+    ``evolution.records.verify_record`` (payload names this record and its
+    predecessor, digest, signature; with ``previous_digest``, the stored
+    digest of record seq - 1, also the link to it), plus that the payload
+    names the candidate's tree. The whole chain, trees and trial rows are
+    checked by ``evolution.services.records.records_verify``. Read-only."""
+    payload = record.payload
+    uid = str(record.experiment.uid)
+    failed: dict[str, list[str]] = {}
+    for problem in records.verify_record(
+        record, key=settings.RSI_RECORDS_KEY, experiment_uid=uid, prev=previous_digest
+    ):
+        failed.setdefault(problem.check, []).append(problem.detail)
+    tree = str((payload.get("candidate") or {}).get("tree"))
+    # What each check compared, shown when it passes; a failure shows what differs.
+    described = [
+        (records.RecordCheck.DIGEST, f"SHA-256 of the canonical payload is the stored {record.record_digest[:16]}…"),
+        (records.RecordCheck.SIGNATURE, "HMAC of the digest with the records key"),
+        (
+            records.RecordCheck.NAMES_RECORD,
+            f"payload seq {payload.get('seq')!r} of experiment {str(payload.get('experiment'))[:8]}…",
+        ),
+        (records.RecordCheck.NAMES_PREDECESSOR, f"payload prev {str(payload.get('prev'))[:16]}…"),
+    ]
+    if previous_digest is not None:
+        described.append(
+            (
+                records.RecordCheck.LINKS,
+                f"record #{record.seq - 1} has digest {previous_digest[:16]}…"
+                if record.seq > 1
+                else "first record: links to the genesis digest",
+            )
+        )
+    checks = [Check(name, name not in failed, "; ".join(failed.get(name, [])) or words) for name, words in described]
+    checks.append(Check("names the candidate's files", tree == record.candidate.tree_id, f"tree {tree[:16]}…"))
+    return checks
+
+
+def _visible_payload(payload: dict[str, Any], *, sealed: bool) -> tuple[dict[str, Any], int]:
+    """The payload as shown: sealed per-task rows removed unless ``sealed``;
+    returns it with the number of rows removed."""
+    if sealed:
+        return payload, 0
+    trials = payload.get("trials") or []
+    kept = [row for row in trials if not (isinstance(row, dict) and row.get("split") == SplitName.SEALED)]
+    shown = dict(payload)
+    shown["trials"] = kept
+    return shown, len(trials) - len(kept)
+
+
+@dataclass(frozen=True)
+class TrialCount:
+    split: str
+    trials: int
+    passed: int
+    tasks: int
+    tokens: int
+
+
+def _trial_counts(payload: dict[str, Any]) -> list[TrialCount]:
+    """Aggregates of a record's trial rows per split (fine for every user)."""
+    by_split: dict[str, dict[str, Any]] = {}
+    for row in payload.get("trials") or []:
+        if not isinstance(row, dict):
+            continue
+        entry = by_split.setdefault(str(row.get("split")), {"trials": 0, "passed": 0, "tasks": set(), "tokens": 0})
+        entry["trials"] += 1
+        entry["passed"] += row.get("outcome") == "pass"
+        entry["tasks"].add(row.get("task"))
+        entry["tokens"] += row.get("tokens") or 0
+    order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+    return [
+        TrialCount(split, e["trials"], e["passed"], len(e["tasks"]), e["tokens"])
+        for split, e in sorted(by_split.items(), key=lambda item: (order.get(item[0], 99), item[0]))
+    ]
+
+
+# --- Candidate page -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitRowView:
+    """One split's aggregates, formatted: rate and contribution are
+    different numbers and are labelled apart on the page."""
+
+    split: str
+    tasks: int
+    trials: int
+    passed: int
+    rate: str
+    contribution: str
+    pass_at_k: str
+    pass_hat_k: str
+    tokens: str
+    steps: str
+    contribution_value: float
+
+    @classmethod
+    def of(cls, split: str, summary: Any) -> SplitRowView:
+        return cls(
+            split=split,
+            tasks=summary.tasks,
+            trials=summary.trials,
+            passed=round(summary.rate * summary.trials),
+            rate=f"{summary.rate * 100:.1f}%",
+            contribution=f"{summary.contribution * 100:.1f}%",
+            pass_at_k=f"{summary.pass_at_k * 100:.1f}%",
+            pass_hat_k=f"{summary.pass_hat_k * 100:.1f}%",
+            tokens=f"{summary.mean_tokens:,.0f}" if summary.mean_tokens is not None else "n/a",
+            steps=f"{summary.mean_steps:.1f}" if summary.mean_steps is not None else "n/a",
+            contribution_value=summary.contribution,
+        )
+
+
+@dataclass
+class ExternalResultView:
+    """One external submission as the candidate page shows it: aggregates
+    only (per split, never per task), always labelled external."""
+
+    pk: int
+    source: str
+    when: Any
+    trials: int
+    passed: int
+    mean_score: str
+    mean_tokens: str
+    split_rows: list[SplitRowView]
+
+    @classmethod
+    def of(cls, found: selectors.ExternalResult) -> ExternalResultView:
+        order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+        return cls(
+            pk=found.evaluation.pk,
+            source=external_source_text(found.source),
+            when=found.evaluation.finished_at or found.evaluation.created_at,
+            trials=found.trials,
+            passed=found.passed,
+            mean_score=f"{found.mean_score:.3f}" if found.mean_score is not None else "n/a",
+            mean_tokens=f"{found.mean_tokens:,.0f}" if found.mean_tokens is not None else "n/a",
+            split_rows=[
+                SplitRowView.of(split, summary)
+                for split, summary in sorted(found.splits.items(), key=lambda item: order.get(item[0], 99))
+            ],
+        )
+
+
+def _evolve_splits(candidate: Candidate) -> tuple[str, ...]:
+    run = candidate.run
+    if run is None or run.recipe is None:
+        return EVOLVE_SPLITS
+    try:
+        return tuple(parse_recipe(run.recipe.spec).evaluation.evolve_splits)
+    except (RecipeError, TypeError, ValueError):
+        return EVOLVE_SPLITS
+
+
+def _flags(candidate: Candidate, user: Any) -> list[LeakageFlag]:
+    """The candidate's leakage flags; each gets ``task_visible``: its task's
+    name and the critic's evidence may be shown (``review.flags``)."""
+    split = SplitMembership.objects.filter(experiment_id=candidate.experiment_id, task_id=OuterRef("task_id")).values(
+        "split"
+    )[:1]
+    flags = list(
+        LeakageFlag.objects.filter(candidate=candidate)
+        .select_related("task", "edit")
+        .annotate(task_split=Subquery(split))
+        .order_by("path", "pk")
+    )
+    for flag in flags:
+        flag.anchor = diffs.file_anchor(flag.path) if flag.path else ""
+        flag.task_visible = flag_task_visible(flag, user, flag.task_split)
+        flag.line_number = (flag.evidence or {}).get("line_number") if isinstance(flag.evidence, dict) else None
+        flag.evidence_text = (flag.evidence or {}).get("evidence", "") if isinstance(flag.evidence, dict) else ""
+    return flags
+
+
+def _flag_title(flag: LeakageFlag) -> str:
+    title = f"leakage flag: rule {flag.rule}"
+    if flag.task_visible:
+        if flag.task is not None:
+            title += f"; task {flag.task.external_id}"
+        if flag.evidence_text:
+            title += f"; {flag.evidence_text}"
+    return title
+
+
+@require_GET
+@access.permission_required()
+def candidate(request: HttpRequest, pk: int) -> HttpResponse:
+    """Screen 3: one candidate, why the gate decided what it did, its edits,
+    flags and per-split results (aggregates only), with its diff embedded."""
+    cand = get_object_or_404(
+        Candidate.objects.select_related("experiment", "parent", "run__recipe", "tree", "review_item"), pk=pk
+    )
+    edits = list(AtomicEdit.objects.filter(candidate=cand).select_related("ledger_entry").order_by("index"))
+    flags = _flags(cand, request.user)
+    flags_per_edit: dict[int, int] = {}
+    for flag in flags:
+        if flag.edit_id is not None:
+            flags_per_edit[flag.edit_id] = flags_per_edit.get(flag.edit_id, 0) + 1
+    diff_url = reverse("review:candidate_diff", args=[cand.pk])
+    for edit in edits:
+        edit.structural = edit.component in STRUCTURAL_KINDS
+        edit.flag_count = flags_per_edit.get(edit.pk, 0)
+        edit.path_links = [(p, f"{diff_url}#{diffs.file_anchor(p)}") for p in (edit.paths or [])]
+        edit.ledger = getattr(edit, "ledger_entry", None)
+
+    decisions = list(GateDecision.objects.filter(candidate=cand).select_related("current").order_by("round"))
+    for decision in decisions:
+        decision.words = RULE_WORDS.get(decision.rule, "")
+        decision.check_number = (
+            regularization.GATE_RULES.index(decision.rule) + 1 if decision.rule in regularization.GATE_RULES else None
+        )
+        numbers = decision.numbers if isinstance(decision.numbers, dict) else {}
+        decision.number_rows = gate_numbers(numbers)
+        decision.summary = gate_summary(numbers)
+
+    certified = list(
+        CertifiedResult.objects.filter(candidate=cand).select_related("evaluation", "experiment").order_by("seq")
+    )
+    for record in certified:
+        record.candidate = cand  # known already: no query per record
+        record.checks = record_checks(record)
+        record.verified = all(check.ok for check in record.checks)
+
+    evolve = _evolve_splits(cand)
+    result = selectors.candidate_metrics(candidate=cand, evolve_splits=evolve)
+    order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+    split_rows = [
+        SplitRowView.of(split, summary)
+        for split, summary in sorted(result.splits.items(), key=lambda item: order.get(item[0], 99))
+    ]
+    overall = sum(row.contribution_value for row in split_rows if row.split != SplitName.HELDOUT)
+    ci_text = dc_text = ""
+    if result.delta_score is not None:
+        ci_text = f"dS = {result.delta_score:+.3f}"
+        if result.delta_ci is not None:
+            ci_text += f" (95% CI {result.delta_ci[1]:+.2f} .. {result.delta_ci[2]:+.2f})"
+    if result.delta_cost is not None:
+        dc_text = f"dC = {result.delta_cost * 100:+.1f}%"
+
+    # Kept apart from the certified numbers above, which never count them.
+    external_results = [ExternalResultView.of(found) for found in selectors.candidate_external_results(candidate=cand)]
+
+    children = list(Candidate.objects.filter(parent=cand).order_by("pk").only("pk", "label", "state", "round"))
+    others = _candidate_choices(cand)
+    review_item = getattr(cand, "review_item", None)  # reverse one-to-one: absent raises AttributeError
+    return render(
+        request,
+        "review/candidates/candidate.html",
+        {
+            "candidate": cand,
+            "experiment": cand.experiment,
+            "edits": edits,
+            "flags": flags,
+            "flag_rules": _count_by(flags, "rule"),
+            "decisions": decisions,
+            "certified": certified,
+            "metrics": result,
+            "split_rows": split_rows,
+            "external_results": external_results,
+            "overall": f"{overall * 100:.1f}%",
+            "dc_text": dc_text,
+            "evolve_splits": evolve,
+            "ci_text": ci_text,
+            "children": children,
+            "choices": others,
+            "review_item": review_item,
+            "diff_url": diff_url,
+        },
+    )
+
+
+def _count_by(items: list[Any], attribute: str) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for item in items:
+        key = getattr(item, attribute)
+        counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items())
+
+
+def _candidate_choices(cand: Candidate) -> list[dict[str, Any]]:
+    """Every candidate of the experiment for the "compare with" select (one query)."""
+    return list(
+        Candidate.objects.filter(experiment_id=cand.experiment_id)
+        .exclude(pk=cand.pk)
+        .order_by("pk")
+        .values("pk", "label", "state", "round")
+    )
+
+
+# --- Diff ---------------------------------------------------------------------------
+
+
+class BadInput(Exception):
+    """A query parameter the user can fix; shown as a 400 with the message."""
+
+
+@dataclass
+class DiffRequest:
+    candidate: Candidate
+    against: Candidate | None  # None: the empty tree (the seed has no parent)
+    layout: str
+    against_is_parent: bool
+
+
+def _parse_diff_request(request: HttpRequest, pk: int) -> DiffRequest:
+    cand = get_object_or_404(Candidate.objects.select_related("experiment", "parent"), pk=pk)
+    layout = request.GET.get("layout") or diffs.DEFAULT_LAYOUT
+    if layout not in diffs.LAYOUTS:
+        raise BadInput(f"layout must be one of {', '.join(diffs.LAYOUTS)}, not {layout[:40]!r}")
+    raw = request.GET.get("against", "").strip()
+    if not raw:
+        return DiffRequest(cand, cand.parent, layout, True)
+    if not raw.isdigit():
+        raise BadInput(f"against must be a candidate number, not {raw[:40]!r}")
+    against = Candidate.objects.filter(pk=int(raw), experiment_id=cand.experiment_id).first()
+    if against is None:
+        raise BadInput(f"candidate {raw} is not a candidate of experiment {cand.experiment.name!r}")
+    return DiffRequest(cand, against, layout, against.pk == cand.parent_id)
+
+
+def _leak_marks(cand: Candidate, user: Any) -> tuple[list[LeakageFlag], dict[str, list[diffs.LeakMark]]]:
+    flags = _flags(cand, user)
+    marks: dict[str, list[diffs.LeakMark]] = {}
+    for flag in flags:
+        if flag.path and flag.matched:
+            marks.setdefault(flag.path, []).append(diffs.LeakMark(flag.path, flag.matched, _flag_title(flag)))
+    return flags, marks
+
+
+def _render_cached(
+    fd: diffs.FileDiff, layout: str, old: dict[str, FileEntry], new: dict[str, FileEntry], marks: list[diffs.LeakMark]
+) -> None:
+    """Render one file, reusing the rows of an identical earlier rendering:
+    the key holds both blob digests, both paths (the lexer), the layout and
+    the leak marks, so a changed file can never get stale rows."""
+    mark_key = hashlib.sha256(
+        json.dumps([[m.matched, m.title] for m in marks], ensure_ascii=False).encode()
+    ).hexdigest()[:16]
+    raw_key = "|".join(
+        (fd.old_digest, fd.new_digest, fd.old_path or "", fd.path, layout, mark_key, str(DIFF_CACHE_VERSION))
+    )
+    key = "review-diff:" + hashlib.sha256(raw_key.encode("utf-8", "surrogateescape")).hexdigest()
+    hit = cache.get(key)
+    if hit is not None:
+        fd.rows, fd.language, fd.body_html = hit
+        return
+    old_entry = old.get(fd.old_path) if fd.old_path is not None else None
+    new_entry = new.get(fd.path) if fd.new is not None else None
+    diffs.render_file(
+        fd,
+        layout=layout,
+        old_data=old_entry.data if old_entry else None,
+        new_data=new_entry.data if new_entry else None,
+        marks=marks,
+    )
+    cache.set(key, (fd.rows, fd.language, fd.body_html), DIFF_CACHE_SECONDS)
+
+
+class _ParseMemo:
+    """Parsed file diffs in the cache, keyed by content (``diffs.ParsedMemo``)."""
+
+    def get_many(self, keys: list[str]) -> dict[str, Any]:
+        return cache.get_many(keys)
+
+    def set_many(self, data: dict[str, Any]) -> None:
+        cache.set_many(data, DIFF_CACHE_SECONDS)
+
+
+def _diff_files(
+    request: HttpRequest, req: DiffRequest, *, only_path: str | None = None
+) -> tuple[list[diffs.FileDiff], list[LeakageFlag]]:
+    """The files of the diff, collapsed as planned and rendered where not."""
+    old_entries = tree_entries(tree=req.against.tree) if req.against is not None else []
+    new_entries = tree_entries(tree=req.candidate.tree)
+    files = diffs.build_file_diffs(old_entries, new_entries, only_path=only_path, memo=_ParseMemo())
+    if only_path is not None:
+        files = [fd for fd in files if only_path in (fd.path, fd.old_path)]
+        if not files:
+            raise Http404("this file is not part of the diff")
+    else:
+        diffs.plan_collapse(files)
+    viewed = set(
+        ViewedFile.objects.filter(user=request.user, path__in=[fd.path for fd in files]).values_list(
+            "path", "old_digest", "new_digest"
+        )
+    )
+    flags, marks = _leak_marks(req.candidate, request.user)
+    old_map = {entry.path: entry for entry in old_entries}
+    new_map = {entry.path: entry for entry in new_entries}
+    for fd in files:
+        fd.viewed = (fd.path, fd.old_digest, fd.new_digest) in viewed
+        if fd.collapsed is None and fd.hunks:
+            _render_cached(fd, req.layout, old_map, new_map, marks.get(fd.path, []) if fd.new else [])
+    return files, flags
+
+
+def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.FileDiff], flags: list[LeakageFlag]):
+    cand = req.candidate
+    query = {"layout": req.layout}
+    if req.against is not None and not req.against_is_parent:
+        query["against"] = str(req.against.pk)
+    return {
+        "candidate": cand,
+        "experiment": cand.experiment,
+        "against": req.against,
+        "against_is_parent": req.against_is_parent,
+        "layout": req.layout,
+        "layouts": diffs.LAYOUTS,
+        "files": files,
+        "summary": diffs.DiffSummary(files),
+        "flags": flags,
+        "marked_flags": sum(1 for flag in flags if flag.path and flag.matched),
+        "collapse_lines": diffs.COLLAPSE_LINES,
+        "page_budget": diffs.PAGE_BUDGET,
+        "against_param": query.get("against", ""),
+        "here": request.get_full_path(),
+    }
+
+
+@require_GET
+@access.permission_required()
+def candidate_diff(request: HttpRequest, pk: int) -> HttpResponse:
+    """Screen 4: the diff against the parent (or ``?against=``), split or
+    unified (``?layout=``); ``?partial=1`` gives only the diff body."""
+    try:
+        req = _parse_diff_request(request, pk)
+    except BadInput as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    files, flags = _diff_files(request, req)
+    context = _diff_context(request, req, files, flags)
+    if request.GET.get("partial"):
+        return render(request, "review/candidates/diff.html#diff-body", context)
+    context["choices"] = _candidate_choices(req.candidate)
+    return render(request, "review/candidates/diff.html", context)
+
+
+@require_GET
+@access.permission_required()
+def diff_file(request: HttpRequest, pk: int) -> HttpResponse:
+    """One file of a diff in full (what a collapsed file's "Load diff" fetches)."""
+    try:
+        req = _parse_diff_request(request, pk)
+    except BadInput as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    wanted = request.GET.get("path", "")
+    if not wanted:
+        return HttpResponseBadRequest("path is required", content_type="text/plain; charset=utf-8")
+    files, flags = _diff_files(request, req, only_path=wanted)
+    context = _diff_context(request, req, files, flags)
+    if request.htmx:
+        context["f"] = files[0]
+        return render(request, "review/candidates/diff.html#file-body", context)
+    context["single"] = True
+    context["choices"] = _candidate_choices(req.candidate)
+    return render(request, "review/candidates/diff.html", context)
+
+
+@require_POST
+@access.permission_required()
+def diff_viewed(request: HttpRequest) -> HttpResponse:
+    """Mark one file of a diff viewed or not viewed for the signed-in user.
+
+    The mark is keyed by the blob digests of both sides, so it stops
+    applying as soon as either side of the file changes. ``viewed`` = 1/0
+    sets the state; without it the mark is toggled. Safe to repeat with
+    ``viewed``; concurrent duplicates are absorbed by the unique constraint.
+    """
+    file_path = request.POST.get("path", "")
+    old_digest = request.POST.get("old_digest", "")
+    new_digest = request.POST.get("new_digest", "")
+    if not file_path or len(file_path) > 1024:
+        return HttpResponseBadRequest("path must be 1 to 1024 characters", content_type="text/plain; charset=utf-8")
+    if not DIGEST_RE.match(old_digest) or not DIGEST_RE.match(new_digest) or not (old_digest or new_digest):
+        return HttpResponseBadRequest(
+            "old_digest and new_digest must be SHA-256 hex digests (one may be empty)",
+            content_type="text/plain; charset=utf-8",
+        )
+    keys = {"user": request.user, "path": file_path, "old_digest": old_digest, "new_digest": new_digest}
+    wanted = request.POST.get("viewed")
+    with transaction.atomic():
+        existing = ViewedFile.objects.filter(**keys)
+        target = (wanted in ("1", "on", "true")) if wanted is not None else not existing.exists()
+        if target:
+            try:
+                with transaction.atomic():
+                    ViewedFile.objects.get_or_create(**keys)
+            except IntegrityError:
+                pass  # a concurrent request marked it first: the state we want
+        else:
+            existing.delete()
+    if request.htmx:
+        state = {
+            "path": file_path,
+            "old_digest": old_digest,
+            "new_digest": new_digest,
+            "viewed": target,
+            "anchor": diffs.file_anchor(file_path),
+        }
+        here = request.POST.get("next", "").split("#")[0]
+        return render(request, "review/candidates/diff.html#viewed-form", {"f": state, "here": here})
+    next_url = request.POST.get("next", "")
+    if next_url and url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
+        return redirect(next_url)
+    return redirect("review:home")
+
+
+@require_GET
+@access.permission_required()
+def candidate_raw(request: HttpRequest, pk: int, path: str) -> HttpResponse:
+    """One file of the candidate's tree as plain text, never interpreted."""
+    cand = get_object_or_404(Candidate, pk=pk)
+    entry = TreeEntry.objects.filter(tree_id=cand.tree_id, path=path).select_related("blob").first()
+    if entry is None:
+        raise Http404("no such file in this candidate")
+    response = HttpResponse(bytes(entry.blob.content), content_type="text/plain; charset=utf-8")
+    response.headers["Content-Disposition"] = content_disposition_header(False, path.rsplit("/", 1)[-1])
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+# --- Record page --------------------------------------------------------------------
+
+
+@require_GET
+@access.permission_required()
+def record(request: HttpRequest, pk: int) -> HttpResponse:
+    """A certified record: what it binds, whether it checks out on its own,
+    and its payload (sealed per-task rows only with the permission).
+
+    ``?verify=1`` also runs the full verification of the record's experiment
+    (chain, trees, evaluator, task sets, trial rows). It is read-only but its
+    work grows with the experiment, so it runs on request only; an htmx
+    request gets just the report."""
+    rec = get_object_or_404(CertifiedResult.objects.select_related("experiment", "candidate", "evaluation"), pk=pk)
+    if rec.seq > 1:
+        previous = (
+            CertifiedResult.objects.filter(experiment_id=rec.experiment_id, seq=rec.seq - 1)
+            .values_list("record_digest", flat=True)
+            .first()
+        )
+        previous_digest = previous if previous is not None else "(missing)"
+    else:
+        previous_digest = records.GENESIS
+    checks = record_checks(rec, previous_digest=previous_digest)
+    report = records_verify(experiment=rec.experiment) if request.GET.get("verify") else None
+    if report is not None and request.htmx:
+        return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
+    sealed = access.can_see_sealed(request.user)
+    payload, hidden = _visible_payload(rec.payload, sealed=sealed)
+    evaluation = rec.payload.get("evaluation") or {}
+    return render(
+        request,
+        "review/candidates/record.html",
+        {
+            "record": rec,
+            "experiment": rec.experiment,
+            "checks": checks,
+            "verified": all(check.ok for check in checks),
+            "counts": _trial_counts(rec.payload),
+            "hidden_rows": hidden,
+            "payload_json": json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False),
+            "evaluation_info": evaluation if isinstance(evaluation, dict) else {},
+            "candidate_info": rec.payload.get("candidate") or {},
+            "evaluator_info": rec.payload.get("evaluator") or {},
+            "task_sets": sorted((rec.payload.get("task_sets") or {}).items()),
+            "report": report,
+            "run_settings": json.dumps(rec.payload.get("run_settings"), sort_keys=True, ensure_ascii=False),
+        },
+    )
+
+
+urlpatterns = [
+    path("candidates/<int:pk>/", candidate, name="candidate"),
+    path("candidates/<int:pk>/diff/", candidate_diff, name="candidate_diff"),
+    path("candidates/<int:pk>/diff/file/", diff_file, name="diff_file"),
+    path("candidates/<int:pk>/raw/<path:path>", candidate_raw, name="candidate_raw"),
+    path("diff/viewed/", diff_viewed, name="diff_viewed"),
+    path("records/<int:pk>/", record, name="record"),
+]

@@ -1,0 +1,550 @@
+"""Screen 7: the leakage review queue and a review item.
+
+The queue answers "what is waiting for a human, and how good is the critic";
+an item page answers "does this edit leak": the candidate's atomic edits with
+their hypotheses, the critic's evidence line by line with the matched text
+marked and the task it came from (when the reader may see that task), the
+diff, and the decision. Decisions are written only through
+``evolution.services.review``; one decision per item whoever acts first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, Exists, F, OuterRef, Q
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.utils.html import escape, format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.views.decorators.http import require_GET, require_POST
+
+from evolution.models import (
+    AtomicEdit,
+    Candidate,
+    Experiment,
+    LeakageFlag,
+    ReviewDecision,
+    ReviewItem,
+    SplitMembership,
+)
+from evolution.services.review import (
+    LIVE_RUNS,
+    ReviewConflict,
+    ReviewError,
+    review_claim,
+    review_decide,
+    review_decide_partial,
+    review_release,
+)
+from review import access
+from review.flags import flag_task_visible
+
+PAGE_SIZE = 25
+WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED)
+INSTRUCTION_EXCERPT = 280
+# Lines of one edit's own diff shown inline; the rest is in the diff screen.
+EDIT_DIFF_LINES = 200
+MATCHED_PREVIEW = 3
+
+VERDICT_WORDS = {
+    ReviewDecision.Verdict.APPROVE: "the edits are generic",
+    ReviewDecision.Verdict.REJECT: "it leaks",
+    ReviewDecision.Verdict.REJECT_EDITS: "some edits leak; the rest were kept in a derived candidate",
+}
+VERDICT_SHORT = {
+    ReviewDecision.Verdict.APPROVE: "approved",
+    ReviewDecision.Verdict.REJECT: "rejected",
+    ReviewDecision.Verdict.REJECT_EDITS: "partly rejected",
+}
+
+
+def derived_outcome(candidate: Candidate) -> str:
+    """What became of a derived candidate, in words."""
+    live = candidate.run is not None and candidate.run.status in LIVE_RUNS
+    if candidate.state == Candidate.State.FLAGGED:
+        return "the critic flagged it again: it waits for its own review"
+    if candidate.state == Candidate.State.REJECTED_CRITIC:
+        return "the critic rejected it"
+    if candidate.state in {Candidate.State.REJECTED_SURFACE, Candidate.State.REJECTED_BUDGET}:
+        return f"it failed the checks: {candidate.state_reason}"
+    if candidate.state == Candidate.State.APPROVED and not live:
+        return "the critic found it clean; its run is over, so it is not evaluated"
+    if candidate.state in {Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED}:
+        return "the critic found it clean: it is evaluated and joins its run's next gate"
+    return f"it is {candidate.get_state_display().lower()}"
+
+
+# --- Marking matched text (untrusted: built with escape/format_html only) -----------
+
+
+def _spans(text: str, needles: Iterable[str]) -> list[tuple[int, int]]:
+    """Every case-insensitive occurrence of each needle, overlaps merged."""
+    lowered = text.lower()
+    found: list[tuple[int, int]] = []
+    for needle in {n.lower() for n in needles if n}:
+        found += [(m.start(), m.end()) for m in re.finditer(re.escape(needle), lowered)]
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(found):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def mark_matches(text: str, needles: Iterable[str]) -> SafeString:
+    """``text`` escaped, with each occurrence of a needle in ``<mark>``."""
+    segments: list[tuple[str, SafeString | str]] = []
+    position = 0
+    for start, end in _spans(text, needles):
+        segments.append((text[position:start], format_html("<mark>{}</mark>", text[start:end])))
+        position = end
+    segments.append((text[position:], ""))
+    return format_html_join("", "{}{}", segments)
+
+
+# --- Reads -------------------------------------------------------------------------
+
+
+def _experiment_filter(request: HttpRequest) -> tuple[int | None, str]:
+    raw = request.GET.get("experiment", "").strip()
+    if not raw:
+        return None, ""
+    if not raw.isdigit():
+        return None, f"experiment must be an experiment id, not {raw[:40]!r}"
+    return int(raw), ""
+
+
+def _page(request: HttpRequest, queryset: Any) -> Page:
+    paginator = Paginator(queryset, PAGE_SIZE)
+    return paginator.get_page(request.GET.get("page"))
+
+
+def waiting_items(*, experiment_id: int | None) -> Any:
+    """Flagged candidates waiting for a decision, oldest first, with flag counts."""
+    items = (
+        ReviewItem.objects.filter(state__in=WAITING)
+        .select_related("candidate__experiment", "candidate__run", "candidate__parent", "claimed_by")
+        .annotate(flag_count=Count("candidate__leakage_flags", distinct=True))
+        .annotate(edit_count=Count("candidate__edits", distinct=True))
+        .order_by("created_at", "pk")
+    )
+    if experiment_id is not None:
+        items = items.filter(candidate__experiment_id=experiment_id)
+    return items
+
+
+def decided_items(*, experiment_id: int | None) -> Any:
+    decisions = (
+        ReviewDecision.objects.select_related("item__candidate__experiment", "reviewer", "derived_candidate")
+        .annotate(rejected_count=Count("rejected_edits", distinct=True))
+        .annotate(edit_count=Count("item__candidate__edits", distinct=True))
+        .order_by("-created_at", "-pk")
+    )
+    if experiment_id is not None:
+        decisions = decisions.filter(item__candidate__experiment_id=experiment_id)
+    return decisions
+
+
+@dataclass
+class RuleRecord:
+    rule: str
+    confirmed: int = 0  # the reviewer rejected the flagged edit: a true leak
+    overruled: int = 0  # the reviewer kept the flagged edit: a false positive
+    pending: int = 0
+
+    @property
+    def reviewed(self) -> int:
+        return self.confirmed + self.overruled
+
+    @property
+    def precision(self) -> float | None:
+        return self.confirmed / self.reviewed if self.reviewed else None
+
+
+@dataclass
+class TrackRecord:
+    decided: int = 0
+    approved: int = 0
+    rejected: int = 0
+    partial: int = 0
+    rules: list[RuleRecord] = field(default_factory=list)
+    flags: RuleRecord = field(default_factory=lambda: RuleRecord("all rules"))
+
+    @property
+    def partial_share(self) -> float | None:
+        return self.partial / self.decided if self.decided else None
+
+    @property
+    def false_positive_share(self) -> float | None:
+        return self.approved / self.decided if self.decided else None
+
+
+def track_record(*, experiment_id: int | None) -> TrackRecord:
+    """The critic's record against human decisions (two queries).
+
+    Per item: approved (a false positive), rejected (a true leak), partly
+    rejected. Per flag: confirmed when its item was rejected or its edit was
+    among the rejected edits of a partial decision; overruled when its item
+    was approved or its edit was kept.
+    """
+    decisions = ReviewDecision.objects.all()
+    flags = LeakageFlag.objects.filter(candidate__review_item__isnull=False)
+    if experiment_id is not None:
+        decisions = decisions.filter(item__candidate__experiment_id=experiment_id)
+        flags = flags.filter(candidate__experiment_id=experiment_id)
+    record = TrackRecord()
+    for verdict, count in decisions.values_list("verdict").annotate(n=Count("pk")).values_list("verdict", "n"):
+        record.decided += count
+        if verdict == ReviewDecision.Verdict.APPROVE:
+            record.approved += count
+        elif verdict == ReviewDecision.Verdict.REJECT:
+            record.rejected += count
+        else:
+            record.partial += count
+    rejected_edit = ReviewDecision.rejected_edits.through.objects.filter(
+        reviewdecision_id=OuterRef("candidate__review_item__decision__id"), atomicedit_id=OuterRef("edit_id")
+    )
+    rows = (
+        flags.annotate(verdict=F("candidate__review_item__decision__verdict"), edit_rejected=Exists(rejected_edit))
+        .values("rule", "verdict", "edit_rejected")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    by_rule: dict[str, RuleRecord] = {}
+    for row in rows:
+        rule = by_rule.setdefault(row["rule"], RuleRecord(row["rule"]))
+        verdict, count = row["verdict"], row["n"]
+        if verdict is None:
+            rule.pending += count
+        elif verdict == ReviewDecision.Verdict.REJECT or (
+            verdict == ReviewDecision.Verdict.REJECT_EDITS and row["edit_rejected"]
+        ):
+            rule.confirmed += count
+        else:
+            rule.overruled += count
+    record.rules = sorted(by_rule.values(), key=lambda r: (-r.reviewed, -r.pending, r.rule))
+    for rule in record.rules:
+        record.flags.confirmed += rule.confirmed
+        record.flags.overruled += rule.overruled
+        record.flags.pending += rule.pending
+    return record
+
+
+def _flag_summaries(candidate_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Per candidate: flag count by rule and a few matched strings (one query)."""
+    summary: dict[int, dict[str, Any]] = defaultdict(lambda: {"rules": Counter(), "matched": []})
+    rows = (
+        LeakageFlag.objects.filter(candidate_id__in=candidate_ids)
+        .order_by("candidate_id", "pk")
+        .values_list("candidate_id", "rule", "matched")
+    )
+    for candidate_id, rule, matched in rows:
+        entry = summary[candidate_id]
+        entry["rules"][rule] += 1
+        text = matched.strip()
+        if text and text not in entry["matched"]:
+            entry["matched"].append(text)
+    for entry in summary.values():
+        entry["rules"] = sorted(entry["rules"].items(), key=lambda kv: (-kv[1], kv[0]))
+        entry["more_matched"] = max(0, len(entry["matched"]) - MATCHED_PREVIEW)
+        entry["matched"] = [text[:80] for text in entry["matched"][:MATCHED_PREVIEW]]
+    return summary
+
+
+@require_GET
+@access.permission_required()
+def queue(request: HttpRequest) -> HttpResponse:
+    """Waiting items (oldest first) or recent decisions, across experiments,
+    with the critic's track record."""
+    experiment_id, problem = _experiment_filter(request)
+    if problem:
+        return HttpResponseBadRequest(problem)
+    tab = request.GET.get("tab", "open")
+    if tab not in {"open", "decided"}:
+        return HttpResponseBadRequest("tab must be open or decided")
+    experiments = list(
+        Experiment.objects.annotate(
+            waiting=Count("candidates__review_item", filter=Q(candidates__review_item__state__in=WAITING))
+        )
+        .order_by("name")
+        .values("pk", "name", "waiting")
+    )
+    chosen = next((e for e in experiments if e["pk"] == experiment_id), None)
+    if experiment_id is not None and chosen is None:
+        return HttpResponseBadRequest(f"there is no experiment {experiment_id}")
+    waiting = waiting_items(experiment_id=experiment_id)
+    decided = decided_items(experiment_id=experiment_id)
+    if tab == "open":
+        page = _page(request, waiting)
+        summaries = _flag_summaries([item.candidate_id for item in page])
+        for item in page:
+            item.flags = summaries.get(item.candidate_id, {"rules": [], "matched": [], "more_matched": 0})
+        open_count, decided_count = page.paginator.count, decided.count()
+    else:
+        page = _page(request, decided)
+        open_count, decided_count = waiting.count(), page.paginator.count
+    context = {
+        "tab": tab,
+        "page": page,
+        "experiments": experiments,
+        "experiment": chosen,
+        "open_count": open_count,
+        "decided_count": decided_count,
+        "record": track_record(experiment_id=experiment_id),
+        "verdict_short": VERDICT_SHORT,
+        "filter_query": f"experiment={experiment_id}&" if experiment_id is not None else "",
+    }
+    return render(request, "review/queue/queue.html", context)
+
+
+@dataclass
+class EvidenceLine:
+    """The flags of one added line, with every matched text marked in it."""
+
+    path: str
+    line_number: int | None
+    line: str
+    flags: list[LeakageFlag]
+
+    @property
+    def marked(self) -> SafeString:
+        return mark_matches(self.line, [flag.matched for flag in self.flags])
+
+
+def _evidence(flags: list[LeakageFlag], user: Any, experiment_id: int) -> None:
+    """Annotate each flag with what the reader may see of its task and evidence."""
+    task_ids = {flag.task_id for flag in flags if flag.task_id is not None}
+    splits = dict(
+        SplitMembership.objects.filter(experiment_id=experiment_id, task_id__in=task_ids).values_list(
+            "task_id", "split"
+        )
+    )
+    for flag in flags:
+        evidence = flag.evidence if isinstance(flag.evidence, dict) else {}
+        flag.line_number = evidence.get("line_number") if isinstance(evidence.get("line_number"), int) else None
+        flag.task_split = splits.get(flag.task_id) if flag.task_id is not None else None
+        flag.task_visible = flag_task_visible(flag, user, flag.task_split)
+        # The evidence text names the task ("literal from the instruction of
+        # evolve task X"): it is hidden with the task.
+        flag.evidence_text = str(evidence.get("evidence", "")) if flag.task_visible else ""
+        flag.evidence_extra = (
+            [
+                (key, str(value)[:200])
+                for key, value in sorted(evidence.items())
+                if key not in {"line_number", "evidence", "task"}
+            ]
+            if flag.task_visible
+            else []
+        )
+        flag.task_label = evidence.get("task", "") if flag.task_visible else ""
+        flag.instruction_excerpt = (
+            Truncator(flag.task.instruction).chars(INSTRUCTION_EXCERPT) if flag.task_visible and flag.task else ""
+        )
+
+
+def _evidence_lines(flags: list[LeakageFlag]) -> list[EvidenceLine]:
+    lines: dict[tuple[str, int | None, str], EvidenceLine] = {}
+    for flag in flags:
+        key = (flag.path, flag.line_number, flag.line)
+        if key not in lines:
+            lines[key] = EvidenceLine(flag.path, flag.line_number, flag.line, [])
+        lines[key].flags.append(flag)
+    return list(lines.values())
+
+
+@dataclass
+class EditView:
+    edit: AtomicEdit
+    lines: list[EvidenceLine]
+    flag_count: int
+    diff_lines: list[SafeString]
+    hidden_diff_lines: int
+
+
+def _edit_diff(edit: AtomicEdit, flags: list[LeakageFlag]) -> tuple[list[SafeString], int]:
+    """The edit's own diff, added lines with the flagged text marked; long
+    diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
+    needles = [flag.matched for flag in flags]
+    shown = []
+    lines = edit.diff.splitlines()
+    for line in lines[:EDIT_DIFF_LINES]:
+        if line.startswith(("+++", "---", "diff ", "index ")):
+            shown.append(format_html('<span class="meta">{}</span>', line))
+        elif line.startswith("+"):
+            shown.append(format_html('<span class="add">{}</span>', mark_matches(line, needles)))
+        elif line.startswith("-"):
+            shown.append(format_html('<span class="del">{}</span>', line))
+        elif line.startswith("@@"):
+            shown.append(format_html('<span class="hunk">{}</span>', line))
+        else:
+            shown.append(escape(line))
+    return shown, max(0, len(lines) - EDIT_DIFF_LINES)
+
+
+def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
+    candidate = item.candidate
+    decision = (
+        ReviewDecision.objects.filter(item=item)
+        .select_related("reviewer", "derived_candidate__run")
+        .prefetch_related("rejected_edits")
+        .first()
+    )
+    edits = list(AtomicEdit.objects.filter(candidate=candidate).order_by("index"))
+    flags = list(LeakageFlag.objects.filter(candidate=candidate).select_related("task").order_by("path", "pk"))
+    _evidence(flags, request.user, candidate.experiment_id)
+    by_edit: dict[int | None, list[LeakageFlag]] = defaultdict(list)
+    for flag in flags:
+        by_edit[flag.edit_id].append(flag)
+    edit_views = []
+    for edit in edits:
+        own = by_edit.get(edit.pk, [])
+        diff_lines, hidden = _edit_diff(edit, own)
+        edit_views.append(EditView(edit, _evidence_lines(own), len(own), diff_lines, hidden))
+    rejected_ids = {edit.pk for edit in decision.rejected_edits.all()} if decision else set()
+    derived_item = None
+    if decision and decision.derived_candidate_id:
+        derived_item = ReviewItem.objects.filter(candidate_id=decision.derived_candidate_id).first()
+    derived_from = (
+        ReviewDecision.objects.filter(derived_candidate=candidate).select_related("item", "reviewer").first()
+        if candidate.origin == Candidate.Origin.DERIVED
+        else None
+    )
+    next_item = (
+        ReviewItem.objects.filter(state__in=WAITING)
+        .exclude(pk=item.pk)
+        .order_by("created_at", "pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    user = request.user
+    mine = item.state == ReviewItem.State.CLAIMED and item.claimed_by_id == user.pk
+    return {
+        "item": item,
+        "candidate": candidate,
+        "decision": decision,
+        "decision_words": VERDICT_WORDS.get(decision.verdict, "") if decision else "",
+        "decision_short": VERDICT_SHORT.get(decision.verdict, "") if decision else "",
+        "derived_note": derived_outcome(decision.derived_candidate) if decision and decision.derived_candidate else "",
+        "edit_views": edit_views,
+        "orphan_lines": _evidence_lines(by_edit.get(None, [])),
+        "flag_count": len(flags),
+        "rule_counts": sorted(Counter(flag.rule for flag in flags).items(), key=lambda kv: (-kv[1], kv[0])),
+        "rejected_ids": rejected_ids,
+        "derived_item": derived_item,
+        "derived_from": derived_from,
+        "next_item": next_item,
+        "waiting": item.state in WAITING,
+        "claimed_by_me": mine,
+        "may_decide": mine and user.has_perm(access.REVIEW),
+        "form": {"reason": "", "edits": set(), "verdict": ""},
+        "error": "",
+    }
+
+
+def _load_item(pk: int) -> ReviewItem:
+    return get_object_or_404(
+        ReviewItem.objects.select_related("candidate__experiment", "candidate__parent", "candidate__run", "claimed_by"),
+        pk=pk,
+    )
+
+
+@require_GET
+@access.permission_required()
+def review_item(request: HttpRequest, pk: int) -> HttpResponse:
+    """One flagged candidate: edits, the critic's evidence, the diff, the decision."""
+    item = _load_item(pk)
+    return render(request, "review/queue/item.html", _item_context(request, item))
+
+
+def _render_problem(
+    request: HttpRequest, pk: int, message: str, status: int, form: dict[str, Any] | None = None
+) -> HttpResponse:
+    """The item as it is now, with what went wrong and the reviewer's input kept."""
+    context = _item_context(request, _load_item(pk))
+    context["error"] = message
+    if form is not None:
+        context["form"] = form
+    return render(request, "review/queue/item.html", context, status=status)
+
+
+def _claim_change(
+    request: HttpRequest, pk: int, change: Callable[..., Any], *, refused: str, done: str
+) -> HttpResponse:
+    """Claim or release the item through ``change`` (a review service); on a
+    conflict the item again with why (409), else back to it with ``done``."""
+    item = get_object_or_404(ReviewItem, pk=pk)
+    try:
+        change(item=item, user=request.user)
+    except ReviewConflict as exc:
+        return _render_problem(request, pk, f"{refused}: {exc}.", 409)
+    messages.success(request, done)
+    return redirect("review:review_item", pk=pk)
+
+
+@require_POST
+@access.permission_required(access.REVIEW)
+def claim(request: HttpRequest, pk: int) -> HttpResponse:
+    return _claim_change(
+        request, pk, review_claim, refused="Not claimed", done="Claimed by you: the others see you are on it."
+    )
+
+
+@require_POST
+@access.permission_required(access.REVIEW)
+def release(request: HttpRequest, pk: int) -> HttpResponse:
+    return _claim_change(
+        request, pk, review_release, refused="Not released", done="Released: the item is open for any reviewer again."
+    )
+
+
+@require_POST
+@access.permission_required(access.REVIEW)
+def decide(request: HttpRequest, pk: int) -> HttpResponse:
+    """Approve, reject, or reject the selected edits and keep the rest."""
+    item = get_object_or_404(ReviewItem, pk=pk)
+    verdict = request.POST.get("verdict", "")
+    reason = request.POST.get("reason", "")
+    selected = request.POST.getlist("edits")
+    form = {"reason": reason, "edits": {int(value) for value in selected if value.isdigit()}, "verdict": verdict}
+    try:
+        if verdict == "approve":
+            decision = review_decide(item=item, user=request.user, approve=True, reason=reason)
+        elif verdict == "reject":
+            decision = review_decide(item=item, user=request.user, approve=False, reason=reason)
+        elif verdict == "reject_edits":
+            decision = review_decide_partial(item=item, user=request.user, rejected_edits=selected, reason=reason)
+        else:
+            raise ReviewError("choose approve, reject, or reject the selected edits")
+    except ReviewConflict as exc:
+        return _render_problem(request, pk, f"Nothing changed: {exc}.", 409, form)
+    except ReviewError as exc:
+        return _render_problem(request, pk, f"Nothing changed: {exc}.", 400, form)
+    if decision.derived_candidate_id:
+        derived = Candidate.objects.select_related("run").get(pk=decision.derived_candidate_id)
+        messages.success(
+            request,
+            f"Recorded: {VERDICT_SHORT[decision.verdict]} ({VERDICT_WORDS[decision.verdict]}). "
+            f"Derived candidate {derived.pk}: {derived_outcome(derived)}.",
+        )
+    else:
+        messages.success(request, f"Recorded: {VERDICT_SHORT[decision.verdict]} ({VERDICT_WORDS[decision.verdict]}).")
+    return redirect("review:review_item", pk=pk)
+
+
+urlpatterns = [
+    path("review/", queue, name="queue"),
+    path("review/<int:pk>/", review_item, name="review_item"),
+    path("review/<int:pk>/claim/", claim, name="review_claim"),
+    path("review/<int:pk>/release/", release, name="review_release"),
+    path("review/<int:pk>/decide/", decide, name="review_decide"),
+]

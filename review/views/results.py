@@ -1,0 +1,813 @@
+"""Screens 5 and 6: the per-task results matrix, the trial page with its
+trajectory, and the side-by-side comparison of two trajectories.
+
+Every query returning per-task rows goes through ``access.hide_sealed``:
+without the sealed permission a sealed task is not listed in the matrix and
+a sealed trial's page, steps and comparison are 404. Page sizes bound the
+work: the matrix shows at most ``CANDIDATES_PER_PAGE`` candidates and
+``TASKS_PER_PAGE`` tasks, a trajectory ``STEPS_PER_PAGE`` steps at a time,
+and the number of queries of each page does not depend on how many
+candidates, trials or steps there are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.paginator import Paginator
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import MD5
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_GET
+
+from evolution.models import (
+    EVOLVE_SPLITS,
+    Candidate,
+    CertifiedResult,
+    Evaluation,
+    Experiment,
+    SplitMembership,
+    SplitName,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
+from evolution.selectors import REPORTED_PURPOSES
+from evolution.trajectory_formats import STEP_FIELDS
+from review import access
+from review import trajectories as tj
+
+CANDIDATES_PER_PAGE = 30
+TASKS_PER_PAGE = 200
+STEPS_PER_PAGE = 100
+SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
+CHANGES = {
+    "improved": "improved against the parent",
+    "regressed": "regressed against the parent",
+    "unchanged": "unchanged against the parent",
+}
+STEP_COLUMNS = ("pk", *STEP_FIELDS, "extra")
+FINISHED = (Trial.State.DONE, Trial.State.ERROR)
+UNFINISHED = (Trial.State.PENDING, Trial.State.RUNNING)
+ERROR_STEPS_LISTED = 50
+SOURCE_SHOWN_CHARS = 300
+
+
+class InputError(Exception):
+    """Input the page cannot use; shown to the user as a 400 with the message."""
+
+
+def _bad_request(request: HttpRequest, message: str) -> HttpResponse:
+    return render(request, "review/results/bad_request.html", {"message": message}, status=400)
+
+
+def _positive_int(value: str | None, name: str, default: int = 1) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise InputError(f"{name} must be a whole number, got {value[:40]!r}") from None
+    if number < 1:
+        raise InputError(f"{name} must be 1 or more, got {number}")
+    return number
+
+
+def _query(base: str, **params: Any) -> str:
+    kept = {key: value for key, value in params.items() if value not in (None, "")}
+    return f"{base}?{urlencode(kept)}" if kept else base
+
+
+# --- Screen 5: the results matrix ----------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One candidate's trials on one task (noise repeats of the seed left out)."""
+
+    candidate_id: int
+    task_id: int
+    n: int = 0  # finished trials
+    passes: int = 0
+    errors: int = 0
+    pending: int = 0
+    first_trial: int | None = None
+    first_href: str = ""  # the first trial's page, built in the view
+    parent: Cell | None = None
+    has_parent: bool = False
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    dim: bool = False
+
+    @property
+    def rate(self) -> float | None:
+        return self.passes / self.n if self.n else None
+
+    @property
+    def outcome(self) -> str:
+        if not self.n:
+            return "running" if self.pending else "none"
+        if self.errors == self.n:
+            return "error"
+        if self.passes == self.n:
+            return "pass"
+        return "some" if self.passes else "fail"
+
+    @property
+    def change(self) -> str:
+        """improved / regressed / unchanged against the parent's cell of the
+        same task; "" when either side has no finished trial."""
+        if self.parent is None or self.rate is None or self.parent.rate is None:
+            return ""
+        if self.rate > self.parent.rate:
+            return "improved"
+        if self.rate < self.parent.rate:
+            return "regressed"
+        return "unchanged"
+
+    @property
+    def title(self) -> str:
+        if not self.n:
+            return "trials still running" if self.pending else "not run on this task"
+        words = f"{self.passes} of {self.n} trials passed"
+        if self.errors:
+            words += f", {self.errors} ended in an error"
+        if self.pending:
+            words += f", {self.pending} still running"
+        if self.parent is not None and self.parent.n:
+            words += f"; parent: {self.parent.passes} of {self.parent.n}"
+        elif self.has_parent:
+            words += "; the parent has no trial here"
+        return words
+
+
+@dataclass
+class Column:
+    pk: int
+    label: str
+    round: int | None
+    state: str
+    origin: str
+    parent_id: int | None
+    score: float | None = None
+    score_trials: int = 0
+    shown_passes: int = 0
+    shown_n: int = 0
+
+
+@dataclass
+class Row:
+    task_id: int
+    external_id: str
+    split: str
+    cells: list[Cell]
+
+    @property
+    def passed_by(self) -> int:
+        return sum(1 for cell in self.cells if cell.passes)
+
+    @property
+    def run_by(self) -> int:
+        return sum(1 for cell in self.cells if cell.n)
+
+
+def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
+    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
+    splits = evaluation.get("evolve_splits") if isinstance(evaluation, dict) else None
+    if isinstance(splits, list) and splits:
+        return tuple(str(split) for split in splits)
+    return tuple(EVOLVE_SPLITS)
+
+
+def _score_metric(experiment: Experiment) -> str:
+    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
+    metric = evaluation.get("score_metric") if isinstance(evaluation, dict) else None
+    return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
+
+
+def _reported_trials(user: Any) -> QuerySet[Trial]:
+    """Trials shown per task: every evaluation we ran but the seed's noise
+    repeats, sealed ones only for users who may see them. External results
+    are left out: we did not run them, so they must not sit in a cell as if
+    we had (the candidate page shows them apart, labelled external)."""
+    return access.hide_sealed(
+        Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False), user
+    )
+
+
+def _url_maker(name: str) -> Any:
+    """``pk -> reverse(name, args=[pk])`` with one ``reverse``: thousands of
+    trial links are then f-strings, not URL resolutions in the template."""
+    marker = "987654321"
+    head, tail = reverse(name, args=[int(marker)]).split(marker)
+    return lambda pk: f"{head}{pk}{tail}"
+
+
+def _pager_numbers(current: int, last: int, *, around: int = 3) -> list[tuple[int, bool]]:
+    """Page numbers to link: the first, the last and ``around`` either side of
+    ``current``; each with whether a gap (…) comes before it."""
+    wanted = sorted({1, last, *range(current - around, current + around + 1)} & set(range(1, last + 1)))
+    return [(n, i > 0 and n - wanted[i - 1] > 1) for i, n in enumerate(wanted)]
+
+
+def _parse_candidate_ids(raw: str) -> list[int]:
+    ids = []
+    for part in raw.replace(" ", "").split(","):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise InputError(f"candidates must be a comma-separated list of candidate ids, got {raw[:60]!r}")
+        ids.append(int(part))
+    return ids
+
+
+@require_GET
+@access.permission_required()
+def matrix(request: HttpRequest, pk: int) -> HttpResponse:
+    """Tasks (rows) by candidates (columns), each cell the candidate's trials on the task."""
+    experiment = get_object_or_404(Experiment.objects.select_related("recipe", "benchmark"), pk=pk)
+    try:
+        split = request.GET.get("split", "")
+        if split and split not in SplitName.values:
+            raise InputError(f"unknown split {split[:40]!r}: use one of {', '.join(SplitName.values)}")
+        change = request.GET.get("change", "")
+        if change and change not in CHANGES:
+            raise InputError(f"unknown change {change[:40]!r}: use one of {', '.join(CHANGES)}")
+        selected = _parse_candidate_ids(request.GET.get("candidates", ""))
+        candidate_page = _positive_int(request.GET.get("cpage"), "cpage")
+        task_page = _positive_int(request.GET.get("page"), "page")
+    except InputError as exc:
+        return _bad_request(request, str(exc))
+    can_sealed = access.can_see_sealed(request.user)
+
+    # Aggregates per split are not per-task data: everyone may see the counts.
+    split_counts = dict(
+        SplitMembership.objects.filter(experiment=experiment)
+        .values_list("split")
+        .annotate(n=Count("pk"))
+        .values_list("split", "n")
+    )
+    sealed_hidden = 0 if can_sealed else split_counts.get(SplitName.SEALED, 0)
+
+    # An evaluation's trials are created with it (trials_total counts them):
+    # probing the evaluations is far cheaper than probing the trials.
+    with_trials = Exists(
+        Evaluation.objects.filter(
+            candidate=OuterRef("pk"), purpose__in=REPORTED_PURPOSES, external=False, trials_total__gt=0
+        )
+    )
+    candidates = Candidate.objects.filter(with_trials, experiment=experiment)
+    if selected:
+        candidates = candidates.filter(pk__in=selected)
+    # Paginated in the database: one count and one page of rows.
+    candidate_rows = candidates.order_by(F("round").asc(nulls_first=True), "pk").values(
+        "pk", "label", "round", "state", "origin", "parent_id"
+    )
+    candidate_pages = Paginator(candidate_rows, CANDIDATES_PER_PAGE)
+    candidate_page = min(candidate_page, candidate_pages.num_pages)
+    shown = candidate_pages.page(candidate_page)
+    columns = [Column(**row) for row in shown]  # the values() above are exactly Column's leading fields
+    column_ids = [column.pk for column in columns]
+    parent_ids = {column.parent_id for column in columns if column.parent_id is not None}
+
+    memberships = access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), request.user)
+    if split:
+        memberships = memberships.filter(split=split)
+    tasks = sorted(
+        memberships.values_list("task_id", "task__external_id", "split"),
+        key=lambda row: (SPLIT_ORDER.index(row[2]) if row[2] in SPLIT_ORDER else 9, row[1]),
+    )
+
+    # The whole grid (shown candidates and their parents, every visible task)
+    # in one aggregated query.
+    evolve = _evolve_splits(experiment)
+    grid: dict[tuple[int, int], Cell] = {}
+    score_parts: dict[int, list[float]] = {}
+    aggregated = (
+        _reported_trials(request.user)
+        .filter(candidate_id__in=[*column_ids, *parent_ids])
+        .values("candidate_id", "task_id", "split")
+        .annotate(
+            n=Count("pk", filter=Q(state__in=FINISHED)),
+            passes=Count("pk", filter=Q(state__in=FINISHED, outcome=Trial.Outcome.PASS)),
+            errors=Count(
+                "pk", filter=Q(state__in=FINISHED) & (Q(outcome=Trial.Outcome.ERROR) | Q(state=Trial.State.ERROR))
+            ),
+            pending=Count("pk", filter=Q(state__in=UNFINISHED)),
+            score_sum=Sum("score", filter=Q(state=Trial.State.DONE) & ~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+            first_trial=Min("pk"),
+        )
+        .order_by()
+    )
+    metric = _score_metric(experiment)
+    trial_href = _url_maker("review:trial")
+    for row in aggregated:
+        key = (row["candidate_id"], row["task_id"])
+        grid[key] = Cell(
+            candidate_id=row["candidate_id"],
+            task_id=row["task_id"],
+            n=row["n"],
+            passes=row["passes"],
+            errors=row["errors"],
+            pending=row["pending"],
+            first_trial=row["first_trial"],
+            first_href=trial_href(row["first_trial"]),
+        )
+        if row["split"] in evolve and row["n"]:
+            parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
+            parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
+            parts[1] += row["n"]
+    for column in columns:
+        value, trials = score_parts.get(column.pk, (0.0, 0))
+        column.score = value / trials if trials else None
+        column.score_trials = int(trials)
+
+    rows = []
+    change_counts = dict.fromkeys(CHANGES, 0)
+    for task_id, external_id, task_split in tasks:
+        cells = []
+        for column in columns:
+            cell = grid.get((column.pk, task_id)) or Cell(candidate_id=column.pk, task_id=task_id)
+            cell.has_parent = column.parent_id is not None
+            if column.parent_id is not None:
+                cell.parent = grid.get((column.parent_id, task_id))
+            if cell.change:
+                change_counts[cell.change] += 1
+            cells.append(cell)
+        if change and not any(cell.change == change for cell in cells):
+            continue
+        if change:
+            for cell in cells:
+                cell.dim = cell.change != change
+        rows.append(Row(task_id=task_id, external_id=external_id, split=task_split, cells=cells))
+
+    task_pages = Paginator(rows, TASKS_PER_PAGE)
+    task_page = min(task_page, task_pages.num_pages)
+    page_rows = list(task_pages.page(task_page))
+
+    # Links to every trial of the cells on this page (k of them per cell).
+    page_tasks = [row.task_id for row in page_rows]
+    if page_tasks and column_ids:
+        links = (
+            _reported_trials(request.user)
+            .filter(candidate_id__in=column_ids, task_id__in=page_tasks)
+            .order_by("index", "pk")
+            .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
+        )
+        for link in links:
+            cell = grid.get((link["candidate_id"], link["task_id"]))
+            if cell is not None:
+                link["href"] = trial_href(link["pk"])
+                cell.trials.append(link)
+    for row in page_rows:
+        for column, cell in zip(columns, row.cells, strict=True):
+            column.shown_passes += cell.passes
+            column.shown_n += cell.n
+
+    base = reverse("review:matrix", args=[experiment.pk])
+    keep = {"split": split, "change": change, "candidates": request.GET.get("candidates", "")}
+    split_links = [
+        {
+            "value": value,
+            "label": label,
+            "count": split_counts.get(value, 0),
+            "url": _query(base, **{**keep, "split": value}),
+            "hidden": value == SplitName.SEALED and not can_sealed,
+        }
+        for value, label in [("", "all"), *((split, split) for split in SPLIT_ORDER)]
+        if value == "" or split_counts.get(value)
+    ]
+    split_links[0]["count"] = sum(split_counts.values()) - sealed_hidden
+    change_links = [
+        {"value": "", "label": "any", "count": None, "url": _query(base, **{**keep, "change": ""})},
+        *(
+            {
+                "value": value,
+                "label": value,
+                "count": change_counts[value],
+                "url": _query(base, **{**keep, "change": value}),
+            }
+            for value in CHANGES
+        ),
+    ]
+    context = {
+        "experiment": experiment,
+        "columns": columns,
+        "rows": page_rows,
+        "rows_total": len(rows),
+        "tasks_total": len(tasks),
+        "split": split,
+        "change": change,
+        "change_words": CHANGES.get(change, ""),
+        "split_links": split_links,
+        "change_links": change_links,
+        "sealed_hidden": sealed_hidden,
+        "selected": selected,
+        "candidates_total": candidate_pages.count,
+        "candidate_page": shown,
+        "candidate_pages": [
+            {"number": number, "url": _query(base, **keep, cpage=number), "gap": gap}
+            for number, gap in _pager_numbers(candidate_page, candidate_pages.num_pages)
+        ]
+        if candidate_pages.num_pages > 1
+        else [],
+        "task_page": task_pages.page(task_page),
+        "task_pages": [
+            {"number": number, "url": _query(base, **keep, cpage=candidate_page, page=number)}
+            for number in task_pages.page_range
+        ]
+        if task_pages.num_pages > 1
+        else [],
+        "evolve_splits": " + ".join(evolve),
+        "score_metric": "mean score" if metric == "mean_score" else "pass@1",
+        "clear_selection_url": _query(base, split=split, change=change),
+    }
+    return render(request, "review/results/matrix.html", context)
+
+
+# --- Screen 6: the trial page and its trajectory ---------------------------------
+
+
+def _visible_trial(request: HttpRequest, pk: int, *, related: tuple[str, ...] = ()) -> Trial:
+    """The trial, or 404 when it does not exist or is sealed and the user may
+    not see sealed per-task data."""
+    trials = access.hide_sealed(Trial.objects.select_related(*related), request.user)
+    return get_object_or_404(trials, pk=pk)
+
+
+def _trajectory_of(trial: Trial) -> Trajectory | None:
+    try:
+        return trial.trajectory
+    except Trajectory.DoesNotExist:
+        return None
+
+
+@dataclass
+class StepPage:
+    number: int
+    count: int  # pages
+    total: int  # steps
+    start: int  # 1-based position of the first step of the page
+    steps: list[tj.StepView]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.steps) - 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.number < self.count
+
+    @property
+    def has_previous(self) -> bool:
+        return self.number > 1
+
+    @property
+    def next_start(self) -> int:
+        return self.number * STEPS_PER_PAGE + 1
+
+    @property
+    def next_end(self) -> int:
+        return min(self.total, (self.number + 1) * STEPS_PER_PAGE)
+
+    @property
+    def previous_start(self) -> int:
+        return (self.number - 2) * STEPS_PER_PAGE + 1
+
+
+def _page_count(total: int) -> int:
+    return max(1, math.ceil(total / STEPS_PER_PAGE))
+
+
+def _step_page(trajectory: Trajectory | None, number: int) -> StepPage:
+    """One page of steps in step order (one query); the page number is
+    clamped to the last page."""
+    if trajectory is None:
+        return StepPage(number=1, count=1, total=0, start=1, steps=[])
+    total = trajectory.step_count
+    count = _page_count(total)
+    number = min(number, count)
+    offset = (number - 1) * STEPS_PER_PAGE
+    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
+    steps = [
+        tj.step_view(row, position=offset + position)
+        for position, row in enumerate(rows[offset : offset + STEPS_PER_PAGE], start=1)
+    ]
+    return StepPage(number=number, count=count, total=max(total, offset + len(steps)), start=offset + 1, steps=steps)
+
+
+def _page_of_step(trajectory: Trajectory, step_id: int) -> int:
+    before = TrajectoryStep.objects.filter(trajectory=trajectory, step_id__lt=step_id).count()
+    return before // STEPS_PER_PAGE + 1
+
+
+def _parent_trial(trial: Trial) -> dict[str, Any] | None:
+    """The parent's trial of the same task and index (its first reported
+    evaluation we ran, never an external one), as a few fields; None for the
+    seed or when there is none."""
+    parent_id = trial.candidate.parent_id
+    if parent_id is None:
+        return None
+    return (
+        Trial.objects.filter(
+            candidate_id=parent_id,
+            task_id=trial.task_id,
+            index=trial.index,
+            evaluation__purpose__in=REPORTED_PURPOSES,
+            evaluation__external=False,
+        )
+        .order_by("evaluation_id", "pk")
+        .values("pk", "outcome", "score", "state")
+        .first()
+    )
+
+
+def external_source_text(source: Any, *, limit: int = SOURCE_SHOWN_CHARS) -> str:
+    """An external evaluation's ``source`` as one line of JSON, cut at
+    ``limit`` characters. Plain text: the templates escape it."""
+    if not source:
+        return "none given"
+    text = json.dumps(source, sort_keys=True, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _external_notice(evaluation: Evaluation) -> str:
+    when = evaluation.finished_at or evaluation.created_at
+    stamp = f" on {when:%Y-%m-%d %H:%M}" if when else ""
+    return (
+        f"External result — not run or certified by rsiweb. Ingested{stamp} as evaluation #{evaluation.pk}; "
+        f"source: {external_source_text(evaluation.source)}"
+    )
+
+
+def _trajectory_summary(trajectory: Trajectory | None) -> dict[str, Any] | None:
+    if trajectory is None:
+        return None
+    agent = trajectory.agent if isinstance(trajectory.agent, dict) else {}
+    final = trajectory.final_metrics if isinstance(trajectory.final_metrics, dict) else {}
+    tools = []
+    for tool in agent.get("tool_definitions") or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name"):
+            tools.append(str(function["name"]))
+    prompt, completion = final.get("total_prompt_tokens"), final.get("total_completion_tokens")
+    total = None
+    if isinstance(prompt, int) or isinstance(completion, int):
+        total = (prompt if isinstance(prompt, int) else 0) + (completion if isinstance(completion, int) else 0)
+    shown_keys = (
+        "total_prompt_tokens",
+        "total_completion_tokens",
+        "total_cached_tokens",
+        "total_cost_usd",
+        "total_steps",
+    )
+    other_final = {key: value for key, value in final.items() if key not in shown_keys}
+    other_agent = {
+        key: value for key, value in agent.items() if key not in ("name", "version", "model_name", "tool_definitions")
+    }
+    return {
+        "agent_name": agent.get("name", ""),
+        "agent_version": agent.get("version", ""),
+        "model_name": agent.get("model_name", ""),
+        "tools": tools,
+        "agent_extra": tj.text_block(tj.pretty_json(other_agent)) if other_agent else None,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cached_tokens": final.get("total_cached_tokens"),
+        "cost_usd": final.get("total_cost_usd"),
+        "total_tokens": total,
+        "final_steps": final.get("total_steps"),
+        "final_extra": tj.text_block(tj.pretty_json(other_final)) if other_final else None,
+        "notes": tj.text_block(trajectory.notes) if trajectory.notes else None,
+        "extra": tj.text_block(tj.pretty_json(trajectory.extra)) if trajectory.extra else None,
+    }
+
+
+def _error_steps(trajectory: Trajectory) -> list[int]:
+    """Ids of steps that look like errors, for jump links (one query; the
+    per-step check on the page is more thorough, see ``step_error``)."""
+    looks = (
+        Q(extra__has_key="error")
+        | Q(extra__has_key="is_error")
+        | Q(message__istartswith="error")
+        | Q(message__istartswith="traceback")
+    )
+    return list(
+        TrajectoryStep.objects.filter(looks, trajectory=trajectory)
+        .order_by("step_id")
+        .values_list("step_id", flat=True)[:ERROR_STEPS_LISTED]
+    )
+
+
+@require_GET
+@access.permission_required()
+def trial(request: HttpRequest, pk: int) -> HttpResponse:
+    """One trial: task, candidate, result, and its trajectory, one page of steps at a time."""
+    trial = _visible_trial(
+        request, pk, related=("task", "candidate", "candidate__experiment", "evaluation", "trajectory")
+    )
+    trajectory = _trajectory_of(trial)
+    try:
+        number = _positive_int(request.GET.get("page"), "page")
+        wanted_step = _positive_int(request.GET.get("step"), "step", default=0) if request.GET.get("step") else None
+    except InputError as exc:
+        return _bad_request(request, str(exc))
+    if wanted_step is not None and trajectory is not None:
+        number = _page_of_step(trajectory, wanted_step)
+    page = _step_page(trajectory, number)
+    step_missing = wanted_step is not None and all(step.step_id != wanted_step for step in page.steps)
+
+    siblings = list(
+        access.hide_sealed(Trial.objects.filter(evaluation_id=trial.evaluation_id, task_id=trial.task_id), request.user)
+        .order_by("index")
+        .values("pk", "index", "outcome", "state")
+    )
+    record = CertifiedResult.objects.filter(evaluation_id=trial.evaluation_id).values_list("pk", flat=True).first()
+    experiment = trial.candidate.experiment
+    external_notice = _external_notice(trial.evaluation) if trial.evaluation.external else ""
+    context = {
+        "trial": trial,
+        "task": trial.task,
+        "candidate": trial.candidate,
+        "experiment": experiment,
+        "evaluation": trial.evaluation,
+        "record_pk": record,
+        "noise": trial.evaluation.purpose == Evaluation.Purpose.NOISE,
+        "external": trial.evaluation.external,
+        "external_notice": external_notice,
+        "external_source": external_source_text(trial.evaluation.source) if trial.evaluation.external else "",
+        "instruction": tj.text_block(trial.task.instruction, max_lines=12, max_chars=1200),
+        "error_text": tj.text_block(trial.error) if trial.error else None,
+        "criteria": _criteria(trial.criteria_results),
+        "siblings": siblings,
+        "parent_trial": _parent_trial(trial),
+        "trajectory": trajectory,
+        "summary": _trajectory_summary(trajectory),
+        "error_steps": _error_steps(trajectory) if trajectory is not None else [],
+        "page": page,
+        "wanted_step": wanted_step,
+        "step_missing": step_missing,
+        "side_trial": trial,
+        "matrix_url": _query(reverse("review:matrix", args=[experiment.pk]), split=trial.split)
+        + f"#task-{trial.task_id}",
+    }
+    return render(request, "review/results/trial.html", context)
+
+
+def _criteria(results: Any) -> list[dict[str, Any]]:
+    shown = []
+    for item in results if isinstance(results, list) else []:
+        if isinstance(item, dict):
+            shown.append(
+                {
+                    "id": str(item.get("id", "")),
+                    "met": item.get("met"),
+                    "detail": {k: v for k, v in item.items() if k not in ("id", "met")},
+                }
+            )
+    return shown
+
+
+@require_GET
+@access.permission_required()
+def trial_steps(request: HttpRequest, pk: int) -> HttpResponse:
+    """A page of a trial's steps as list items (htmx appends them on scroll),
+    ending with the sentinel that loads the next page."""
+    trial = _visible_trial(request, pk, related=("trajectory",))
+    trajectory = _trajectory_of(trial)
+    if trajectory is None:
+        raise Http404("this trial has no trajectory")
+    try:
+        number = _positive_int(request.GET.get("page"), "page")
+    except InputError as exc:
+        return HttpResponseBadRequest(str(exc))
+    if number > _page_count(trajectory.step_count):
+        raise Http404(f"the trajectory has {_page_count(trajectory.step_count)} pages of steps")
+    page = _step_page(trajectory, number)
+    return render(request, "review/results/trial.html#steps", {"trial": trial, "side_trial": trial, "page": page})
+
+
+# --- Screen 6: two trajectories side by side ---------------------------------------
+
+
+def _step_keys(trajectory: Trajectory | None) -> list[tuple[str, str, tuple[tuple[str, str], ...]]]:
+    """The signature of every step of a trajectory, in one query: the message
+    is hashed by the database so a long trajectory's text is not loaded."""
+    if trajectory is None:
+        return []
+    rows = (
+        TrajectoryStep.objects.filter(trajectory=trajectory)
+        .order_by("step_id")
+        .values_list("source", MD5("message"), "tool_calls")
+    )
+    return [(source, digest or "", tj.call_signature(calls)) for source, digest, calls in rows]
+
+
+def _window(trajectory: Trajectory | None, start: int) -> list[tj.StepView]:
+    if trajectory is None:
+        return []
+    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
+    offset = start - 1
+    return [
+        tj.step_view(row, position=offset + position)
+        for position, row in enumerate(rows[offset : offset + STEPS_PER_PAGE], start=1)
+    ]
+
+
+@require_GET
+@access.permission_required()
+def trial_compare(request: HttpRequest, pk: int) -> HttpResponse:
+    """This trial (right) against the parent's trial of the same task and
+    index, or ``?with=<trial>`` (left), aligned by step position."""
+    related = ("task", "candidate", "candidate__experiment", "evaluation", "trajectory")
+    trial = _visible_trial(request, pk, related=related)
+    try:
+        other_pk = _positive_int(request.GET.get("with"), "with", default=0) if request.GET.get("with") else None
+        number = _positive_int(request.GET.get("page"), "page")
+    except InputError as exc:
+        return _bad_request(request, str(exc))
+    if other_pk is not None:
+        other = access.hide_sealed(Trial.objects.select_related(*related), request.user).filter(pk=other_pk).first()
+        if other is None:
+            raise Http404(f"trial {other_pk} does not exist or you may not see it")
+        if other.task_id != trial.task_id:
+            return _bad_request(
+                request,
+                f"trial {other.pk} is of another task; compare trials of the same task ({trial.task.external_id})",
+            )
+    else:
+        parent = _parent_trial(trial)
+        other = (
+            access.hide_sealed(Trial.objects.select_related(*related), request.user).filter(pk=parent["pk"]).first()
+            if parent
+            else None
+        )
+
+    choices = list(
+        access.hide_sealed(Trial.objects.filter(task_id=trial.task_id).exclude(pk=trial.pk), request.user)
+        .order_by(F("candidate__round").asc(nulls_first=True), "candidate_id", "evaluation_id", "index")
+        .values("pk", "index", "outcome", "candidate_id", "candidate__label", "evaluation__purpose")[:200]
+    )
+    context: dict[str, Any] = {
+        "trial": trial,
+        "other": other,
+        "task": trial.task,
+        "experiment": trial.candidate.experiment,
+        "choices": choices,
+        "with_pk": other_pk,
+    }
+    if other is None:
+        return render(request, "review/results/compare.html", context)
+
+    left_trajectory, right_trajectory = _trajectory_of(other), _trajectory_of(trial)
+    left_keys, right_keys = _step_keys(left_trajectory), _step_keys(right_trajectory)
+    summary = tj.divergence_summary(left_keys, right_keys)
+    count = _page_count(summary.positions)
+    number = min(number, count)
+    start = (number - 1) * STEPS_PER_PAGE + 1
+    rows = tj.align_window(
+        _window(left_trajectory, start),
+        _window(right_trajectory, start),
+        start=start,
+        left_keys=left_keys,
+        right_keys=right_keys,
+    )
+    base = reverse("review:trial_compare", args=[trial.pk])
+    first_url = None
+    if summary.first is not None:
+        first_page = (summary.first - 1) // STEPS_PER_PAGE + 1
+        first_url = _query(base, **{"with": other_pk, "page": first_page if first_page > 1 else None}) + (
+            f"#pos-{summary.first}"
+        )
+    context.update(
+        {
+            "left_trajectory": left_trajectory,
+            "right_trajectory": right_trajectory,
+            "summary": summary,
+            "rows": rows,
+            "first_url": first_url,
+            "page_number": number,
+            "page_count": count,
+            "page_start": start,
+            "page_end": start + len(rows) - 1,
+            "previous_url": _query(base, **{"with": other_pk, "page": number - 1}) if number > 1 else None,
+            "next_url": _query(base, **{"with": other_pk, "page": number + 1}) if number < count else None,
+            "is_parent": other_pk is None,
+        }
+    )
+    return render(request, "review/results/compare.html", context)
+
+
+urlpatterns = [
+    path("experiments/<int:pk>/matrix/", matrix, name="matrix"),
+    path("trials/<int:pk>/", trial, name="trial"),
+    path("trials/<int:pk>/steps/", trial_steps, name="trial_steps"),
+    path("trials/<int:pk>/compare/", trial_compare, name="trial_compare"),
+]

@@ -1,0 +1,73 @@
+"""The embedded (server-less) broker: Kombu's file-system transport, made safe.
+
+Kombu's transport writes a message file in place, so a consumer can pick up
+a file whose writer is still writing (or was killed mid-write), and one
+unreadable file then crashes every worker that reads it. Here a message is
+written under a hidden temporary name and renamed into place (atomic on one
+file system), and a message that cannot be decoded is moved to a
+``corrupt`` folder with a log line instead of taking the worker down.
+Registered for ``filesystem://`` in rsiweb.celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from queue import Empty
+from time import monotonic
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+logger = logging.getLogger(__name__)
+
+
+class Channel(filesystem.Channel):
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        folder = Path(self.data_folder_out)
+        # The leading dot keeps the temporary name out of every queue's listing.
+        temporary = folder / f".{name}.tmp"
+        try:
+            with open(temporary, "wb") as handle:
+                handle.write(str_to_bytes(dumps(payload)))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, folder / name)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise ChannelError(f"cannot add message {name!r} to {folder}") from exc
+
+    def _get(self, queue: str) -> Any:
+        suffix = f"{queue}.msg"
+        folder = Path(self.data_folder_in)
+        for name in sorted(os.listdir(folder)):
+            if name.startswith(".") or name.partition(".")[2] != suffix:
+                continue
+            claimed = folder / f".{name}.{uuid.uuid4().hex}.claimed"
+            try:
+                # Renaming claims the file: exactly one consumer wins it.
+                os.replace(folder / name, claimed)
+            except OSError:
+                continue
+            try:
+                payload = claimed.read_bytes()
+                message = loads(bytes_to_str(payload))
+            except (OSError, ValueError) as exc:
+                corrupt = folder.parent / "corrupt"
+                corrupt.mkdir(exist_ok=True)
+                os.replace(claimed, corrupt / name)
+                logger.error("broker: unreadable message %s moved to %s: %s", name, corrupt, exc)
+                continue
+            claimed.unlink(missing_ok=True)
+            return message
+        raise Empty()
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel

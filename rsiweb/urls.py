@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from review.throttle import throttled
+
+urlpatterns = [
+    # Both login forms go through the failed-login throttle (review/throttle.py).
+    path("admin/login/", throttled(admin.site.login), name="admin-login"),
+    path("admin/", admin.site.urls),
+    path("api/", include("api.urls")),
+    path("login/", throttled(auth_views.LoginView.as_view()), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("review.urls")),
+]

@@ -1,0 +1,137 @@
+"""POST /api/v1/trials/<pk>/trajectory/: import a trajectory over the API."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, Permission, User
+from django.test import override_settings
+from django.urls import Resolver404, include, path, resolve
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from api import trajectories
+from evolution.models import Trajectory, Trial
+from review import access
+from tests.factories import evaluate_seed_inline, make_tiny_experiment
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+OPENAI_MESSAGES = json.loads((FIXTURES / "trajectories" / "openai-messages.json").read_text())
+HARBOR = json.loads((FIXTURES / "atif" / "hello-world.trajectory.json").read_text())
+KEY = "sk-ant-api03-" + "Qw3" * 10
+
+# Used only while the API's v1 module does not list these routes yet.
+urlpatterns = [path("api/v1/", include(trajectories.urlpatterns))]
+
+pytestmark = pytest.mark.django_db
+_names = itertools.count(1)
+
+
+def _wired() -> bool:
+    try:
+        return resolve("/api/v1/trials/1/trajectory/").func.view_class is trajectories.TrajectoryImportView
+    except (Resolver404, AttributeError):
+        return False
+
+
+@pytest.fixture(autouse=True)
+def routes() -> Any:
+    if _wired():
+        yield
+        return
+    with override_settings(ROOT_URLCONF=__name__):
+        yield
+
+
+@pytest.fixture
+def trials(db: Any) -> dict[str, Trial]:
+    experiment = make_tiny_experiment(tasks=2, k=1, split_lists={"train": ["t00"], "sealed": ["t01"]})
+    evaluate_seed_inline(experiment, splits=("train", "sealed"))
+    found = Trial.objects.filter(candidate=experiment.seed_candidate)
+    return {"train": found.get(split="train"), "sealed": found.get(split="sealed")}
+
+
+def client_for(role: str | None, *, staff: bool = False, perms: tuple[str, ...] = ()) -> APIClient:
+    access.roles_ensure()
+    user = User.objects.create_user(username=f"{role}-{next(_names)}", is_staff=staff)
+    if role:
+        user.groups.add(Group.objects.get(name=role))
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def url(trial: Trial) -> str:
+    return f"/api/v1/trials/{trial.pk}/trajectory/"
+
+
+def test_operator_imports_and_gets_the_summary(trials: dict[str, Trial]) -> None:
+    document = [*OPENAI_MESSAGES, {"role": "user", "content": f"my key is {KEY}"}]
+    response = client_for("operator").post(
+        url(trials["train"]), {"format": "auto", "document": document}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert response.json() == {
+        "trial": trials["train"].pk,
+        "format": "openai",
+        "step_count": 5,
+        "redacted": True,
+        "redactions": {"anthropic_api_key": 1},
+    }
+    trajectory = Trajectory.objects.get(trial=trials["train"])
+    assert trajectory.steps.get(step_id=5).message == "my key is [REDACTED:anthropic_api_key]"
+
+
+def test_staff_may_import_a_harbor_file(trials: dict[str, Trial]) -> None:
+    response = client_for("viewer", staff=True).post(url(trials["train"]), {"document": HARBOR}, format="json")
+    assert response.status_code == 201, response.content
+    assert (response.json()["format"], response.json()["step_count"], response.json()["redacted"]) == ("atif", 6, False)
+
+
+def test_invalid_document_is_400_naming_the_field_and_keeps_the_previous(trials: dict[str, Trial]) -> None:
+    client = client_for("operator")
+    assert client.post(url(trials["train"]), {"document": HARBOR}, format="json").status_code == 201
+    broken = json.loads(json.dumps(HARBOR))
+    broken["steps"][4]["observation"]["results"][0]["source_call_id"] = "call_missing"
+    response = client.post(url(trials["train"]), {"format": "atif", "document": broken}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "document": [
+            "steps[4].observation.results[0].source_call_id: 'call_missing' does not name a tool call of step 5"
+        ]
+    }
+    assert Trajectory.objects.get(trial=trials["train"]).step_count == 6
+
+
+def test_bad_format_and_missing_document_are_field_errors(trials: dict[str, Trial]) -> None:
+    client = client_for("operator")
+    response = client.post(url(trials["train"]), {"format": "yaml", "document": HARBOR}, format="json")
+    assert response.status_code == 400 and "format" in response.json()
+    response = client.post(url(trials["train"]), {"format": "atif"}, format="json")
+    assert response.status_code == 400 and "document" in response.json()
+    response = client.post(url(trials["train"]), {"document": None}, format="json")
+    assert response.status_code == 400 and "document" in response.json()
+    assert not Trajectory.objects.filter(trial=trials["train"], extra__has_key="imported_format").exists()
+
+
+def test_viewer_and_anonymous_are_refused(trials: dict[str, Trial]) -> None:
+    body = {"document": OPENAI_MESSAGES}
+    assert client_for("viewer").post(url(trials["train"]), body, format="json").status_code == 403
+    assert client_for("annotator").post(url(trials["train"]), body, format="json").status_code == 403
+    assert APIClient().post(url(trials["train"]), body, format="json").status_code == 401
+    assert not Trajectory.objects.filter(trial=trials["train"], extra__has_key="imported_format").exists()
+
+
+def test_sealed_trial_is_404_without_the_sealed_permission(trials: dict[str, Trial]) -> None:
+    body = {"document": OPENAI_MESSAGES}
+    assert client_for("operator").post(url(trials["sealed"]), body, format="json").status_code == 404
+    allowed = client_for("operator", perms=(access.SEALED,))
+    assert allowed.post(url(trials["sealed"]), body, format="json").status_code == 201
+    assert client_for("operator").post("/api/v1/trials/999999/trajectory/", body, format="json").status_code == 404

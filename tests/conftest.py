@@ -1,0 +1,187 @@
+"""Shared fixtures.
+
+Service fixtures (PostgreSQL, Redis, a Celery worker) skip when the service
+is missing on a developer's machine, and fail instead when
+RSI_REQUIRE_SERVICES=1 (CI sets it), so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from kombu import pools as kombu_pools
+
+# The product's versions (the trust suite's harness); re-exported for the tests.
+from evolution.trust.context import WorkerProcess, database_url_for_subprocess
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = os.environ.get("RSI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = {
+        "slow": ("RSI_SKIP_SLOW", "this pass leaves the minutes-long tests to the other pass"),
+        "browser": ("RSI_SKIP_BROWSER", "this pass leaves the browser journey to the other pass"),
+        "trust": ("RSI_SKIP_TRUST", "the whole trust suite runs in a CI stream of its own"),
+    }
+    for marker, (variable, why) in skips.items():
+        if os.environ.get(variable) != "1":
+            continue
+        skip = pytest.mark.skip(reason=f"{variable}=1: {why}")
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
+
+
+def require_service(name: str, available: bool, why: str = "") -> None:
+    """Skip (laptop) or fail (CI, RSI_REQUIRE_SERVICES=1) when a service is missing."""
+    if available:
+        return
+    message = f"{name} is not available{': ' + why if why else ''}"
+    if settings.RSI_REQUIRE_SERVICES:
+        pytest.fail(f"{message} (RSI_REQUIRE_SERVICES=1: required here)")
+    pytest.skip(message)
+
+
+def _port_open(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    require_service("Redis", _port_open(REDIS_URL), REDIS_URL)
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+
+
+@pytest.fixture
+def postgres() -> None:
+    """For tests whose point is PostgreSQL behaviour (triggers, locking).
+
+    They do not apply to a pass on SQLite; CI runs the suite a second time on
+    PostgreSQL with RSI_REQUIRE_POSTGRES=1, where they must run, not skip."""
+    if connection.vendor == "postgresql":
+        return
+    if os.environ.get("RSI_REQUIRE_POSTGRES") == "1":
+        pytest.fail("RSI_REQUIRE_POSTGRES=1 but the suite runs on SQLite: set DATABASE_URL=postgres://...")
+    pytest.skip("needs PostgreSQL (this pass runs on SQLite; set DATABASE_URL=postgres://... to run it)")
+
+
+def _use_broker(url: str | None) -> None:
+    """Point this process's Celery app at ``url`` (None: back to settings)."""
+    from rsiweb.celery import app
+
+    app.conf.broker_url = url or settings.CELERY_BROKER_URL
+    app.conf.broker_transport_options = (
+        {"visibility_timeout": 3600} if url else settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    )
+    # Drop every cached broker connection and producer pool (kombu keeps a
+    # global registry), so the next publish connects to the new broker.
+    kombu_pools.reset()
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real Celery worker processes against the test database.
+
+    The test must use ``@pytest.mark.django_db(transaction=True)`` so the
+    worker sees committed rows. ``broker_url`` None uses the embedded
+    file-system broker of this test session.
+    """
+    workers: list[WorkerProcess] = []
+    brokers: list[str | None] = []
+
+    def start(
+        *,
+        broker_url: str | None = None,
+        concurrency: int = 2,
+        extra_env: dict[str, str] | None = None,
+        hostname: str | None = None,
+        beat: bool = False,
+    ) -> WorkerProcess:
+        env = dict(os.environ)
+        env["DATABASE_URL"] = database_url_for_subprocess()
+        if broker_url:
+            env["CELERY_BROKER_URL"] = broker_url
+        env.update(extra_env or {})
+        name = hostname or f"test-{uuid.uuid4().hex[:8]}"
+        log_path = tmp_path / f"worker-{name}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "rsiweb",
+            "worker",
+            "--loglevel=INFO",
+            f"--concurrency={concurrency}",
+            f"--hostname={name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--pool=prefork",
+        ]
+        if beat:
+            argv += ["--beat", f"--schedule={tmp_path / ('beat-' + name)}"]
+        log = log_path.open("wb")
+        process = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        worker = WorkerProcess(process=process, log_path=log_path, hostname=name, env=env)
+        workers.append(worker)
+        deadline = time.monotonic() + 60
+        while " ready." not in worker.log():
+            if process.poll() is not None:
+                pytest.fail(f"worker exited with {process.returncode}:\n{worker.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker not ready after 60 s:\n{worker.log()[-4000:]}")
+            time.sleep(0.2)
+        if broker_url:
+            brokers.append(broker_url)
+            _use_broker(broker_url)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+    if any(brokers):
+        _use_broker(None)
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float,
+    interval: float = 0.25,
+    what: str = "",
+    diagnose: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``predicate``; on timeout fail with ``what`` and, when given, what
+    ``diagnose()`` says about the state reached (trial states, worker logs)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            details = f"\n{diagnose()}" if diagnose is not None else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what or predicate}{details}")
+        time.sleep(interval)

@@ -1,0 +1,99 @@
+"""The engine benchmarks run at their smoke sizes and report sane results.
+
+No timing is asserted (the machines are shared): only that each benchmark
+measured both sides, that what it ran was correct (its checks), and that it
+cleaned up after itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import pytest
+import rfc8785
+
+from evolution import records
+from evolution.bench import REGISTRY, BenchResult
+from evolution.models import Benchmark, CertifiedResult, Evaluator, Experiment, Trial
+
+
+def run_quick(name: str, module: str) -> BenchResult:
+    importlib.import_module(f"evolution.bench.{module}")
+    bench = REGISTRY[name]
+    before = Experiment.objects.count(), Benchmark.objects.count(), Evaluator.objects.count()
+    result = bench.run(**bench.quick)
+    # The throwaway experiment, its benchmark and evaluator are gone again.
+    assert (Experiment.objects.count(), Benchmark.objects.count(), Evaluator.objects.count()) == before
+    assert not Trial.objects.exists()
+    assert not CertifiedResult.objects.exists()
+    return result
+
+
+def assert_sane(result: BenchResult, *, target: float) -> None:
+    assert math.isfinite(result.ratio) and result.ratio > 0
+    assert result.target == target
+    assert len(result.lines) >= 3
+    assert result.checks and all(result.checks.values()), result.lines
+    assert result.verdict().startswith(result.label)
+
+
+@pytest.mark.django_db
+def test_records_benchmark_verifies_a_chain_made_by_the_certification_code() -> None:
+    result = run_quick("records", "records")
+    assert_sane(result, target=3.0)
+    assert "verified: ok" in result.lines
+
+
+@pytest.mark.django_db
+def test_trajectory_import_benchmark_stores_every_file_through_the_api() -> None:
+    result = run_quick("trajectory-import", "trajectories")
+    assert_sane(result, target=5.0)
+    assert any("responses {201: 20}" in line for line in result.lines)
+    assert "stored: 20 trajectories, 1000 steps" in result.lines
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_orchestration_benchmark_certifies_through_a_worker_and_matches_direct_outcomes() -> None:
+    result = run_quick("orchestration", "orchestration")
+    assert_sane(result, target=1.15)
+    assert any("10 passed, 0 errors, certified" in line for line in result.lines), result.lines
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_memory_benchmark_samples_the_worker_across_evaluations() -> None:
+    result = run_quick("memory", "memory")
+    assert_sane(result, target=1.10)
+    assert result.lines[0].startswith("trials: 40 in 2 certified evaluations of 20, 0 errors")
+
+
+# The records benchmark (and verify_records) rely on this fast path giving
+# exactly the RFC 8785 bytes, or falling back to them.
+CANONICAL_CASES = [
+    {"score": 1.0, "b": [0.0, -0.0, 0.5, 2.5e-3, 123456.789, 1e-7, 1e21, 2.0**53, 2.0**53 + 2, 1e16]},
+    {"int": [0, -1, 2**53 - 1, -(2**53 - 1)], "t": True, "f": False, "n": None},
+    {"é": "ü", "z": "a", "A": "\u20ac", "\ue000": 1, "\U0001f600": 2, "\u00ff": "\U0001f600"},
+    {"ctl": '\x00\x01\x08\t\n\x0b\x0c\r\x1f\x7f"\\/', "u2028": "\u2028\u2029"},
+    [{"nested": [[], {}, [{"x": 0.1 + 0.2}]]}, 3.141592653589793, -1e-5, 5e-324],
+]
+
+
+@pytest.mark.parametrize("value", CANONICAL_CASES)
+def test_canonical_payload_is_exactly_rfc8785(value: object) -> None:
+    assert records.canonical_payload(value) == rfc8785.dumps(value)
+    payload, canonical = records.payload_load(json.dumps(value))
+    assert canonical == rfc8785.dumps(value)
+    assert payload == value
+
+
+@pytest.mark.parametrize("number", [2**53, -(2**60)])
+def test_canonical_payload_refuses_what_rfc8785_refuses(number: int) -> None:
+    with pytest.raises(rfc8785.IntegerDomainError):
+        rfc8785.dumps({"n": number})
+    with pytest.raises(rfc8785.IntegerDomainError):
+        records.canonical_payload({"n": number})
+    with pytest.raises(rfc8785.IntegerDomainError):
+        records.payload_load(json.dumps({"n": number}))

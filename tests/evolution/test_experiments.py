@@ -1,0 +1,135 @@
+"""Experiment set-up services: splits frozen with digests, refusals that write nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from evolution.models import Candidate, Evaluation, SplitMembership
+from evolution.services import evaluation as evaluation_services
+from evolution.services.experiments import (
+    ExperimentError,
+    TaskInput,
+    benchmark_upsert,
+    split_digests_compute,
+    splits_assign,
+)
+from tests.factories import make_tiny_experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def test_experiment_has_a_seed_and_frozen_split_digests() -> None:
+    experiment = make_tiny_experiment(tasks=8)
+    memberships = SplitMembership.objects.filter(experiment=experiment)
+    assert memberships.count() == 8
+    assert {m.split for m in memberships} == {"train", "gate", "sealed"}
+    assert sorted(experiment.split_digests) == ["gate", "sealed", "train"]
+    assert experiment.split_digests == split_digests_compute(experiment=experiment)
+    seed = experiment.seed_candidate
+    assert seed.origin == Candidate.Origin.SEED and seed.parent is None
+    assert seed.state == Candidate.State.APPROVED
+
+
+def test_explicit_split_lists_change_the_digests() -> None:
+    ids = [f"t{i:02d}" for i in range(4)]
+    experiment = make_tiny_experiment(tasks=4, split_lists={"train": ids[:2], "gate": ids[2:3], "sealed": ids[3:]})
+    before = dict(experiment.split_digests)
+    digests = splits_assign(experiment=experiment, lists={"train": ids[:1], "gate": ids[1:3], "sealed": ids[3:]})
+    assert digests["sealed"] == before["sealed"]
+    assert digests["train"] != before["train"]
+    assert digests["gate"] != before["gate"]
+
+
+def test_splits_cannot_change_once_results_exist() -> None:
+    experiment = make_tiny_experiment(tasks=4)
+    evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    before = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))
+    with pytest.raises(ExperimentError, match="after results exist"):
+        splits_assign(experiment=experiment, seed=99, ratios={"train": 1.0})
+    after = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))
+    assert after == before
+
+
+def test_benchmark_upsert_is_idempotent_and_refuses_silent_changes() -> None:
+    tasks = [TaskInput(external_id="a", instruction="do a", expected={"x": 1})]
+    first = benchmark_upsert(name="upsert", tasks=tasks)
+    again = benchmark_upsert(name="upsert", tasks=tasks)
+    assert first.pk == again.pk and again.tasks.count() == 1
+    with pytest.raises(ExperimentError, match="exists with different content"):
+        benchmark_upsert(name="upsert", tasks=[TaskInput(external_id="a", instruction="do a", expected={"x": 2})])
+    assert first.tasks.get().expected == {"x": 1}
+
+
+def test_evaluation_creates_k_trials_per_task_with_stable_seeds() -> None:
+    experiment = make_tiny_experiment(tasks=6, k=3)
+    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train", "gate"])
+    tasks = SplitMembership.objects.filter(experiment=experiment, split__in=["train", "gate"]).count()
+    assert evaluation.trials_total == tasks * 3
+    assert evaluation.trials.count() == tasks * 3
+    trial = evaluation.trials.select_related("task").first()
+    assert trial.seed == evaluation_services.trial_seed(evaluation.seed, trial.task.external_id, trial.index)
+    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATING
+
+
+def test_a_candidate_not_approved_for_evaluation_cannot_be_evaluated() -> None:
+    experiment = make_tiny_experiment(tasks=4)
+    Candidate.objects.filter(pk=experiment.seed_candidate_id).update(state=Candidate.State.FLAGGED)
+    with pytest.raises(evaluation_services.EvaluationError, match="is flagged; it cannot be evaluated"):
+        evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    assert not Evaluation.objects.filter(experiment=experiment).exists()
+
+
+def test_repeated_evaluations_of_one_candidate_keep_it_evaluating_until_all_finish() -> None:
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    first = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    second = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"], repeat=1)
+    for trial_id in first.trials.values_list("pk", flat=True):
+        evaluation_services.trial_execute(trial_id=trial_id, owner="test")
+    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATING
+    for trial_id in second.trials.values_list("pk", flat=True):
+        evaluation_services.trial_execute(trial_id=trial_id, owner="test")
+    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATED
+
+
+def test_heldout_benchmark_tasks_are_reported_like_sealed() -> None:
+    from evolution.models import SplitName
+    from evolution.services.experiments import experiment_create, surface_create
+    from evolution.services.snapshots import tree_store
+    from evolution.trees import FileEntry
+    from tests.factories import TINY_SURFACE
+
+    base = make_tiny_experiment(tasks=4)
+    heldout = benchmark_upsert(
+        name="ood",
+        tasks=[TaskInput(external_id=f"o{i}", instruction="ood", expected={"answer": "yes"}) for i in range(3)],
+    )
+    experiment = experiment_create(
+        name="with held-out",
+        benchmark=base.benchmark,
+        evaluator=base.evaluator,
+        surface=surface_create(name="tiny", spec=TINY_SURFACE),
+        seed_tree=tree_store(entries=[FileEntry("default.txt", "100644", b"maybe\n")]),
+        heldout=[heldout],
+    )
+    memberships = SplitMembership.objects.filter(experiment=experiment)
+    assert memberships.filter(split=SplitName.HELDOUT).count() == 3
+    assert memberships.exclude(split=SplitName.HELDOUT).count() == 4
+    assert "heldout" in experiment.split_digests
+    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["heldout"], k=1)
+    assert evaluation.trials_total == 3
+
+
+def test_the_own_benchmark_cannot_also_be_held_out() -> None:
+    from evolution.services.experiments import experiment_create
+
+    base = make_tiny_experiment(tasks=2)
+    with pytest.raises(ExperimentError, match="cannot also be held out"):
+        experiment_create(
+            name="self held out",
+            benchmark=base.benchmark,
+            evaluator=base.evaluator,
+            surface=base.surface,
+            seed_tree=base.seed_candidate.tree,
+            heldout=[base.benchmark],
+        )
+    assert not type(base).objects.filter(name="self held out").exists()

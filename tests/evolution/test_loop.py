@@ -1,0 +1,187 @@
+"""The loop's state machine on the tiny benchmark, driven in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from evolution import operators
+from evolution.models import (
+    Candidate,
+    CertifiedResult,
+    Evaluation,
+    GateDecision,
+    LeakageFlag,
+    LedgerEntry,
+    ReviewItem,
+    Run,
+)
+from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
+from evolution.services import loop
+from tests.factories import make_tiny_experiment
+from tests.loop_driver import drive
+from tests.operators import tiny_proposer
+
+pytestmark = pytest.mark.django_db
+
+CANARY = "CANARY-SEALED-7f3a"
+
+
+def tiny_recipe(base: str, **overrides: Any) -> Any:
+    data = recipe_to_dict(load_preset(base))
+    data.update(rounds=2, candidates_per_round=3)
+    data["proposal"] = {"operator": "tiny-test", "params": {}}
+    data["evaluation"] = {**data["evaluation"], "trials_per_task": 1}
+    data["noise"] = {**data["noise"], "repeats": 2} if data["noise"]["enabled"] else data["noise"]
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, Mapping) else value
+    data["edit_budget"] = {**data["edit_budget"], "T": 2}
+    return parse_recipe(data, known_operators=operators.known_operators())
+
+
+def start(base: str, **overrides: Any) -> Run:
+    experiment = make_tiny_experiment(tasks=12, k=1)
+    return loop.run_create(experiment=experiment, recipe=tiny_recipe(base, **overrides))
+
+
+def test_unregularized_run_accepts_a_leaky_edit_and_raises_train_only() -> None:
+    run = drive(start("unregularized"))
+    assert run.status == Run.Status.FINISHED, run.error
+    leaky = Candidate.objects.filter(run=run, label__endswith="s0", state=Candidate.State.ACCEPTED)
+    assert leaky.exists()
+    assert not LeakageFlag.objects.filter(candidate__run=run).exists()
+    final = run.state["final"]
+    assert final["scores"]["train"] > final["seed_scores"]["train"]
+    assert final["scores"]["sealed"] == final["seed_scores"]["sealed"]
+
+
+def test_rrsi_run_flags_the_leak_before_any_evaluation_and_holds_it_for_review() -> None:
+    run = drive(start("rrsi"))
+    assert run.status == Run.Status.FINISHED, run.error
+    flagged = Candidate.objects.filter(run=run, label__endswith="s0")
+    assert flagged.count() == 2
+    for candidate in flagged:
+        assert candidate.state == Candidate.State.FLAGGED
+        assert not Evaluation.objects.filter(candidate=candidate).exists()
+        assert ReviewItem.objects.filter(candidate=candidate, state=ReviewItem.State.OPEN).exists()
+        assert LeakageFlag.objects.filter(candidate=candidate, rule="task_id").exists()
+    assert not LedgerEntry.objects.filter(candidate__in=flagged).exists()
+
+
+def test_the_seed_is_certified_and_accepted_first_with_a_noise_band() -> None:
+    run = drive(start("rrsi"))
+    seed = run.experiment.seed_candidate
+    decision = GateDecision.objects.get(run=run, candidate=seed)
+    assert decision.rule == "seed" and decision.round == 0
+    assert len(decision.numbers["repeats"]) == 2
+    assert run.noise_delta == decision.numbers["delta"]
+    assert Evaluation.objects.filter(run=run, candidate=seed, purpose__in=["baseline", "noise"]).count() == 2
+
+
+def test_every_validly_measured_edit_enters_the_ledger_with_its_candidate_numbers() -> None:
+    run = drive(start("rrsi"))
+    measured = (
+        Candidate.objects.filter(run=run)
+        .exclude(origin=Candidate.Origin.SEED)
+        .filter(state__in=[Candidate.State.ACCEPTED, Candidate.State.REJECTED_GATE])
+    )
+    assert measured.exists()
+    for candidate in measured:
+        entries = LedgerEntry.objects.filter(candidate=candidate)
+        decision = GateDecision.objects.get(run=run, candidate=candidate)
+        assert entries.count() == candidate.edits.count()
+        assert {e.accepted for e in entries} == {decision.accepted}
+    not_measured = Candidate.objects.filter(run=run, state=Candidate.State.FLAGGED)
+    assert not LedgerEntry.objects.filter(candidate__in=not_measured).exists()
+
+
+def test_cost_without_gain_is_rejected_by_the_regularized_gate() -> None:
+    run = drive(start("rrsi"))
+    padded = Candidate.objects.filter(run=run, label__endswith="s2")
+    assert padded.exists()
+    for candidate in padded:
+        decision = GateDecision.objects.get(run=run, candidate=candidate)
+        assert decision.accepted is False
+        assert decision.numbers["dC"] > 0
+
+
+def test_each_round_records_its_summary_and_every_evaluation_is_certified() -> None:
+    run = drive(start("rrsi"))
+    assert sorted(run.state["rounds"], key=int) == ["0", "1", "2"]
+    assert run.state["rounds"]["1"]["budget"] == 4
+    assert run.state["rounds"]["2"]["budget"] == 3 or run.state["rounds"]["2"]["budget"] == 2
+    evaluations = Evaluation.objects.filter(run=run)
+    assert set(evaluations.values_list("state", flat=True)) == {Evaluation.State.CERTIFIED}
+    assert CertifiedResult.objects.filter(experiment=run.experiment).count() == evaluations.count()
+    assert run.state["final"]["scores"].keys() >= {"train", "gate", "sealed"}
+
+
+def test_the_proposer_never_sees_gate_or_sealed_data() -> None:
+    experiment = make_tiny_experiment(tasks=12, k=1)
+    sealed = experiment.split_memberships.filter(split="sealed").select_related("task")
+    for membership in sealed:
+        task = membership.task
+        task.instruction += f" {CANARY}"
+        task.save(update_fields=["instruction"])
+    from evolution.services.experiments import splits_assign
+
+    splits_assign(experiment=experiment, seed=experiment.split_seed, ratios=experiment.split_ratios)
+    seen: list[str] = []
+
+    @operators.register("proposal", "canary-watch")
+    def watching(view: operators.ProposerView) -> operators.Proposal:
+        seen.append(repr(view))
+        return tiny_proposer(view)
+
+    run = loop.run_create(experiment=experiment, recipe=tiny_recipe("rrsi", proposal={"operator": "canary-watch"}))
+    drive(run)
+    assert seen, "the proposer was never called"
+    assert not any(CANARY in text for text in seen)
+    gate_ids = set(experiment.split_memberships.filter(split="gate").values_list("task__external_id", flat=True))
+    assert not any(f"'{task_id}'" in text for text in seen for task_id in gate_ids)
+
+
+def test_cancel_stops_the_run_and_its_trials() -> None:
+    run = start("rrsi")
+    loop.run_advance(run_id=run.pk)  # starts the seed's evaluations
+    assert loop.run_cancel(run=run)
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED
+    assert not Evaluation.objects.filter(run=run, state=Evaluation.State.RUNNING).exists()
+    assert loop.run_advance(run_id=run.pk) == Run.Status.CANCELLED
+
+
+def test_pause_holds_the_run_and_resume_finishes_it() -> None:
+    run = start("rrsi")
+    assert loop.run_pause(run=run)
+    assert loop.run_advance(run_id=run.pk) == Run.Status.PAUSED
+    assert not Evaluation.objects.filter(run=run).exists()
+    assert loop.run_resume(run=run)
+    assert drive(run).status == Run.Status.FINISHED
+
+
+def test_a_token_budget_stops_the_run_cleanly_with_the_reason() -> None:
+    run = drive(start("rrsi", limits={"max_tokens": 50}))
+    assert run.status == Run.Status.FINISHED
+    assert run.stop_reason.startswith("token budget spent")
+    assert not Evaluation.objects.filter(run=run, purpose=Evaluation.Purpose.TRANSFER).exists()
+
+
+def test_one_active_run_per_experiment() -> None:
+    run = start("rrsi")
+    with pytest.raises(loop.LoopError, match="active run already"):
+        loop.run_create(experiment=run.experiment, recipe=tiny_recipe("rrsi"))
+
+
+def test_a_second_run_of_the_same_experiment_starts_again_from_the_accepted_seed() -> None:
+    first = drive(start("rrsi"))
+    assert first.status == Run.Status.FINISHED
+    experiment = first.experiment
+    second = drive(loop.run_create(experiment=experiment, recipe=tiny_recipe("unregularized")))
+    assert second.status == Run.Status.FINISHED, second.error
+    seed_decision = GateDecision.objects.get(run=second, round=0)
+    assert seed_decision.candidate_id == experiment.seed_candidate_id and seed_decision.accepted
+    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.ACCEPTED
+    assert Candidate.objects.filter(run=second).exclude(pk=experiment.seed_candidate_id).exists()

@@ -1,0 +1,81 @@
+"""Six rounds of the offline example, unregularized and rrsi, through a real worker.
+
+Unregularized (no critic) accepts leaky edits and raises train more than
+sealed; rrsi flags those edits before any evaluation, never evaluates them,
+and ends with a sealed score no lower than the unregularized run's. A
+"leaky" candidate is one the rule-based critic flags on its diff against
+the evolve tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from evolution.critic import build_index, critique
+from evolution.management.commands.run_experiment import summary_table
+from evolution.models import Candidate, Evaluation, Experiment, Run
+from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
+from evolution.services import loop
+from evolution.services.proposals import evolve_tasks_for_critic
+from evolution.services.snapshots import tree_diff
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+
+PROPOSER = {"operator": "example", "params": {"family_weights": {"generic": 0.4, "leaky": 0.5, "cost": 0.1}}}
+
+
+def recipe(preset: str) -> Any:
+    data = recipe_to_dict(load_preset(preset))
+    data.update(rounds=6, candidates_per_round=3)
+    data["proposal"] = PROPOSER
+    data["evaluation"] = {**data["evaluation"], "trials_per_task": 1}
+    if data["noise"]["enabled"]:
+        data["noise"] = {**data["noise"], "repeats": 2}
+    data["edit_budget"] = {**data["edit_budget"], "T": 6}
+    return parse_recipe(data)
+
+
+def example(name: str) -> Experiment:
+    call_command("load_example", name=name, verbosity=0)
+    return Experiment.objects.get(name=name)
+
+
+def leaky(run: Run, candidate: Candidate) -> bool:
+    index = build_index(evolve_tasks_for_critic(run=run))
+    return bool(critique(tree_diff(old=candidate.parent.tree, new=candidate.tree), index))
+
+
+def test_regularization_stops_leaks_that_the_unregularized_loop_accepts(start_worker) -> None:
+    import evolution.proposers  # noqa: F401  (registers the example proposer in this process)
+
+    start_worker(concurrency=2)
+    unregularized = loop.run_create(experiment=example("example-unregularized"), recipe=recipe("unregularized"))
+    regularized = loop.run_create(experiment=example("example-rrsi"), recipe=recipe("rrsi"))
+    for run in (unregularized, regularized):
+        wait_until(
+            lambda run=run: (run.refresh_from_db() or run.status) != Run.Status.RUNNING,
+            timeout=900,
+            interval=1,
+            what=f"run {run.pk}",
+        )
+        assert run.status == Run.Status.FINISHED, run.error
+        print(f"\n{run.recipe.name}:", *summary_table(run), sep="\n")
+
+    accepted = Candidate.objects.filter(run=unregularized, state=Candidate.State.ACCEPTED)
+    assert any(leaky(unregularized, c) for c in accepted), "the unregularized run accepted no leaky edit"
+    final, seed = unregularized.state["final"]["scores"], unregularized.state["final"]["seed_scores"]
+    assert final["train"] - seed["train"] > final["sealed"] - seed["sealed"]
+
+    proposed = Candidate.objects.filter(run=regularized).exclude(origin=Candidate.Origin.SEED)
+    flagged = [c for c in proposed if c.leakage_flags.exists()]
+    assert flagged, "rrsi flagged nothing"
+    for candidate in flagged:
+        assert candidate.state in {Candidate.State.FLAGGED, Candidate.State.REJECTED_CRITIC}
+        assert not Evaluation.objects.filter(candidate=candidate).exists()
+    evaluated = proposed.filter(evaluations__isnull=False).distinct()
+    assert not [c.pk for c in evaluated if leaky(regularized, c)]
+    assert regularized.state["final"]["scores"]["sealed"] >= final["sealed"]

@@ -1,0 +1,336 @@
+"""Certified records: binding, append-only storage, and tamper detection."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.core.management import call_command
+from django.db import DatabaseError, connection, transaction
+
+from evolution import records
+from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, TreeEntry
+from evolution.services import evaluation as evaluation_services
+from evolution.services.records import records_verify, result_certify
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline
+
+pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def append_only_triggers_dropped() -> Iterator[None]:
+    """What an attacker with DDL rights does first. Rolled back with the test."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Run the deferred foreign-key checks first: ALTER TABLE refuses
+            # a table with pending trigger events.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("ALTER TABLE evolution_certifiedresult DISABLE TRIGGER USER")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS evolution_certifiedresult_no_update")
+    yield
+
+
+def json_param() -> str:
+    return "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+
+
+def run_verify(experiment: Experiment | None = None) -> tuple[int, str]:
+    out = io.StringIO()
+    args = ["--experiment", str(experiment.pk)] if experiment else []
+    try:
+        call_command("verify_records", *args, stdout=out)
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+@pytest.fixture
+def certified() -> Experiment:
+    experiment = make_tiny_experiment(tasks=8, k=2)
+    evaluation = evaluate_seed_inline(experiment)
+    assert evaluation.state == Evaluation.State.CERTIFIED
+    experiment.refresh_from_db()
+    return experiment
+
+
+def test_certified_record_binds_what_was_measured(certified: Experiment) -> None:
+    record = CertifiedResult.objects.get(experiment=certified)
+    payload = record.payload
+    seed = certified.seed_candidate
+    assert record.seq == 1
+    assert record.prev_digest == records.GENESIS
+    assert payload["candidate"]["tree"] == seed.tree_id
+    assert payload["task_sets"] == certified.split_digests
+    assert payload["k"] == 2
+    assert len(payload["trials"]) == 16
+    assert {row["outcome"] for row in payload["trials"]} == {"pass", "fail"}
+    assert payload["evaluator"]["sandbox_profile"] in {"bwrap", "none"}
+    assert payload["run_settings"] == {"model": "tiny", "seed": 11}
+    assert record.record_digest == records.record_digest(payload)
+    assert certified.chain_length == 1 and certified.chain_head == record.record_digest
+    seed.refresh_from_db()
+    assert seed.state == Candidate.State.CERTIFIED
+    assert seed.certified_at is not None
+
+
+def test_verify_records_passes_on_intact_records(certified: Experiment) -> None:
+    code, out = run_verify(certified)
+    assert code == 0, out
+    assert "chain of 1 record(s)" in out
+    assert "16 trial(s)" in out
+    assert "MISMATCH" not in out
+
+
+def test_certification_runs_once_however_often_it_is_called(certified: Experiment) -> None:
+    evaluation = Evaluation.objects.get(experiment=certified)
+    again = result_certify(evaluation_id=evaluation.pk)
+    assert again is not None and again.seq == 1
+    assert CertifiedResult.objects.filter(experiment=certified).count() == 1
+    certified.refresh_from_db()
+    assert certified.chain_length == 1
+
+
+def test_model_refuses_update_and_delete(certified: Experiment) -> None:
+    record = CertifiedResult.objects.get(experiment=certified)
+    record.signature = "0" * 64
+    with pytest.raises(PermissionError):
+        record.save()
+    with pytest.raises(PermissionError):
+        record.delete()
+    with pytest.raises(PermissionError):
+        CertifiedResult.objects.filter(pk=record.pk).update(signature="x")
+    with pytest.raises(PermissionError):
+        CertifiedResult.objects.filter(pk=record.pk).delete()
+    assert CertifiedResult.objects.get(pk=record.pk).signature != "0" * 64
+
+
+def test_database_trigger_rejects_raw_update(certified: Experiment) -> None:
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_certifiedresult SET signature = 'forged'")
+    assert not CertifiedResult.objects.filter(signature="forged").exists()
+
+
+def test_postgres_trigger_rejects_raw_delete(postgres: None, certified: Experiment) -> None:
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM evolution_certifiedresult")
+    assert CertifiedResult.objects.filter(experiment=certified).count() == 1
+
+
+def test_raw_sql_edit_of_a_trial_score_is_detected(certified: Experiment) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE evolution_trial SET outcome = 'pass', score = 1.0 WHERE id = "
+            "(SELECT MIN(id) FROM evolution_trial WHERE outcome = 'fail')"
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "1 trial row(s) differ from the certified results" in out
+
+
+def test_raw_sql_edit_of_a_record_payload_is_detected(certified: Experiment) -> None:
+    record = CertifiedResult.objects.get(experiment=certified)
+    payload = dict(record.payload)
+    payload["trials"] = [dict(row, outcome="pass", score=1.0) for row in payload["trials"]]
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE evolution_certifiedresult SET payload = {json_param()} WHERE id = %s",
+            [json.dumps(payload), record.pk],
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "payload digest" in out
+
+
+def test_re_signing_without_the_key_is_detected(certified: Experiment) -> None:
+    """A forger can recompute digests (the algorithm is public) but not the HMAC."""
+    record = CertifiedResult.objects.get(experiment=certified)
+    payload = dict(record.payload, run_settings={"model": "better-model", "seed": 11})
+    digest = records.record_digest(payload)
+    forged_signature = records.record_signature("guessed-key", experiment_uid=str(certified.uid), seq=1, digest=digest)
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE evolution_certifiedresult SET payload = {json_param()}, record_digest = %s, signature = %s "
+            "WHERE id = %s",
+            [json.dumps(payload), digest, forged_signature, record.pk],
+        )
+        cursor.execute("UPDATE evolution_experiment SET chain_head = %s WHERE id = %s", [digest, certified.pk])
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "signature does not match" in out
+
+
+def test_replaced_blob_is_detected(certified: Experiment) -> None:
+    entry = TreeEntry.objects.get(tree=certified.seed_candidate.tree, path="default.txt")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_blob SET content = %s WHERE digest = %s", [b"no\n", entry.blob_id])
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "candidate tree" in out
+
+
+def test_changed_verifier_file_is_detected(certified: Experiment) -> None:
+    entry = TreeEntry.objects.get(tree=certified.evaluator.files, path="verify.py")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE evolution_blob SET content = %s WHERE digest = %s",
+            [b'print(\'{"passed": true, "score": 1.0}\')\n', entry.blob_id],
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "evaluator files" in out
+
+
+def test_changed_private_task_data_is_detected(certified: Experiment) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE evolution_task SET expected = {json_param()} WHERE benchmark_id = %s AND external_id = 't00'",
+            ['{"answer": "no"}', certified.benchmark_id],
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "no longer matches its frozen digest" in out
+
+
+def _second_record(experiment: Experiment) -> None:
+    evaluation = evaluation_services.evaluation_start(
+        candidate=experiment.seed_candidate, splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=1
+    )
+    run_evaluation_inline(evaluation)
+    assert evaluation.state == Evaluation.State.CERTIFIED
+
+
+def test_chain_links_records_in_order(certified: Experiment) -> None:
+    _second_record(certified)
+    first, second = CertifiedResult.objects.filter(experiment=certified).order_by("seq")
+    assert second.prev_digest == first.record_digest
+    assert second.payload["prev"] == first.record_digest
+    code, out = run_verify(certified)
+    assert code == 0, out
+
+
+def test_reordered_records_are_detected(certified: Experiment) -> None:
+    _second_record(certified)
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        # Swap the two sequence numbers through a temporary value (unique constraint).
+        cursor.execute(
+            "UPDATE evolution_certifiedresult SET seq = 99 WHERE experiment_id = %s AND seq = 1", [certified.pk]
+        )
+        cursor.execute(
+            "UPDATE evolution_certifiedresult SET seq = 1 WHERE experiment_id = %s AND seq = 2", [certified.pk]
+        )
+        cursor.execute(
+            "UPDATE evolution_certifiedresult SET seq = 2 WHERE experiment_id = %s AND seq = 99", [certified.pk]
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "does not link to the record before it" in out
+
+
+def test_truncated_chain_is_detected(certified: Experiment) -> None:
+    _second_record(certified)
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM evolution_certifiedresult WHERE experiment_id = %s AND seq = 2", [certified.pk])
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "chain truncated or extended" in out
+
+
+def test_certification_is_refused_when_the_evaluator_changed_after_evaluation() -> None:
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    for trial_id in evaluation.trials.values_list("pk", flat=True):
+        evaluation_services.trial_execute(trial_id=trial_id, owner="test")
+    entry = TreeEntry.objects.get(tree=experiment.evaluator.files, path="verify.py")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_blob SET content = %s WHERE digest = %s", [b"tampered", entry.blob_id])
+
+    assert result_certify(evaluation_id=evaluation.pk) is None
+
+    evaluation.refresh_from_db()
+    experiment.refresh_from_db()
+    assert evaluation.state == Evaluation.State.FAILED
+    assert "certification refused" in evaluation.error
+    assert not CertifiedResult.objects.filter(experiment=experiment).exists()
+    assert experiment.chain_length == 0
+    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.FAILED
+
+
+def test_verify_records_reports_every_experiment(certified: Experiment) -> None:
+    other = make_tiny_experiment(tasks=4, k=1)
+    evaluate_seed_inline(other)
+    report = records_verify()
+    assert report.ok, report.problems
+    assert sum("chain of 1 record(s)" in line for line in report.checked) == 2
+
+
+def test_verify_records_unknown_experiment_exits_2() -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("verify_records", "--experiment", "999999")
+    assert excinfo.value.returncode == 2
+
+
+# --- verify_record (pure) ----------------------------------------------------------------
+
+KEY = "unit-test-key"
+UID = "00000000-0000-0000-0000-000000000001"
+
+
+def _signed_record(*, seq: int = 2, prev: str = "a" * 64, score: float = 0.5) -> records.ChainRecord:
+    payload = {"schema": records.SCHEMA, "experiment": UID, "seq": seq, "prev": prev, "trials": [{"score": score}]}
+    digest = records.record_digest(payload)
+    signature = records.record_signature(KEY, experiment_uid=UID, seq=seq, digest=digest)
+    return records.ChainRecord(seq, prev, digest, signature, payload)
+
+
+def test_verify_record_finds_nothing_wrong_with_a_good_record() -> None:
+    good = _signed_record()
+    assert records.verify_record(good, key=KEY, experiment_uid=UID, prev="a" * 64) == []
+    assert records.verify_record(good, key=KEY, experiment_uid=UID, prev=None) == []
+
+
+def test_verify_record_names_an_edited_score() -> None:
+    good = _signed_record()
+    edited = dataclasses.replace(good, payload={**good.payload, "trials": [{"score": 1.0}]})
+    problems = records.verify_record(edited, key=KEY, experiment_uid=UID, prev="a" * 64)
+    assert [p.check for p in problems] == [records.RecordCheck.DIGEST]
+    assert str(problems[0]).startswith("payload digest ")
+
+
+def test_verify_record_names_a_wrong_predecessor() -> None:
+    good = _signed_record()
+    problems = records.verify_record(good, key=KEY, experiment_uid=UID, prev="b" * 64)
+    assert [p.check for p in problems] == [records.RecordCheck.LINKS]
+    assert "does not link to the record before it" in str(problems[0])
+    # A stored prev that the payload does not name is caught without knowing the chain.
+    relinked = dataclasses.replace(good, prev_digest="b" * 64)
+    problems = records.verify_record(relinked, key=KEY, experiment_uid=UID, prev=None)
+    assert [p.check for p in problems] == [records.RecordCheck.NAMES_PREDECESSOR]
+
+
+def test_verify_record_names_a_wrong_signature() -> None:
+    good = _signed_record()
+    for signature in (
+        "0" * 64,
+        records.record_signature("other-key", experiment_uid=UID, seq=2, digest=good.record_digest),
+    ):
+        forged = dataclasses.replace(good, signature=signature)
+        problems = records.verify_record(forged, key=KEY, experiment_uid=UID, prev="a" * 64)
+        assert [p.check for p in problems] == [records.RecordCheck.SIGNATURE]
+        assert "signature does not match" in str(problems[0])
+
+
+def test_verify_record_names_a_record_of_another_place() -> None:
+    moved = _signed_record(seq=3)
+    problems = records.verify_record(dataclasses.replace(moved, seq=2), key=KEY, experiment_uid=UID, prev=None)
+    # The signature binds the seq too, so a moved record fails it as well.
+    assert [p.check for p in problems] == [records.RecordCheck.NAMES_RECORD, records.RecordCheck.SIGNATURE]
+    problems = records.verify_record(moved, key=KEY, experiment_uid=UID.replace("1", "2"), prev=None)
+    assert records.RecordCheck.NAMES_RECORD in [p.check for p in problems]
+    assert "payload belongs to another experiment" in [str(p) for p in problems]

@@ -1,0 +1,571 @@
+"""Real subprocesses under evolution.sandbox: limits, cleanup, privileges, bubblewrap."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evolution import sandbox
+from evolution.sandbox import (
+    Limits,
+    ProcessResult,
+    SandboxError,
+    SandboxUnavailable,
+    first_blocked,
+    probe_bubblewrap,
+    run_sandboxed,
+    sandbox_profile,
+)
+
+ROOT = os.geteuid() == 0
+PROJECT_VAR = Path(__file__).resolve().parents[2] / "var"
+MiB = 1 << 20
+
+
+def nobody_python() -> str:
+    """An interpreter uid 65534 can execute: the worker's own unless it lives
+    somewhere nobody cannot reach (a pyenv under /root, as on the dev VM)."""
+    if not ROOT:
+        return sys.executable
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
+            return candidate
+    pytest.fail("no Python interpreter on this machine is executable by uid 65534")
+
+
+@pytest.fixture
+def require_bwrap() -> None:
+    if not probe_bubblewrap():
+        if os.environ.get("RSI_REQUIRE_SERVICES") == "1":
+            pytest.fail("bubblewrap is required (RSI_REQUIRE_SERVICES=1) but does not work here")
+        pytest.skip("bubblewrap is not available on this machine")
+
+
+@pytest.fixture
+def box() -> Iterator[Path]:
+    """A writable folder the unprivileged sandbox user can reach (pytest's tmp_path is 0700 under root)."""
+    path = Path(tempfile.mkdtemp(prefix="rsi-sandbox-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_code(
+    code: str,
+    box: Path,
+    *,
+    use_bwrap: bool = False,
+    limits: Limits | None = None,
+    timeout: float = 20,
+    env: dict[str, str] | None = None,
+    readable: list[Path] | None = None,
+) -> ProcessResult:
+    python = sys.executable if use_bwrap else nobody_python()
+    return run_sandboxed(
+        [python, "-c", code],
+        cwd=box,
+        env={"LANG": "C.UTF-8"} if env is None else env,
+        timeout=timeout,
+        limits=limits or Limits(),
+        writable=[box],
+        readable=readable or [],
+        use_bwrap=use_bwrap,
+    )
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(name))
+    return found
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# --- Limits ---------------------------------------------------------------------
+
+
+def test_limits_defaults() -> None:
+    assert Limits.from_dict({}) == Limits(
+        cpu_seconds=60,
+        memory_bytes=1 << 30,
+        file_bytes=16 * MiB,
+        processes=256,
+        open_files=256,
+        output_bytes=4 * MiB,
+    )
+
+
+def test_limits_from_dict_overrides_only_given_keys() -> None:
+    limits = Limits.from_dict({"cpu_seconds": 5, "output_bytes": 1024})
+    assert limits.as_dict() == {
+        "cpu_seconds": 5,
+        "memory_bytes": 1 << 30,
+        "file_bytes": 16 * MiB,
+        "processes": 256,
+        "open_files": 256,
+        "output_bytes": 1024,
+    }
+
+
+def test_limits_reject_unknown_keys() -> None:
+    with pytest.raises(ValueError) as excinfo:
+        Limits.from_dict({"cpu": 5, "memory": 1})
+    assert str(excinfo.value) == (
+        "unknown limit 'cpu', 'memory'; known limits: "
+        "cpu_seconds, memory_bytes, file_bytes, processes, open_files, output_bytes"
+    )
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "10"])
+def test_limits_reject_non_positive_integers(value: object) -> None:
+    with pytest.raises(ValueError, match="limit 'processes' must be a positive integer"):
+        Limits.from_dict({"processes": value})
+
+
+# --- plain runs -----------------------------------------------------------------
+
+
+def test_exit_code_and_output_are_reported(box: Path) -> None:
+    result = run_code("import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)", box)
+    assert (result.returncode, result.timed_out, result.killed_by_signal) == (3, False, None)
+    assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
+    assert (result.stdout_truncated, result.stderr_truncated) == (False, False)
+
+
+def test_environment_is_exactly_the_given_one(box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RSI_SANDBOX_SECRET", "hunter2")
+    result = run_code(
+        "import json, os; print(json.dumps(dict(os.environ)))", box, env={"LANG": "C.UTF-8", "ONLY": "this"}
+    )
+    assert json.loads(result.stdout) == {"LANG": "C.UTF-8", "ONLY": "this"}
+
+
+def test_missing_program_gives_exit_127(box: Path) -> None:
+    result = run_sandboxed(
+        [str(box / "no-such-program")],
+        cwd=box,
+        env={},
+        timeout=5,
+        limits=Limits(),
+        writable=[box],
+        readable=[],
+        use_bwrap=False,
+    )
+    assert result.returncode == 127
+    assert b"no-such-program" in result.stderr
+
+
+def test_root_filesystem_can_never_be_bound(box: Path) -> None:
+    with pytest.raises(ValueError, match="root filesystem"):
+        run_sandboxed(
+            ["true"], cwd=box, env={}, timeout=5, limits=Limits(), writable=[box], readable=[Path("/")], use_bwrap=True
+        )
+
+
+# --- timeouts and escaped processes -----------------------------------------------
+
+
+def test_timeout_kills_the_whole_process_group(box: Path) -> None:
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    result = run_code(code, box, timeout=1)
+    elapsed = time.monotonic() - started
+    assert result.timed_out is True
+    assert result.killed_by_signal == signal.SIGKILL
+    assert elapsed < 10
+    assert_gone(int(result.stdout))
+
+
+def test_double_forked_daemon_is_killed_and_reaped(box: Path) -> None:
+    pid_file = box / "daemon.pid"
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('daemon.pid.tmp', 'w').write(str(os.getpid()))\n"
+        "        os.rename('daemon.pid.tmp', 'daemon.pid')\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "while not os.path.exists('daemon.pid'):\n"
+        "    time.sleep(0.01)\n"
+    )
+    result = run_code(code, box)
+    assert result.returncode == 0
+    assert result.strays_reaped >= 1
+    assert_gone(int(pid_file.read_text()))
+
+
+def test_children_that_existed_before_the_run_survive(box: Path) -> None:
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        result = run_code("pass", box)
+        assert result.returncode == 0
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+# --- resource limits ----------------------------------------------------------------
+
+
+def test_stdout_flood_is_capped_without_memory_growth(box: Path) -> None:
+    limits = Limits(output_bytes=1 * MiB, file_bytes=64 * MiB)
+    peak_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run_code("import sys\nfor _ in range(50): sys.stdout.buffer.write(b'x' * (1 << 20))", box, limits=limits)
+    peak_after_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert result.returncode == 0
+    assert result.stdout == b"x" * MiB
+    assert result.stdout_truncated is True
+    # Reading the 50 MB back would raise our peak by about that much.
+    assert peak_after_kib - peak_before_kib < 20 * 1024
+
+
+def test_stdout_beyond_the_file_limit_fails_the_write(box: Path) -> None:
+    # Python ignores SIGXFSZ, so the write raises EFBIG instead of killing it.
+    limits = Limits(file_bytes=1 * MiB)
+    result = run_code("import sys\nfor _ in range(5): sys.stdout.buffer.write(b'x' * (1 << 20))", box, limits=limits)
+    assert result.returncode == 1
+    assert b"File too large" in result.stderr
+    assert len(result.stdout) == MiB
+
+
+def test_memory_limit_stops_a_large_allocation(box: Path) -> None:
+    result = run_code("b = bytearray(4 << 30)", box, limits=Limits(memory_bytes=256 * MiB))
+    assert result.returncode == 1
+    assert b"MemoryError" in result.stderr
+
+
+def test_cpu_limit_kills_a_busy_loop(box: Path) -> None:
+    result = run_code("while True: pass", box, limits=Limits(cpu_seconds=1))
+    assert result.timed_out is False
+    assert result.killed_by_signal == signal.SIGXCPU
+
+
+FORK_CODE = (
+    "import os, time\n"
+    "forked = 0\n"
+    "for _ in range(50):\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(30)\n"
+    "        os._exit(0)\n"
+    "    forked += 1\n"
+    "print(forked)\n"
+)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs a uid of its own; see the non-root variant")
+def test_process_limit_bounds_forks(box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RLIMIT_NPROC counts every task of the uid on the host, and other trials
+    # may run as nobody right now: use a uid nothing else runs as.
+    uid = next(uid for uid in range(64000, 65000) if sandbox._task_count(uid) == 0)
+    monkeypatch.setattr(sandbox, "NOBODY_UID", uid)
+    monkeypatch.setattr(sandbox, "NOBODY_GID", uid)
+    result = run_code(FORK_CODE, box, limits=Limits(processes=8))
+    assert result.returncode == 0
+    # The budget counts the program itself: 7 more tasks fit.
+    assert int(result.stdout) == 7
+    assert result.strays_reaped == 7
+
+
+@pytest.mark.skipif(ROOT, reason="the root variant is exact")
+def test_process_limit_bounds_forks_for_a_normal_user(box: Path) -> None:
+    result = run_code(FORK_CODE, box, limits=Limits(processes=8))
+    assert result.returncode == 0
+    # The user's other processes come and go, so only the order of magnitude is certain.
+    assert 1 <= int(result.stdout) <= 12
+    assert result.strays_reaped == int(result.stdout)
+
+
+# --- privilege drop without bubblewrap -----------------------------------------------
+
+
+@pytest.mark.skipif(not ROOT, reason="the drop to nobody only happens when the worker is root")
+def test_root_worker_runs_the_command_as_nobody(box: Path) -> None:
+    secret_dir = Path(tempfile.mkdtemp(prefix="rsi-secret-"))
+    try:
+        secret_dir.chmod(0o755)
+        secret = secret_dir / "key"
+        secret.write_text("s3cret")
+        secret.chmod(0o600)
+        code = (
+            "import os\n"
+            f"try: open({str(secret)!r}).read(); print('read')\n"
+            "except PermissionError: print('denied')\n"
+            "print(os.getuid(), os.getgid(), os.getgroups())\n"
+            "open('made-here', 'w').write('ok')\n"
+        )
+        result = run_code(code, box)
+    finally:
+        shutil.rmtree(secret_dir)
+    assert result.stdout == b"denied\n65534 65534 []\n"
+    assert (box / "made-here").stat().st_uid == 65534
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker drops to nobody")
+def test_unreachable_folder_is_a_sandbox_error(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    tmp_path.chmod(0o700)
+    with pytest.raises(SandboxError, match="is not searchable or executable"):
+        run_sandboxed(
+            [nobody_python(), "-c", "pass"],
+            cwd=hidden,
+            env={},
+            timeout=5,
+            limits=Limits(),
+            writable=[hidden],
+            readable=[],
+            use_bwrap=False,
+        )
+
+
+# --- bubblewrap -------------------------------------------------------------------
+
+
+def test_bwrap_environment_is_exactly_the_given_one(require_bwrap: None, box: Path) -> None:
+    result = run_code(
+        "import json, os; print(json.dumps(dict(os.environ)))",
+        box,
+        use_bwrap=True,
+        env={"LANG": "C.UTF-8", "ONLY": "this"},
+    )
+    assert json.loads(result.stdout) == {"LANG": "C.UTF-8", "ONLY": "this"}
+
+
+def test_bwrap_has_no_network(require_bwrap: None, box: Path) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    code = (
+        "import socket\n"
+        f"for port in ({port}, 5432):\n"
+        "    try:\n"
+        "        socket.create_connection(('127.0.0.1', port), timeout=2).close(); print('connected')\n"
+        "    except OSError:\n"
+        "        print('blocked')\n"
+    )
+    try:
+        outside = run_code(code, box)
+        inside = run_code(code, box, use_bwrap=True)
+    finally:
+        listener.close()
+    # The listener is reachable without the sandbox, so "blocked" inside means no network.
+    assert outside.stdout.split()[0] == b"connected"
+    assert inside.stdout == b"blocked\nblocked\n"
+
+
+def test_bwrap_hides_files_outside_bound_paths(require_bwrap: None, box: Path) -> None:
+    secret_dir = Path(tempfile.mkdtemp(prefix="rsi-secret-", dir=Path.home()))
+    try:
+        secret = secret_dir / "key"
+        secret.write_text("s3cret")
+        code = (
+            "import json, os\n"
+            f"print(os.path.exists({str(secret)!r}), os.path.exists({str(PROJECT_VAR)!r}))\n"
+            "print(json.dumps(sorted(os.listdir('/'))))\n"
+        )
+        result = run_code(code, box, use_bwrap=True)
+    finally:
+        shutil.rmtree(secret_dir)
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == "False False"
+    # Only the system directories, the fresh mounts and the way down to the interpreter.
+    expected = {Path(name).name for name in sandbox.SYSTEM_DIRS if os.path.lexists(name)}
+    expected |= {"proc", "dev", "tmp"} | {Path(prefix).parts[1] for prefix in (sys.prefix, sys.base_prefix)}
+    assert set(json.loads(lines[1])) == expected
+
+
+def test_bwrap_binds_writable_rw_and_readable_ro(require_bwrap: None, box: Path) -> None:
+    shelf = Path(tempfile.mkdtemp(prefix="rsi-readable-"))
+    try:
+        shelf.chmod(0o755)
+        (shelf / "book.txt").write_text("words")
+        (shelf / "book.txt").chmod(0o644)
+        code = (
+            "import os\n"
+            "open('scratch.txt', 'w').write('mine'); print(open('scratch.txt').read())\n"
+            f"print(open({str(shelf / 'book.txt')!r}).read())\n"
+            f"for target in ({str(shelf / 'new.txt')!r}, '/usr/new.txt', '/etc/new.txt'):\n"
+            "    try: open(target, 'w'); print('wrote', target)\n"
+            "    except OSError as exc: print('refused', exc.errno)\n"
+        )
+        result = run_code(code, box, use_bwrap=True, readable=[shelf])
+    finally:
+        shutil.rmtree(shelf)
+    assert result.stdout.decode().splitlines()[:2] == ["mine", "words"]
+    assert [line.split()[0] for line in result.stdout.decode().splitlines()[2:]] == ["refused"] * 3
+    assert (box / "scratch.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker drops to nobody")
+def test_bwrap_under_root_runs_as_nobody(require_bwrap: None, box: Path) -> None:
+    code = (
+        "import os\n"
+        "try: open('/etc/shadow').read(); print('read')\n"
+        "except OSError: print('denied')\n"
+        "print(os.getuid(), os.getgid(), os.getgroups())\n"
+    )
+    result = run_code(code, box, use_bwrap=True)
+    assert result.stdout == b"denied\n65534 65534 []\n"
+
+
+def test_bwrap_setup_failure_is_a_sandbox_error(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = sandbox._bwrap_command
+
+    def with_missing_source(*args: object, **kwargs: object) -> list[str]:
+        command = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]]
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", with_missing_source)
+    with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Can't find source path"):
+        run_code("pass", box, use_bwrap=True)
+
+
+def test_bwrap_command_inherits_no_extra_descriptors(require_bwrap: None, box: Path) -> None:
+    result = run_code("import os; print(sorted(map(int, os.listdir('/proc/self/fd'))))", box, use_bwrap=True)
+    # stdin, stdout, stderr, and the descriptor listdir itself has open.
+    assert result.stdout == b"[0, 1, 2, 3]\n"
+
+
+def test_bwrap_reports_death_by_signal(require_bwrap: None, box: Path) -> None:
+    result = run_code("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", box, use_bwrap=True)
+    assert (result.returncode, result.killed_by_signal) == (-signal.SIGKILL, signal.SIGKILL)
+
+
+def test_bwrap_timeout_leaves_no_process(require_bwrap: None, box: Path) -> None:
+    marker = f"rsi-marker-{uuid.uuid4().hex}"
+    code = f"import subprocess, time  # {marker}\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
+    started = time.monotonic()
+    result = run_code(code, box, use_bwrap=True, timeout=1)
+    assert result.timed_out is True
+    assert time.monotonic() - started < 10
+    assert processes_with_marker(marker) == []
+
+
+def test_bwrap_double_forked_daemon_does_not_survive(require_bwrap: None, box: Path) -> None:
+    marker = f"rsi-marker-{uuid.uuid4().hex}"
+    code = (
+        f"import os, time  # {marker}\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('daemon.pid', 'w').write(str(os.getpid()))\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "while not os.path.exists('daemon.pid'):\n"
+        "    time.sleep(0.01)\n"
+    )
+    result = run_code(code, box, use_bwrap=True)
+    assert result.returncode == 0
+    assert (box / "daemon.pid").exists()
+    # The pid in the file is from the sandbox's pid namespace; look for the code itself.
+    assert processes_with_marker(marker) == []
+
+
+# --- profiles and the probe ------------------------------------------------------------
+
+
+def test_profile_off_is_none_without_probing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode() -> bool:
+        raise AssertionError("mode off must not probe")
+
+    monkeypatch.setattr(sandbox, "probe_bubblewrap", explode)
+    assert sandbox_profile("off") == "none"
+
+
+def test_profile_required_raises_when_the_probe_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "probe_bubblewrap", lambda: False)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap is required"):
+        sandbox_profile("required")
+
+
+def test_profile_auto_falls_back_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "probe_bubblewrap", lambda: False)
+    assert sandbox_profile("auto") == "none"
+
+
+def test_profile_uses_bwrap_when_the_probe_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "probe_bubblewrap", lambda: True)
+    assert (sandbox_profile("auto"), sandbox_profile("required")) == ("bwrap", "bwrap")
+
+
+def test_profile_rejects_unknown_modes() -> None:
+    with pytest.raises(ValueError, match="unknown sandbox mode 'strict'"):
+        sandbox_profile("strict")
+
+
+def test_probe_is_false_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe_bubblewrap.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, **kwargs: None)
+    try:
+        assert probe_bubblewrap() is False
+    finally:
+        # Do not leave the faked answer cached for later tests.
+        probe_bubblewrap.cache_clear()
+
+
+def test_probe_is_false_when_bwrap_fails(monkeypatch: pytest.MonkeyPatch, box: Path) -> None:
+    fake = box / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    probe_bubblewrap.cache_clear()
+    monkeypatch.setenv("PATH", f"{box}:{os.environ['PATH']}")
+    try:
+        assert probe_bubblewrap() is False
+    finally:
+        probe_bubblewrap.cache_clear()
+
+
+def test_bwrap_killed_from_outside_is_named_as_such(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process in bubblewrap's place dies by SIGKILL before it reports
+    the command's exit (as when bubblewrap itself is killed from outside):
+    an error that says the sandbox was killed, not that it failed to start."""
+    # Stands where bubblewrap runs, takes its arguments and dies by SIGKILL.
+    stand_in = box / "killed-bwrap"
+    stand_in.write_text("#!/bin/sh\nkill -KILL $$\n")
+    stand_in.chmod(0o755)
+
+    def killed_first(*args: object, **kwargs: object) -> list[str]:
+        return [str(stand_in)]
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", killed_first)
+    with pytest.raises(SandboxError, match="the sandbox was killed by SIGKILL before the command finished"):
+        run_code("pass", box, use_bwrap=True)

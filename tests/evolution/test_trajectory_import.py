@@ -1,0 +1,259 @@
+"""Importing trajectories into trials: service, management command, and the trial page."""
+
+from __future__ import annotations
+
+import html
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+
+from evolution.models import Trajectory, TrajectoryStep, Trial
+from evolution.services.evaluation import _store_trajectory
+from evolution.services.trajectories import TrajectoryFormatError, trajectory_import, trajectory_store
+from review.access import roles_ensure
+from tests.factories import evaluate_seed_inline, make_tiny_experiment
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+ATIF_FILES = sorted((FIXTURES / "atif").glob("*.json"))
+MINI = FIXTURES / "trajectories" / "mini-swe-agent.traj.json"
+OPENAI = FIXTURES / "trajectories" / "openai-messages.json"
+OPENAI_KEY = "sk-proj-AbCdEfGh0123456789IjKlMnOpQr"
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def trial(db: Any) -> Trial:
+    experiment = make_tiny_experiment(tasks=1, k=1, split_lists={"train": ["t00"]})
+    evaluate_seed_inline(experiment, splits=("train",))
+    return Trial.objects.filter(candidate=experiment.seed_candidate).order_by("pk").first()
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def steps_of(trial: Trial) -> list[TrajectoryStep]:
+    return list(TrajectoryStep.objects.filter(trajectory__trial=trial).order_by("step_id"))
+
+
+def first_line_of_last_message(document: dict[str, Any]) -> str:
+    message = [step["message"] for step in document["steps"] if step.get("message")][-1]
+    return message.strip().splitlines()[0][:40]
+
+
+@pytest.mark.parametrize("path", ATIF_FILES, ids=lambda p: p.name)
+def test_every_harbor_file_imports_and_renders(trial: Trial, path: Path) -> None:
+    document = load(path)
+    trajectory = trajectory_import(trial=trial, document=document)
+    assert trajectory.step_count == len(document["steps"])
+    assert trajectory.schema_version == "ATIF-v1.5"
+    assert trajectory.agent == document["agent"]
+    assert trajectory.extra["imported_format"] == "atif"
+    stored = steps_of(trial)
+    assert [step.step_id for step in stored] == [step["step_id"] for step in document["steps"]]
+    assert [step.message for step in stored] == [step["message"] for step in document["steps"]]
+    assert stored[-1].tool_calls == (document["steps"][-1].get("tool_calls") or [])
+
+    roles_ensure()
+    viewer = User.objects.create_user("viewer")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    client = Client()
+    client.force_login(viewer)
+    response = client.get(reverse("review:trial", args=[trial.pk]))
+    assert response.status_code == 200
+    assert html.escape(first_line_of_last_message(document)) in response.content.decode()
+
+
+def test_unknown_step_fields_are_kept_in_extra(trial: Trial) -> None:
+    document = load(FIXTURES / "atif" / "hello-world-context-summarization.trajectory.summarization-1-summary.json")
+    trajectory_import(trial=trial, document=document)
+    second = steps_of(trial)[1]
+    assert second.extra["is_copied_context"] is True
+    assert second.extra["extra"] == document["steps"][1]["extra"]
+
+
+@pytest.mark.parametrize(("path", "fmt", "steps"), [(MINI, "mini-swe-agent", 5), (OPENAI, "openai", 4)])
+def test_converted_formats_import(trial: Trial, path: Path, fmt: str, steps: int) -> None:
+    trajectory = trajectory_import(trial=trial, document=load(path))
+    assert (trajectory.step_count, trajectory.extra["imported_format"]) == (steps, fmt)
+    agent_step = steps_of(trial)[2]
+    assert agent_step.source == "agent"
+    assert agent_step.tool_calls[0]["function_name"] == "bash"
+    assert agent_step.observation["results"][0]["source_call_id"] == agent_step.tool_calls[0]["tool_call_id"]
+
+
+def test_import_replaces_the_previous_trajectory(trial: Trial) -> None:
+    trajectory_import(trial=trial, document=load(ATIF_FILES[0]))
+    trajectory_import(trial=trial, document=load(OPENAI))
+    assert Trajectory.objects.filter(trial=trial).count() == 1
+    assert len(steps_of(trial)) == 4
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error"),
+    [
+        (lambda d: d["steps"][1].update(step_id=7), "steps[1].step_id: expected 2"),
+        (lambda d: d["steps"][0].update(timestamp="noon"), "steps[0].timestamp: is not an ISO 8601 date-time"),
+        (lambda d: d["steps"][0].update(message={"x": 1}), "steps[0].message: must be a string"),
+    ],
+)
+def test_invalid_document_stores_nothing_and_keeps_the_previous(trial: Trial, mutate: Any, error: str) -> None:
+    trajectory_import(trial=trial, document=load(OPENAI))
+    before = [(step.step_id, step.message) for step in steps_of(trial)]
+    document = load(ATIF_FILES[-1])
+    mutate(document)
+    with pytest.raises(TrajectoryFormatError) as info:
+        trajectory_import(trial=trial, document=document)
+    assert any(message.startswith(error) for message in info.value.errors), info.value.errors
+    assert [(step.step_id, step.message) for step in steps_of(trial)] == before
+    assert Trajectory.objects.get(trial=trial).extra["imported_format"] == "openai"
+
+
+def test_secrets_are_redacted_everywhere_and_recorded(trial: Trial) -> None:
+    aws = "AKIAIOSFODNN7EXAMPLE"
+    document = {
+        "schema_version": "ATIF-v1.5",
+        "session_id": "s",
+        "agent": {"name": "a", "version": "1", "extra": {"token": "ghp_" + "x1Y2" * 9}},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": f"use key {OPENAI_KEY} (not task-sk-1)"},
+            {
+                "step_id": 2,
+                "source": "agent",
+                "message": "calling",
+                "tool_calls": [
+                    {
+                        "tool_call_id": "c",
+                        "function_name": "http",
+                        "arguments": {"headers": {"Authorization": "Bearer abcdefghij0123456789XYZ"}},
+                    }
+                ],
+                "observation": {"results": [{"source_call_id": "c", "content": f"AWS_ACCESS_KEY_ID={aws}"}]},
+                "extra": {"env": f"OPENAI_API_KEY={OPENAI_KEY}"},
+            },
+        ],
+        "extra": {"note": "AKIA alone is fine"},
+    }
+    trajectory = trajectory_import(trial=trial, document=document)
+    assert trajectory.redacted is True
+    assert trajectory.extra["redactions"] == {
+        "aws_access_key_id": 1,
+        "bearer_token": 1,
+        "github_token": 1,
+        "openai_api_key": 2,
+    }
+    assert trajectory.extra["note"] == "AKIA alone is fine"
+    assert trajectory.agent["extra"]["token"] == "[REDACTED:github_token]"
+    user, agent = steps_of(trial)
+    assert user.message == "use key [REDACTED:openai_api_key] (not task-sk-1)"
+    assert agent.tool_calls[0]["arguments"]["headers"]["Authorization"] == "Bearer [REDACTED:bearer_token]"
+    assert agent.observation["results"][0]["content"] == "AWS_ACCESS_KEY_ID=[REDACTED:aws_access_key_id]"
+    assert agent.extra["extra"]["env"] == "OPENAI_API_KEY=[REDACTED:openai_api_key]"
+    stored = json.dumps(
+        [
+            list(Trajectory.objects.filter(trial=trial).values()),
+            list(TrajectoryStep.objects.filter(trajectory__trial=trial).values()),
+        ],
+        default=str,
+    )
+    assert OPENAI_KEY not in stored and aws not in stored
+
+
+def test_mini_swe_agent_config_secrets_are_redacted(trial: Trial) -> None:
+    trajectory = trajectory_import(trial=trial, document=load(MINI), fmt="mini-swe-agent")
+    assert trajectory.extra["redactions"] == {"openai_api_key": 1}
+    assert trajectory.extra["info"]["config"]["environment"]["env"]["OPENAI_API_KEY"] == "[REDACTED:openai_api_key]"
+
+
+def test_clean_trajectory_is_not_marked_redacted(trial: Trial) -> None:
+    trajectory = trajectory_import(trial=trial, document=load(OPENAI))
+    assert trajectory.redacted is False
+    assert "redactions" not in trajectory.extra
+
+
+def test_the_worker_stores_through_the_same_function(trial: Trial) -> None:
+    # Lenient about the agent's own file, but still redacted and replacing.
+    _store_trajectory(trial, {"steps": [{"step_id": 1, "source": "agent", "message": OPENAI_KEY, "x": 1}]})
+    trajectory = Trajectory.objects.get(trial=trial)
+    assert (trajectory.redacted, trajectory.extra) == (True, {"redactions": {"openai_api_key": 1}})
+    assert [(s.message, s.extra) for s in steps_of(trial)] == [("[REDACTED:openai_api_key]", {"x": 1})]
+    # Repeated ids in an agent's file are renumbered rather than failing the trial.
+    trajectory_store(trial=trial, document={"steps": [{"step_id": 1, "message": "a"}, {"step_id": 1, "message": "b"}]})
+    assert [(s.step_id, s.message) for s in steps_of(trial)] == [(1, "a"), (2, "b")]
+
+
+# --- management command -----------------------------------------------------------
+
+
+def command(*args: str) -> tuple[int, str, str]:
+    """Run the command as from the shell (CommandError becomes an exit code and a message on stderr)."""
+    from django.core.management import CommandError
+
+    out, err = StringIO(), StringIO()
+    try:
+        call_command("import_trajectory", *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue(), err.getvalue() + str(exc)
+    return 0, out.getvalue(), err.getvalue()
+
+
+def test_command_imports_each_format(trial: Trial) -> None:
+    code, out, _ = command("--trial", str(trial.pk), str(ATIF_FILES[0]))
+    assert code == 0
+    assert f"imported 10 steps (atif) into trial {trial.pk}; redacted: none" in out
+    code, out, _ = command("--trial", str(trial.pk), "--format", "mini-swe-agent", str(MINI))
+    assert (code, "redacted: openai_api_key: 1" in out) == (0, True)
+    code, out, _ = command("--trial", str(trial.pk), "--format", "openai", str(OPENAI))
+    assert code == 0 and Trajectory.objects.get(trial=trial).step_count == 4
+
+
+def test_command_invalid_document_exits_1_naming_the_field(trial: Trial, tmp_path: Path) -> None:
+    document = load(ATIF_FILES[-1])
+    document["steps"][2]["step_id"] = 9
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    code, _, err = command("--trial", str(trial.pk), str(bad))
+    assert code == 1
+    assert f"{bad}: steps[2].step_id: expected 3 (step ids are sequential from 1), got 9" in err
+    assert "nothing was imported" in err
+    assert not Trajectory.objects.filter(trial=trial, extra__imported_format="atif").exists()
+
+
+def test_command_json_syntax_error_names_the_line(trial: Trial, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_text('{\n  "steps": [\n    {"step_id": 1,,}\n  ]\n}\n')
+    code, _, err = command("--trial", str(trial.pk), str(bad))
+    assert code == 1
+    assert f"{bad}: line 3, column" in err
+
+
+def test_command_wrong_format_exits_1(trial: Trial) -> None:
+    code, _, err = command("--trial", str(trial.pk), "--format", "atif", str(OPENAI))
+    assert code == 1
+    assert "document: must be a JSON object, got a list" in err
+
+
+def test_command_unusable_input_exits_2(trial: Trial, tmp_path: Path) -> None:
+    code, _, err = command("--trial", "999999", str(OPENAI))
+    assert (code, "no trial with id 999999" in err) == (2, True)
+    code, _, err = command("--trial", str(trial.pk), str(tmp_path / "missing.json"))
+    assert (code, "cannot read" in err) == (2, True)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert command("--trial", str(trial.pk), str(binary))[0] == 2
+
+
+def test_nul_characters_are_replaced_so_any_database_can_store_them(trial: Trial) -> None:
+    document = [{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "ok", "x\x00": "y\x00"}]
+    trajectory_import(trial=trial, document=document)
+    user, agent = steps_of(trial)
+    assert user.message == "a\ufffdb"
+    assert agent.extra == {"extra": {"x\ufffd": "y\ufffd"}}

@@ -1,0 +1,30 @@
+"""Operators used by tests; worker processes load them with
+RSI_OPERATOR_MODULES=tests.operators."""
+
+from __future__ import annotations
+
+from evolution import operators
+
+
+@operators.register("proposal", "tiny-test")
+def tiny_proposer(view: operators.ProposerView) -> operators.Proposal:
+    """Slot 0 hard-codes the answer of a failing train task (a leak the
+    critic must catch); slot 1 adds generic, inert notes; slot 2 pads the
+    prompt (cost without gain)."""
+    files = dict(view.parent_files)
+    failing = sorted({e.task_id for e in view.evidence if not e.passed})
+    if view.slot == 0 and failing:
+        task = failing[view.round % len(failing)]
+        files[f"answers/{task}.txt"] = b"no\n"
+        edit = operators.EditDeclaration("memory", f"Answering {task} with no fixes it.", [f"answers/{task}.txt"])
+    elif view.slot == 1:
+        files[f"notes/round{view.round}.md"] = f"Check the answer twice (round {view.round}).\n".encode()
+        edit = operators.EditDeclaration(
+            "memory", "A reminder to double-check answers helps.", [f"notes/round{view.round}.md"]
+        )
+    else:
+        files["default.txt"] = files["default.txt"] + b" " + b"padding " * (10 * view.round)
+        edit = operators.EditDeclaration(
+            "prompt", f"More context in the prompt helps (round {view.round}).", ["default.txt"]
+        )
+    return operators.Proposal(files=files, edits=[edit])

@@ -1,0 +1,135 @@
+"""The screen benchmarks (``manage.py bench diff-render pages``) at smoke sizes.
+
+No timing is asserted here (machines are shared and noisy): the tests check
+that the benchmarks build what they say, drive the real pages, and that the
+properties that do not depend on the clock hold: every page runs the same
+number of queries on the small and the grown world, and the diff page's
+first response does not grow with the number of files.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from evolution.bench import REGISTRY, BenchResult
+from evolution.bench import diffs as diff_bench
+from evolution.bench import pages as pages_bench
+from evolution.models import Annotation, Candidate, TrajectoryStep, Trial
+from review import diffs
+
+
+def test_generated_diff_has_the_asked_size_and_languages() -> None:
+    old, new = diff_bench.make_trees(50, 400)
+    files = diffs.build_file_diffs(old, new)
+    assert len(files) == 50
+    assert sum(fd.changed for fd in files) == 20_000
+    assert all(fd.added == fd.removed == 200 for fd in files)
+    extensions = {fd.path.rsplit(".", 1)[1] for fd in files}
+    assert extensions == {"py", "js", "ts", "go", "rs", "c", "yaml", "md", "toml", "json"}
+    # Highlighted by a real lexer, not plain text.
+    assert {diffs.lexer_for(fd.path).name for fd in files} >= {"Python", "JavaScript", "TypeScript", "Go", "Rust"}
+
+
+@pytest.mark.django_db
+def test_diff_benchmark_renders_every_file_and_bounds_the_first_response() -> None:
+    assert REGISTRY["diff-render"].quick["files"] > REGISTRY["diff-render"].quick["small_files"]
+    result = diff_bench.run(files=8, lines_per_file=400, small_files=5, repeat=1, scratch=False)
+    assert isinstance(result, BenchResult)
+    assert result.target == 2.0
+    assert result.ratio > 0
+    text = "\n".join(result.lines)
+    assert "diff: 8 files, 3,200 changed lines" in text
+    # The page budget (2,000 lines) holds three of these files; the other five are fetched one by one.
+    assert "first response (3 files rendered, 5 collapsed)" in text
+    assert "full render (first response + 5 file partials)" in text
+    assert result.checks["first_response_bytes_bounded"] is True
+    assert set(result.checks) == {"first_response_time_bounded", "first_response_bytes_bounded"}
+
+
+@pytest.mark.django_db
+def test_pages_benchmark_keeps_query_counts_constant() -> None:
+    sizes = {**REGISTRY["pages"].quick, "repeat": 1}
+    result = pages_bench.run(**sizes, scratch=False)
+    constancy = {name: ok for name, ok in result.checks.items() if name.startswith("queries constant")}
+    assert len(constancy) == 6, result.lines
+    assert all(constancy.values()), result.lines
+    assert "postgresql" not in result.checks  # smoke sizes are not held to the PostgreSQL target
+    # The generated rows are what the benchmark reports.
+    candidates = sizes["candidates"]
+    assert Candidate.objects.filter(experiment__name="bench-pages").count() == candidates + 1  # and the seed
+    measured = Candidate.objects.filter(experiment__name="bench-pages", evaluations__isnull=False).count()
+    trials = Trial.objects.filter(candidate__experiment__name="bench-pages").count()
+    assert trials == measured * sizes["tasks"] * sizes["k"] + 2  # and the two long-trajectory trials
+    assert Annotation.objects.count() == sizes["annotations"]
+    assert TrajectoryStep.objects.filter(trajectory__trial__candidate__experiment__name="bench-pages").count() == (
+        150 + sizes["steps"]
+    )
+    pages = [line for line in result.lines if re.search(r"median .* ms .* queries", line)]
+    assert len(pages) == 6
+    for line in pages:
+        small, large = re.search(r"queries (\d+) small / (\d+) large", line).groups()
+        assert small == large
+
+
+def test_lineage_window_is_bounded_and_pages_both_ways() -> None:
+    from review.lineage import round_window
+
+    counts = {0: 1, **dict.fromkeys(range(1, 2001), 5)}
+    assert round_window(counts, start=None, end=None, cap=400) == (1921, 2000)  # the latest 80 rounds
+    assert round_window(counts, start=None, end=1920, cap=400) == (1841, 1920)
+    assert round_window(counts, start=0, end=None, cap=400) == (0, 79)  # 1 + 79 x 5 = 396
+    assert round_window({3: 900}, start=None, end=None, cap=400) == (3, 3)  # one round always shown
+    assert round_window({}, start=None, end=None, cap=400) == (0, 0)
+
+
+def test_cost_chart_sample_keeps_the_front_and_the_seed_and_stays_bounded() -> None:
+    from review import charts
+
+    points = [
+        charts.CostPoint(
+            candidate_id=n,
+            cost=100.0 + (n * 37) % 500,
+            score=((n * 53) % 100) / 100,
+            category="seed" if n == 0 else ("accepted" if n % 5 == 0 else "rejected"),
+            name=f"#{n}",
+            href=f"/c/{n}/",
+            label=n % 5 == 0,
+            detail="",
+        )
+        for n in range(5000)
+    ]
+    drawn = charts.thin_cost_points(points, 400)
+    ids = {p.candidate_id for p in drawn}
+    front = {p.candidate_id for p in charts.pareto_front(points)}
+    assert 0 in ids and front <= ids
+    assert len(drawn) <= 400 + len(front) + 1
+    assert len(drawn) >= 390
+    assert sum(p.label for p in drawn) < len(drawn)  # not only the labelled ones
+    assert charts.thin_cost_points(points[:50], 400) == points[:50]
+
+
+@pytest.mark.django_db
+def test_stored_split_totals_give_the_scores_counted_from_the_trials() -> None:
+    from evolution import selectors
+    from evolution.models import Evaluation, EvaluationSplitStats
+    from evolution.services.records import split_stats_store
+    from review.views.experiments import MEASURED_PURPOSES
+
+    sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
+    pages_bench.run(**sizes, scratch=False)
+    experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
+    args = {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+    stored = selectors.candidate_scores(**args, mean_score=False)
+    stored_mean = selectors.candidate_scores(**args, mean_score=True)
+    assert len(stored) == Evaluation.objects.filter(experiment_id=experiment_id).count()
+    # Without stored totals the same figures come from the trials themselves.
+    EvaluationSplitStats.objects.all().delete()
+    assert selectors.candidate_scores(**args, mean_score=False) == stored
+    assert selectors.candidate_scores(**args, mean_score=True) == stored_mean
+    # Storing again is what certification does; repeating it changes nothing.
+    written = split_stats_store(evaluations=Evaluation.objects.filter(experiment_id=experiment_id))
+    assert written == split_stats_store(evaluations=Evaluation.objects.filter(experiment_id=experiment_id))
+    assert EvaluationSplitStats.objects.count() == written
+    assert selectors.candidate_scores(**args, mean_score=False) == stored

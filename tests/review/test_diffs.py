@@ -1,0 +1,268 @@
+"""The diff model and its HTML: statuses, line numbers, highlighting,
+intra-line and leak marks, layouts, collapsing. Pure: no database."""
+
+from __future__ import annotations
+
+import re
+
+from evolution import digests
+from evolution.trees import FileEntry
+from review import diffs
+
+XSS = "</script><img src=x onerror=alert(1)>{{ request }}"
+
+
+def entry(path: str, data: str | bytes, mode: str = "100644") -> FileEntry:
+    return FileEntry(path, mode, data.encode() if isinstance(data, str) else data)
+
+
+def by_path(files: list[diffs.FileDiff]) -> dict[str, diffs.FileDiff]:
+    return {fd.path: fd for fd in files}
+
+
+def render(fd: diffs.FileDiff, old: str | None, new: str | None, layout: str = "unified", **kw) -> None:
+    diffs.render_file(
+        fd,
+        layout=layout,
+        old_data=old.encode() if old is not None else None,
+        new_data=new.encode() if new else None,
+        **kw,
+    )
+
+
+def text_of(html: str) -> str:
+    """What a browser shows: tags dropped, entities decoded."""
+    plain = re.sub(r"<[^>]+>", "", html)
+    return (
+        plain.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", '"')
+        .replace("&#x27;", "'")
+        .replace("&amp;", "&")
+    )
+
+
+def test_statuses_counts_and_digests_of_every_kind_of_change() -> None:
+    old = [
+        entry("keep.txt", "a\nb\n"),
+        entry("gone.md", "bye\n"),
+        entry("dir/old name.txt", "same\n"),
+        entry("run.sh", "echo\n"),
+        entry("img.bin", b"\0\1\2"),
+        entry("both.sh", "x\n"),
+    ]
+    new = [
+        entry("keep.txt", "a\nc\nd\n"),
+        entry("new.json", '{"a": 1}\n'),
+        entry("dir/new name.txt", "same\n"),
+        entry("run.sh", "echo\n", "100755"),
+        entry("img.bin", b"\0\1\3"),
+        entry("both.sh", "y\n", "100755"),
+    ]
+    files = by_path(diffs.build_file_diffs(old, new))
+    assert set(files) == {"keep.txt", "gone.md", "dir/new name.txt", "run.sh", "img.bin", "both.sh", "new.json"}
+
+    assert files["keep.txt"].status == "modified"
+    assert (files["keep.txt"].added, files["keep.txt"].removed) == (2, 1)
+    assert files["keep.txt"].old_digest == digests.blob_digest(b"a\nb\n")
+    assert files["keep.txt"].new_digest == digests.blob_digest(b"a\nc\nd\n")
+
+    assert files["gone.md"].status == "deleted" and files["gone.md"].new is None
+    assert (files["gone.md"].added, files["gone.md"].removed) == (0, 1) and files["gone.md"].new_digest == ""
+    assert files["new.json"].status == "added" and files["new.json"].old_digest == ""
+
+    renamed = files["dir/new name.txt"]
+    assert renamed.status == "renamed" and renamed.renamed_from == "dir/old name.txt"
+    assert renamed.hunks == [] and renamed.changed == 0
+
+    assert files["run.sh"].kinds == ["modified", "mode"] and files["run.sh"].mode_change == ("100644", "100755")
+    assert files["run.sh"].hunks == [] and not files["run.sh"].content_changed
+    assert files["both.sh"].kinds == ["modified", "mode"] and files["both.sh"].changed == 2
+    assert files["img.bin"].kinds == ["modified", "binary"] and files["img.bin"].hunks == []
+
+    anchors = [fd.anchor for fd in files.values()]
+    assert len(set(anchors)) == len(anchors)
+    assert files["keep.txt"].anchor == diffs.file_anchor("keep.txt")
+
+
+def test_unified_rows_carry_line_numbers_of_both_sides() -> None:
+    old = "one\ntwo\nthree\nfour\n"
+    new = "one\nTWO\nthree\nfour\nfive\n"
+    [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
+    render(fd, old, new, "unified")
+    rows = [(r.kind, r.old_no, r.new_no, text_of(r.html)) for r in fd.rows]
+    assert rows == [
+        ("hunk", None, None, "@@ -1,4 +1,5 @@"),
+        ("ctx", 1, 1, "one"),
+        ("del", 2, None, "two"),
+        ("add", None, 2, "TWO"),
+        ("ctx", 3, 3, "three"),
+        ("ctx", 4, 4, "four"),
+        ("add", None, 5, "five"),
+    ]
+
+
+def test_split_rows_pair_removals_with_additions_and_pad_the_rest() -> None:
+    old = "a\nb\nc\nkeep\n"
+    new = "A\nkeep\nnew1\nnew2\n"
+    [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
+    render(fd, old, new, "split")
+    lines = [r for r in fd.rows if r.kind == "line"]
+    shape = [
+        ((r.left.kind, r.left.no, text_of(r.left.html)), (r.right.kind, r.right.no, text_of(r.right.html)))
+        for r in lines
+    ]
+    assert shape == [
+        (("del", 1, "a"), ("add", 1, "A")),
+        (("del", 2, "b"), ("empty", None, "")),
+        (("del", 3, "c"), ("empty", None, "")),
+        (("ctx", 4, "keep"), ("ctx", 2, "keep")),
+        (("empty", None, ""), ("add", 3, "new1")),
+        (("empty", None, ""), ("add", 4, "new2")),
+    ]
+    assert fd.rows[0].kind == "hunk"
+
+
+def test_intraline_marks_wrap_only_the_changed_words_of_paired_lines() -> None:
+    old = 'history = "full"\n'
+    new = 'history = "last"\n'
+    [fd] = diffs.build_file_diffs([entry("w.txt", old)], [entry("w.txt", new)])
+    render(fd, old, new, "unified")
+    removed = next(r for r in fd.rows if r.kind == "del")
+    added = next(r for r in fd.rows if r.kind == "add")
+    assert str(removed.html) == 'history = &quot;<span class="x">full</span>&quot;'
+    assert str(added.html) == 'history = &quot;<span class="x">last</span>&quot;'
+
+
+def test_unrelated_lines_get_no_intraline_marks() -> None:
+    assert diffs.intraline_spans("completely different words here", "x = 42") == ([], [])
+    assert diffs.intraline_spans("temperature = 0.9", "temperature = 0.2") == ([(16, 17)], [(16, 17)])
+
+
+def test_last_line_without_newline_pairs_and_shows_the_marker() -> None:
+    old = "a\nlast = 1"
+    new = "a\nlast = 2"
+    [fd] = diffs.build_file_diffs([entry("n.txt", old)], [entry("n.txt", new)])
+    render(fd, old, new, "unified")
+    kinds = [r.kind for r in fd.rows]
+    assert kinds == ["hunk", "ctx", "del", "eof", "add", "eof"]
+    assert '<span class="x">1</span>' in str(fd.rows[2].html)
+    assert '<span class="x">2</span>' in str(fd.rows[4].html)
+    assert text_of(fd.rows[3].html) == "No newline at end of file"
+
+
+def _highlighted(path: str, old: str, new: str) -> str:
+    [fd] = diffs.build_file_diffs([entry(path, old)], [entry(path, new)])
+    render(fd, old, new, "unified")
+    return "".join(str(r.html) for r in fd.rows if r.kind == "add")
+
+
+def test_pygments_classes_by_file_type() -> None:
+    py = _highlighted("tool.py", "x = 1\n", "def run(x):\n    return 'done'\n")
+    assert '<span class="k">def</span>' in py and '<span class="nf">run</span>' in py
+    assert '<span class="k">return</span>' in py
+
+    js = _highlighted("data.json", "{}\n", '{"name": 1}\n')
+    assert '<span class="nt">&quot;name&quot;</span>' in js and '<span class="mi">1</span>' in js
+
+    md = _highlighted("notes.md", "x\n", "# Title\n\nsome *text*\n")
+    assert '<span class="gh"># Title</span>' in md and '<span class="ge">*text*</span>' in md
+
+    yml = _highlighted("config.yaml", "a: 1\n", "key: value\n")
+    assert '<span class="nt">key</span>' in yml
+
+    plain = _highlighted("README.unknownext", "a\n", "def x\n")
+    assert "<span" not in plain and plain == "def x"
+
+
+def test_multiline_tokens_keep_their_colour_on_every_line() -> None:
+    old = "x = 1\n"
+    new = 'x = 1\ndoc = """first\nsecond line\n"""\n'
+    html = _highlighted("m.py", old, new)
+    assert '<span class="s2">second line</span>' in html
+
+
+def test_untrusted_content_is_escaped_in_every_layout() -> None:
+    old = "safe\n"
+    new = f"safe\n{XSS}\n"
+    for layout in diffs.LAYOUTS:
+        for path in ("page.html", "x.py", "plain.txt"):
+            [fd] = diffs.build_file_diffs([entry(path, old)], [entry(path, new)])
+            render(fd, old, new, layout)
+            html = "".join(
+                str(r.html) if layout == "unified" else str(r.html) + str(getattr(r.right, "html", "")) for r in fd.rows
+            )
+            assert "<img" not in html and "</script>" not in html and "<script" not in html
+            assert "&lt;/script&gt;" in html or "&lt;" in html
+            assert XSS in text_of(html)
+
+
+def test_leak_marks_wrap_escaped_text_on_the_new_side_only() -> None:
+    old = 'prompt = "<b>route-017</b>"\n'
+    new = 'prompt = "<b>route-017</b> and route-017"\n'
+    marks = [diffs.LeakMark("p.txt", "<b>route-017</b>", 'rule task_id; "quoted" <evidence>')]
+    [fd] = diffs.build_file_diffs([entry("p.txt", old)], [entry("p.txt", new)])
+    render(fd, old, new, "unified", marks=marks)
+    added = str(next(r for r in fd.rows if r.kind == "add").html)
+    removed = str(next(r for r in fd.rows if r.kind == "del").html)
+    title = 'title="rule task_id; &quot;quoted&quot; &lt;evidence&gt;"'
+    assert f'<mark class="leak" {title}>&lt;b&gt;route-017&lt;/b&gt;</mark>' in added
+    assert added.count("<mark") == 1  # the bare "route-017" is a different text
+    assert "<mark" not in removed
+    assert "<b>" not in added
+
+
+def test_leak_marks_inside_highlighted_tokens_keep_tags_balanced() -> None:
+    line = 'x = "see task-17 now"'
+    segments = [("n", "x"), ("", " "), ("o", "="), ("", " "), ("s2", '"see task-17 now"')]
+    html = str(diffs.line_html(segments, changes=[(4, 12)], leaks=[(9, 16, "rule")]))
+    assert text_of(html) == line
+    # Tags open and close in strict nesting order.
+    stack = []
+    for match in re.finditer(r"<(/?)(span|mark)\b", html):
+        closing, name = match.groups()
+        if closing:
+            assert stack and stack.pop() == name
+        else:
+            stack.append(name)
+    assert stack == []
+    assert '<mark class="leak" title="rule">' in html
+
+
+def test_carriage_returns_are_shown_not_dropped_and_highlighting_stays_aligned() -> None:
+    old = "a = 1\r\nb = 2\r\n"
+    new = "a = 1\r\nb = 3\r\n"
+    [fd] = diffs.build_file_diffs([entry("c.py", old)], [entry("c.py", new)])
+    render(fd, old, new, "unified")
+    added = next(r for r in fd.rows if r.kind == "add")
+    assert text_of(added.html) == "b = 3" + diffs.CR_SYMBOL
+    assert '<span class="n">b</span>' in str(added.html)
+
+
+def _file(changed_pairs: int) -> diffs.FileDiff:
+    old = "".join(f"old {i}\n" for i in range(changed_pairs))
+    new = "".join(f"new {i}\n" for i in range(changed_pairs))
+    [fd] = diffs.build_file_diffs([entry("f.txt", old)], [entry("f.txt", new)])
+    return fd
+
+
+def test_plan_collapse_hides_large_files_and_keeps_the_page_within_its_budget() -> None:
+    small, large, medium, tiny = _file(10), _file(300), _file(150), _file(2)
+    files = [small, large, medium, tiny]
+    diffs.plan_collapse(files, collapse_lines=400, budget=325)
+    assert small.collapsed is None  # 21 lines rendered
+    assert large.collapsed == "large"  # 600 changed lines > 400, costs nothing
+    assert medium.collapsed is None  # 21 + 301 = 322 lines
+    assert tiny.collapsed == "budget"  # 322 + 5 > 325
+    diffs.plan_collapse(files, collapse_lines=400, budget=330)
+    assert tiny.collapsed is None  # 327 lines fit
+
+
+def test_plan_collapse_budget() -> None:
+    files = [_file(100) for _ in range(5)]  # 201 lines each
+    diffs.plan_collapse(files, collapse_lines=400, budget=500)
+    assert [f.collapsed for f in files] == [None, None, "budget", "budget", "budget"]
+    rendered = sum(f.line_count for f in files if f.collapsed is None)
+    assert rendered <= 500
+    assert files[2].changed_display == "200"
+    assert _file(700).changed_display == "1,400"

@@ -1,0 +1,525 @@
+"""Experiments list, dashboard, lineage and run control (screens 1, 2 and 9)."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.db.models import Sum
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, Run
+from evolution.recipes import load_preset
+from evolution.services import loop
+from tests.factories import make_tiny_experiment
+from tests.review.world import grow
+
+pytestmark = pytest.mark.django_db
+
+PAYLOAD = "</script><img src=x onerror=alert(1)>"
+ESCAPED = "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"
+
+
+def _csrf(client: Client, url: str) -> str:
+    client.get(url)
+    return client.cookies["csrftoken"].value
+
+
+def _post(client: Client, url: str, data: dict | None = None, *, page: str = "/") -> object:
+    return client.post(url, data or {}, HTTP_X_CSRFTOKEN=_csrf(client, page))
+
+
+def _messages(response: object) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def _active_run(experiment: Experiment, **kwargs: object) -> Run:
+    """A run created like the dashboard creates one, never driven (no worker)."""
+    return loop.run_create(experiment=experiment, recipe=load_preset("rrsi"), proposer="example", **kwargs)
+
+
+def _text(html: bytes) -> str:
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html.decode())))
+
+
+# --- Experiments list ------------------------------------------------------------------
+
+
+def test_home_lists_each_experiment_with_its_counts_and_latest_run(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    accepted = example_world.candidates.filter(state=Candidate.State.ACCEPTED).count()
+    records = example_world.certified_results.count()
+    response = client_as("viewer").get(reverse("review:home"))
+    assert response.status_code == 200
+    row = re.search(rf'<tr>\s*<td><a href="/experiments/{example_world.pk}/">.*?</tr>', response.content.decode(), re.S)
+    assert row is not None
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(0), re.S)]
+    assert cells[3:6] == [str(example_world.candidates.count()), str(accepted), str(records)]
+    assert f"run #{run.pk}" in cells[6] and "Finished" in cells[6]
+    assert f"{run.rounds} of {run.rounds} rounds gated" in cells[7]
+    assert f'href="/experiments/{example_world.pk}/lineage/"' in row.group(0)
+
+
+def test_home_needs_the_viewer_permission(example_world, client_as) -> None:
+    assert client_as().get(reverse("review:home")).status_code == 403
+    anonymous = Client().get(reverse("review:home"))
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+
+
+# --- Dashboard ----------------------------------------------------------------------
+
+
+def test_dashboard_shows_facts_runs_charts_rounds_and_ledger(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    response = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk]))
+    assert response.status_code == 200
+    html = response.content.decode()
+    text = _text(response.content)
+    accepted = example_world.candidates.filter(state=Candidate.State.ACCEPTED).count()
+    assert f'<strong class="accepted-count">{accepted}</strong>' in html
+    sizes = {s: example_world.split_memberships.filter(split=s).count() for s in ("train", "gate", "sealed")}
+    for split, size in sizes.items():
+        assert f"{split} {size}" in text
+    assert f"= {sum(sizes.values())} tasks" in text
+    # Charts: every measured split is a series, the last values are written out.
+    score_chart = re.search(r'<svg class="chart score-chart".*?</svg>', html, re.S).group(0)
+    final = run.state["final"]["scores"]
+    for split in ("train", "gate", "sealed"):
+        assert f'class="series split-{split}"' in score_chart
+        assert f"{split} {final[split]:.3f}" in score_chart
+    assert f"S_best {run.state['best_score']:.3f}" in score_chart
+    chosen = list(run.gate_decisions.filter(accepted=True, round__gt=0).values_list("candidate_id", flat=True))
+    assert chosen and all(f"#{pk}" in score_chart for pk in chosen)
+    cost_chart = re.search(r'<svg class="chart cost-chart".*?</svg>', html, re.S).group(0)
+    assert (
+        cost_chart.count('<circle class="point')
+        == example_world.candidates.filter(evaluations__state="certified", evaluations__purpose="candidate")
+        .distinct()
+        .count()
+        + 1
+    )  # + the seed
+    assert "Pareto front" in cost_chart
+    # Progress of a finished run: full bars, no polling.
+    total = run.evaluations.aggregate(n=Sum("trials_total"))["n"]
+    assert f'<progress value="{total}" max="{total}"' in html
+    assert f"{run.rounds} of {run.rounds} rounds" in text
+    assert "hx-trigger" not in re.search(r'<section id="run-progress".*?>', html, re.S).group(0)
+    # Rounds table: one row per gated round, with the chosen candidate linked.
+    for number, summary in run.state["rounds"].items():
+        if number != "0":
+            assert f'<a href="/candidates/{summary["current"]}/">#{summary["current"]}</a>' in html
+    # Ledger: every hypothesis of the run, with dS and accepted.
+    entries = list(LedgerEntry.objects.filter(run=run))
+    assert entries
+    assert f"{len(entries)} atomic edits" in text
+    for entry in entries:
+        assert entry.hypothesis in text
+    assert f"{entries[0].delta_score:+.3f}" in html
+    # Pruning targets and the never-measured component kinds.
+    for target in run.state["pruning_targets"]:
+        assert f'<span class="badge warn">{target}</span>' in html
+
+
+def test_dashboard_hides_run_controls_from_viewers_and_shows_them_to_operators(example_world, client_as) -> None:
+    url = reverse("review:experiment", args=[example_world.pk])
+    assert reverse("review:run_start", args=[example_world.pk]) not in client_as("viewer").get(url).content.decode()
+    html = client_as("operator").get(url).content.decode()
+    assert f'action="{reverse("review:run_start", args=[example_world.pk])}"' in html
+    for name in ("rrsi", "unregularized", "pareto"):
+        assert f'<option value="{name}"' in html
+
+
+def test_dashboard_warns_when_evolve_scores_rise_while_sealed_falls(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    state = run.state
+    state["final"]["scores"]["sealed"] = 0.25
+    state["final"]["divergence"] = "evolve score rose by +0.451 while sealed 0.389 -> 0.250: overfitting?"
+    Run.objects.filter(pk=run.pk).update(state=state)
+    html = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk])).content.decode()
+    notice = re.search(r'<div class="notice warning divergence".*?</div>', html, re.S).group(0)
+    assert "evolve score rose by +0.451 while sealed 0.389 -&gt; 0.250" in notice
+    assert re.search(r'<tr class="falling">.*?sealed.*?0\.389.*?0\.250.*?-0\.139', notice, re.S)
+
+
+def test_dashboard_without_divergence_has_no_warning(example_world, client_as) -> None:
+    html = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk])).content.decode()
+    assert "notice warning divergence" not in html
+
+
+def test_dashboard_shows_the_error_of_a_failed_run_and_of_its_steps(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    evaluation = run.evaluations.order_by("pk").last()
+    type(evaluation).objects.filter(pk=evaluation.pk).update(state="failed", error="verifier crashed: exit 3")
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, error="the seed's evaluation failed: disk full")
+    html = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk])).content.decode()
+    assert "Run failed:" in html and "the seed&#x27;s evaluation failed: disk full" in html
+    assert f"evaluation {evaluation.pk}" in html and "verifier crashed: exit 3" in html
+
+
+def test_trial_errors_are_listed_and_sealed_ones_only_for_sealed_access(example_world, client_as) -> None:
+    from evolution.models import Trial
+
+    run = example_world.runs.get()
+    train = Trial.objects.filter(evaluation__run=run, split="train").order_by("pk").first()
+    sealed = Trial.objects.filter(evaluation__run=run, split="sealed").order_by("pk").first()
+    for trial, message in ((train, "agent timed out after 20 s"), (sealed, "sealed verifier crashed")):
+        Trial.objects.filter(pk=trial.pk).update(
+            state=Trial.State.ERROR, outcome=Trial.Outcome.ERROR, error_kind="agent_timeout", error=message
+        )
+    url = reverse("review:experiment", args=[example_world.pk])
+    viewer = client_as("viewer").get(url).content.decode()
+    assert "agent_timeout × 2" in viewer  # the aggregate counts both
+    assert f'href="/trials/{train.pk}/"' in viewer and "agent timed out after 20 s" in viewer
+    assert f'href="/trials/{sealed.pk}/"' not in viewer and "sealed verifier crashed" not in viewer
+    privileged = client_as("viewer", username="sealed-viewer", extra_perms=("evolution.view_sealed_details",))
+    html = privileged.get(url).content.decode()
+    assert f'href="/trials/{sealed.pk}/"' in html and "sealed verifier crashed" in html
+
+
+def test_dashboard_escapes_untrusted_text(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    entry = LedgerEntry.objects.filter(run=run).first()
+    LedgerEntry.objects.filter(pk=entry.pk).update(hypothesis=PAYLOAD)
+    AtomicEdit.objects.filter(pk=entry.edit_id).update(hypothesis=PAYLOAD)
+    Candidate.objects.filter(pk=entry.candidate_id).update(label=PAYLOAD, state_reason=PAYLOAD)
+    state = run.state
+    state["events"].append({"round": 3, "kind": "stop", "text": PAYLOAD})
+    Run.objects.filter(pk=run.pk).update(state=state, error=PAYLOAD, stop_reason=PAYLOAD)
+    client = client_as("viewer")
+    for url in (
+        reverse("review:experiment", args=[example_world.pk]),
+        reverse("review:lineage", args=[example_world.pk]),
+        reverse("review:home"),
+    ):
+        html = client.get(url).content.decode()
+        assert "<img src=x" not in html, url
+        assert ESCAPED in html or "&lt;/script&gt;&lt;img src=x onerror=alert(1…" in html, url
+
+
+# --- Ledger --------------------------------------------------------------------------
+
+
+def _ledger(client: Client, experiment: Experiment, **params: str) -> object:
+    return client.get(reverse("review:experiment_ledger", args=[experiment.pk]), params, HTTP_HX_REQUEST="true")
+
+
+def _ledger_rows(html: str) -> list[list[str]]:
+    body = re.search(r"<tbody>(.*?)</tbody>", html, re.S).group(1)
+    return [
+        [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
+    ]
+
+
+def test_ledger_filters_by_component_accepted_and_text(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    client = client_as("viewer")
+    component = LedgerEntry.objects.filter(run=run).values_list("component", flat=True).first()
+    response = _ledger(client, example_world, run=str(run.pk), component=component)
+    assert response.status_code == 200
+    assert "<html" not in response.content.decode()  # the partial only
+    rows = _ledger_rows(response.content.decode())
+    assert len(rows) == LedgerEntry.objects.filter(run=run, component=component).count()
+    assert {r[2] for r in rows} == {component}
+    assert response["HX-Push-Url"].startswith(f"/experiments/{example_world.pk}/?")
+    assert f"component={component}" in response["HX-Push-Url"]
+
+    accepted = _ledger_rows(_ledger(client, example_world, accepted="yes").content.decode())
+    assert len(accepted) == LedgerEntry.objects.filter(run=run, accepted=True).count() > 0
+    assert {r[6] for r in accepted} == {"yes"}
+    rejected = _ledger_rows(_ledger(client, example_world, accepted="no").content.decode())
+    assert len(rejected) == LedgerEntry.objects.filter(run=run, accepted=False).count() > 0
+    assert {r[6] for r in rejected} == {"no"}
+
+    word = LedgerEntry.objects.filter(run=run).first().hypothesis.split()[1]
+    found = _ledger_rows(_ledger(client, example_world, q=word.upper()).content.decode())
+    assert len(found) == LedgerEntry.objects.filter(run=run, hypothesis__icontains=word).count() > 0
+
+
+def test_ledger_sorts_by_ds_and_dc(example_world, client_as) -> None:
+    client = client_as("viewer")
+    run = example_world.runs.get()
+    rows = _ledger_rows(_ledger(client, example_world, sort="-dS").content.decode())
+    values = [float(r[4]) for r in rows]
+    assert values == sorted(values, reverse=True)
+    assert len(values) == LedgerEntry.objects.filter(run=run).count()
+    rows = _ledger_rows(_ledger(client, example_world, sort="dC").content.decode())
+    costs = [float(r[5].rstrip("%")) for r in rows]
+    assert costs == sorted(costs)
+
+
+def test_ledger_filter_works_without_javascript(example_world, client_as) -> None:
+    client = client_as("viewer")
+    plain = client.get(reverse("review:experiment_ledger", args=[example_world.pk]), {"accepted": "no"})
+    assert plain.status_code == 302
+    assert plain["Location"] == f"/experiments/{example_world.pk}/?accepted=no#ledger"
+    html = client.get(reverse("review:experiment", args=[example_world.pk]), {"accepted": "no"}).content.decode()
+    ledger = re.search(r'<div id="ledger-table">.*?</div>', html, re.S).group(0)
+    rows = _ledger_rows(ledger)
+    assert rows and {r[6] for r in rows} == {"no"}
+    assert '<option value="no" selected>' in html
+
+
+def test_a_bad_ledger_filter_value_is_ignored(example_world, client_as) -> None:
+    response = _ledger(client_as("viewer"), example_world, component="nonsense", sort="drop table", page="x")
+    assert response.status_code == 200
+    assert len(_ledger_rows(response.content.decode())) == LedgerEntry.objects.count()
+
+
+# --- Live progress -------------------------------------------------------------------
+
+
+def test_progress_polls_only_while_the_run_moves(client_as) -> None:
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    client = client_as("viewer")
+    url = reverse("review:experiment_progress", args=[experiment.pk])
+
+    def section(response: object) -> str:
+        return re.search(r'<section id="run-progress"[^>]*>', response.content.decode(), re.S).group(0)
+
+    moving = section(client.get(url, HTTP_HX_REQUEST="true"))
+    assert 'hx-trigger="every 2s"' in moving
+    assert f"?run={run.pk}&amp;was=moving" in moving
+    dashboard = client.get(reverse("review:experiment", args=[experiment.pk]))
+    assert 'hx-trigger="every 2s"' in section(dashboard)
+    assert "<progress" in dashboard.content.decode()
+
+    loop.run_pause(run=run)
+    paused = client.get(url, {"run": run.pk, "was": "moving"}, HTTP_HX_REQUEST="true")
+    assert "hx-trigger" not in section(paused)
+    assert paused["HX-Refresh"] == "true"  # the page reloads once, with the final state
+
+    loop.run_cancel(run=run)
+    cancelled = client.get(url, {"run": run.pk}, HTTP_HX_REQUEST="true")
+    assert "hx-trigger" not in section(cancelled) and "HX-Refresh" not in cancelled
+    assert "Cancelled" in cancelled.content.decode()
+
+
+def test_progress_of_a_fresh_run_counts_rounds_and_planned_trials(client_as) -> None:
+    experiment = make_tiny_experiment(tasks=8)
+    run = _active_run(experiment, rounds=3, k=2)
+    html = client_as("viewer").get(reverse("review:experiment_progress", args=[experiment.pk])).content.decode()
+    evolve = experiment.split_memberships.filter(split__in=["train", "gate"]).count()
+    sealed = experiment.split_memberships.filter(split="sealed").count()
+    recipe = load_preset("rrsi")
+    planned = recipe.noise.repeats * evolve * 2 + 3 * recipe.candidates_per_round * evolve * 2 + 2 * sealed * 2
+    assert f'<progress value="0" max="{planned}" aria-label="trials finished">' in html
+    assert f'<progress value="0" max="{run.rounds}" aria-label="rounds gated">' in html
+
+
+# --- Run control -----------------------------------------------------------------------
+
+
+def test_an_operator_starts_a_run_and_a_second_one_is_refused(client_as) -> None:
+    experiment = make_tiny_experiment()
+    client = client_as("operator")
+    page = reverse("review:experiment", args=[experiment.pk])
+    url = reverse("review:run_start", args=[experiment.pk])
+    form = {"recipe": "rrsi", "rounds": "2", "k": "1", "candidates": "2", "proposer": "example"}
+    response = _post(client, url, form, page=page)
+    run = Run.objects.get(experiment=experiment)
+    assert response.status_code == 302 and response["Location"] == f"{page}?run={run.pk}"
+    assert run.status == Run.Status.RUNNING and run.rounds == 2
+    assert run.recipe.spec["candidates_per_round"] == 2
+    assert run.recipe.spec["evaluation"]["trials_per_task"] == 1
+    assert run.recipe.spec["proposal"]["operator"] == "example"
+    assert run.started_by.username == "operator"
+    followed = client.get(response["Location"])
+    assert f"Run #{run.pk} started: recipe rrsi, 2 round(s), k=1, 2 candidate(s) per round" in _messages(followed)[0]
+
+    again = client.post(url, form, HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value, follow=True)
+    assert Run.objects.filter(experiment=experiment).count() == 1
+    assert any("has an active run already" in m for m in _messages(again))
+
+
+def test_run_start_reports_bad_input_and_creates_nothing(client_as) -> None:
+    experiment = make_tiny_experiment()
+    client = client_as("operator")
+    url = reverse("review:run_start", args=[experiment.pk])
+    page = reverse("review:experiment", args=[experiment.pk])
+    token = _csrf(client, page)
+    for form, expected in (
+        ({"recipe": "rrsi", "rounds": "0", "proposer": "example"}, "rounds"),
+        ({"recipe": "no-such-preset", "proposer": "example"}, "recipe"),
+        ({"recipe": "rrsi"}, "llm"),  # the preset's own proposer has no endpoint configured here
+        ({"recipe": "rrsi", "candidates": "-1", "proposer": "example"}, "candidates per round"),
+    ):
+        response = client.post(url, form, HTTP_X_CSRFTOKEN=token, follow=True)
+        assert response.status_code == 200
+        shown = _messages(response)
+        assert shown and "The run was not started" in shown[0] and expected in shown[0], (form, shown)
+    assert not Run.objects.filter(experiment=experiment).exists()
+
+
+def test_viewers_may_not_start_or_control_runs(client_as) -> None:
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    client = client_as("viewer", "reviewer", "annotator")
+    page = reverse("review:experiment", args=[experiment.pk])
+    token = _csrf(client, page)
+    form = {"recipe": "rrsi", "proposer": "example"}
+    assert (
+        client.post(reverse("review:run_start", args=[experiment.pk]), form, HTTP_X_CSRFTOKEN=token).status_code == 403
+    )
+    for action in ("pause", "cancel"):
+        response = client.post(reverse("review:run_action", args=[run.pk, action]), HTTP_X_CSRFTOKEN=token)
+        assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and Run.objects.count() == 1
+
+
+def test_run_control_needs_post_and_csrf(client_as) -> None:
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    client = client_as("operator")
+    assert client.get(reverse("review:run_action", args=[run.pk, "pause"])).status_code == 405
+    assert client.post(reverse("review:run_action", args=[run.pk, "pause"])).status_code == 403  # no CSRF token
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+
+
+def test_an_operator_pauses_resumes_and_cancels_a_run(client_as) -> None:
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    client = client_as("operator")
+    page = reverse("review:experiment", args=[experiment.pk])
+    token = _csrf(client, page)
+
+    def act(action: str) -> list[str]:
+        response = client.post(reverse("review:run_action", args=[run.pk, action]), HTTP_X_CSRFTOKEN=token, follow=True)
+        assert response.redirect_chain[-1][0] == f"{page}?run={run.pk}"
+        run.refresh_from_db()
+        return _messages(response)
+
+    assert act("pause") == [f"Run #{run.pk} paused."] and run.status == Run.Status.PAUSED
+    assert "Resume" in client.get(page).content.decode()
+    assert (
+        act("pause") == [f"Run #{run.pk} was not paused: it is paused, and only a running run can be paused."]
+        and run.status == Run.Status.PAUSED
+    )
+    assert act("resume") == [f"Run #{run.pk} resumed."] and run.status == Run.Status.RUNNING
+    assert act("cancel") == [f"Run #{run.pk} cancelled."] and run.status == Run.Status.CANCELLED
+    assert run.stop_reason == "cancelled by operator"
+    assert act("resume")[0].startswith(f"Run #{run.pk} was not resumed: it is cancelled")
+    assert run.status == Run.Status.CANCELLED
+    response = client.post(reverse("review:run_action", args=[run.pk, "explode"]), HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 404
+
+
+# --- Admin actions ---------------------------------------------------------------------
+
+
+def test_admin_actions_pause_resume_and_cancel_runs() -> None:
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    url = reverse("admin:evolution_run_changelist")
+
+    def act(action: str) -> list[str]:
+        response = client.post(url, {"action": action, "_selected_action": [run.pk]}, follow=True)
+        run.refresh_from_db()
+        return [str(m) for m in response.context["messages"]]
+
+    assert act("pause_runs") == [f"Paused: run {run.pk}"] and run.status == Run.Status.PAUSED
+    assert act("pause_runs") == [f"Not paused: run {run.pk} (paused)"] and run.status == Run.Status.PAUSED
+    assert act("resume_runs") == [f"Resumed: run {run.pk}"] and run.status == Run.Status.RUNNING
+    assert act("cancel_runs") == [f"Cancelled: run {run.pk}"] and run.status == Run.Status.CANCELLED
+    assert run.stop_reason == "cancelled by root in the admin"
+
+
+def test_admin_run_actions_need_the_operate_permission() -> None:
+    from django.contrib.auth.models import Permission
+
+    experiment = make_tiny_experiment()
+    run = _active_run(experiment)
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_run"))
+    client = Client()
+    client.force_login(staff)
+    url = reverse("admin:evolution_run_changelist")
+    assert "pause_runs" not in client.get(url).content.decode()
+    client.post(url, {"action": "pause_runs", "_selected_action": [run.pk]})
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+
+
+def test_admin_action_starts_an_rrsi_run_and_reports_refusals() -> None:
+    experiment = make_tiny_experiment()
+    _active_run(experiment)
+    Run.objects.filter(experiment=experiment).update(status=Run.Status.FINISHED)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    url = reverse("admin:evolution_experiment_changelist")
+    response = client.post(url, {"action": "start_rrsi_run", "_selected_action": [experiment.pk]}, follow=True)
+    run = Run.objects.filter(experiment=experiment).order_by("-pk").first()
+    assert [str(m) for m in response.context["messages"]] == [f"{experiment.name}: run {run.pk} started (rrsi)"]
+    assert run.status == Run.Status.RUNNING and run.recipe.name == "rrsi"
+    assert run.recipe.spec["proposal"]["operator"] == "example"  # the last run's proposer
+    response = client.post(url, {"action": "start_rrsi_run", "_selected_action": [experiment.pk]}, follow=True)
+    assert "has an active run already" in [str(m) for m in response.context["messages"]][0]
+    assert Run.objects.filter(experiment=experiment).count() == 2
+
+
+# --- Lineage ---------------------------------------------------------------------------
+
+
+def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_world, client_as) -> None:
+    run = example_world.runs.get()
+    response = client_as("viewer").get(reverse("review:lineage", args=[example_world.pk]))
+    assert response.status_code == 200
+    html = response.content.decode()
+    candidates = list(example_world.candidates.all())
+    for candidate in candidates:
+        assert f'<a href="/candidates/{candidate.pk}/" class="node cat-' in html
+    flagged = [c for c in candidates if c.state == Candidate.State.FLAGGED]
+    assert flagged and all(f'/candidates/{c.pk}/" class="node cat-flagged' in html for c in flagged)
+    seed = example_world.seed_candidate_id
+    assert f'/candidates/{seed}/" class="node cat-seed main"' in html
+    assert f'/candidates/{run.current_candidate_id}/" class="node cat-accepted main"' in html
+    parented = sum(1 for c in candidates if c.parent_id)
+    assert len(re.findall(r'<path d="[^"]+" class="edge( main)?"', html)) == parented
+    ancestry, cursor = [], Candidate.objects.get(pk=run.current_candidate_id)
+    while cursor.parent_id:
+        ancestry.append(cursor.parent_id)
+        cursor = cursor.parent
+    assert len(ancestry) >= 2 and html.count('class="edge main"') == len(ancestry)
+    assert 'flagged, awaiting review <span class="muted">' + str(len(flagged)) in html
+
+
+# --- Query counts ------------------------------------------------------------------------
+
+
+def _count(client: Client, url: str, **headers: str) -> int:
+    client.get(url, **headers)  # warm per-process caches (content types, templates)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url, **headers)
+    assert response.status_code == 200, url
+    return len(queries)
+
+
+def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as) -> None:
+    client = client_as("operator", "viewer")
+    pk = example_world.pk
+    pages = {
+        "home": (reverse("review:home"), {}),
+        "dashboard": (reverse("review:experiment", args=[pk]), {}),
+        "dashboard filtered": (reverse("review:experiment", args=[pk]) + "?component=memory&accepted=no", {}),
+        "ledger": (reverse("review:experiment_ledger", args=[pk]) + "?sort=-dS", {"HTTP_HX_REQUEST": "true"}),
+        "progress": (reverse("review:experiment_progress", args=[pk]), {}),
+        "lineage": (reverse("review:lineage", args=[pk]), {}),
+    }
+    small = {name: _count(client, url, **headers) for name, (url, headers) in pages.items()}
+    grow(example_world, candidates=60, steps=0)
+    assert example_world.candidates.count() > 60
+    large = {name: _count(client, url, **headers) for name, (url, headers) in pages.items()}
+    assert large == small
+    # The grown rounds and candidates are on the pages.
+    html = client.get(reverse("review:lineage", args=[pk])).content.decode()
+    assert html.count('class="node cat-') == example_world.candidates.count()

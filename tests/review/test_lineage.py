@@ -1,0 +1,101 @@
+"""Layout of the candidate tree (pure, no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from review.lineage import CATEGORY_TITLES, NodeInput, category, layout
+
+
+def _tree() -> list[NodeInput]:
+    return [
+        NodeInput(1, None, "accepted", origin="seed", round=0, label="seed", score=0.45),
+        NodeInput(2, 1, "accepted", round=1, label="r1s0", score=0.71),
+        NodeInput(3, 1, "rejected_gate", round=1, label="r1s1", score=0.55),
+        NodeInput(4, 1, "flagged", round=1, label="r1s2"),
+        NodeInput(5, 2, "rejected_surface", round=2, label="r2s0"),
+        NodeInput(6, 2, "evaluating", round=2, label="r2s1"),
+        NodeInput(7, 4, "approved", origin="derived", round=1, label="derived"),  # derived in the same round
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "origin", "expected"),
+    [
+        ("accepted", "seed", "seed"),
+        ("accepted", "proposed", "accepted"),
+        ("rejected_gate", "proposed", "rejected_gate"),
+        ("flagged", "proposed", "flagged"),
+        ("rejected_review", "proposed", "rejected_review"),
+        ("rejected_surface", "proposed", "rejected_surface"),
+        ("evaluating", "proposed", "evaluating"),
+        ("certified", "proposed", "evaluating"),
+        ("approved", "derived", "evaluating"),
+        ("frozen", "proposed", "other"),
+        ("cancelled", "proposed", "other"),
+        ("rejected_budget", "proposed", "other"),
+    ],
+)
+def test_category_of_each_state(state: str, origin: str, expected: str) -> None:
+    assert category(state=state, origin=origin) == expected
+    assert expected in CATEGORY_TITLES
+
+
+def test_columns_follow_rounds_and_derived_candidates_get_their_own() -> None:
+    result = layout(_tree())
+    column = {n.id: n.column for n in result.nodes}
+    assert column == {1: 0, 2: 1, 3: 1, 4: 1, 7: 2, 5: 3, 6: 3}
+    assert [c.title for c in result.columns] == ["seed", "round 1", "round 1 derived", "round 2"]
+    assert [c.count for c in result.columns] == [1, 3, 1, 2]
+    xs = {n.column: n.x for n in result.nodes}
+    assert xs[0] < xs[1] < xs[2] < xs[3]
+
+
+def test_nodes_in_a_column_never_overlap_and_children_start_at_their_parent() -> None:
+    result = layout(_tree(), node_height=20, row_gap=4)
+    by_id = {n.id: n for n in result.nodes}
+    for column in range(len(result.columns)):
+        ys = sorted(n.y for n in result.nodes if n.column == column)
+        assert all(b - a >= 24 - 1e-9 for a, b in zip(ys, ys[1:], strict=False))
+    assert by_id[2].y == by_id[1].y  # first child level with its parent
+    assert by_id[5].y == by_id[2].y
+    assert by_id[7].y == by_id[4].y
+    assert result.height >= max(n.y for n in result.nodes) + 20
+
+
+def test_edges_join_parent_and_child_and_mark_the_main_line() -> None:
+    result = layout(_tree(), highlight=6, node_width=100)
+    edges = {(e.source, e.target): e for e in result.edges}
+    assert set(edges) == {(1, 2), (1, 3), (1, 4), (2, 5), (2, 6), (4, 7)}
+    assert {pair for pair, e in edges.items() if e.on_path} == {(1, 2), (2, 6)}
+    assert {n.id for n in result.nodes if n.on_path} == {1, 2, 6}
+    by_id = {n.id: n for n in result.nodes}
+    path = edges[(1, 2)].path
+    assert path.startswith(f"M{by_id[1].x + 100:.1f} ") and path.endswith(f"{by_id[2].x:.1f} {by_id[2].y + 11:.1f}")
+
+
+def test_a_candidate_whose_parent_is_missing_is_a_root() -> None:
+    result = layout([NodeInput(10, 99, "accepted", origin="imported", round=None), NodeInput(11, 10, "flagged")])
+    by_id = {n.id: n for n in result.nodes}
+    assert by_id[10].column == 0 and by_id[11].column == 1  # no round: the column after its parent
+    assert [(e.source, e.target) for e in result.edges] == [(10, 11)]
+
+
+def test_empty_input_gives_an_empty_layout() -> None:
+    result = layout([])
+    assert result.nodes == [] and result.edges == [] and result.columns == []
+    assert result.width > 0 and result.height > 0
+
+
+def test_a_large_tree_stays_compact() -> None:
+    rows = [NodeInput(1, None, "accepted", origin="seed", round=0)]
+    # 10 rounds of 15 proposals each, every round building on the first of the round before.
+    for r in range(1, 11):
+        parent = 1 if r == 1 else 2 + (r - 2) * 15
+        rows += [NodeInput(2 + (r - 1) * 15 + i, parent, "rejected_gate", round=r) for i in range(15)]
+    result = layout(rows, node_height=22, row_gap=6)
+    assert len(result.nodes) == 151 and len(result.edges) == 150
+    assert len(result.columns) == 11
+    # Height is set by the fullest column (15 nodes, shifted down by its parent's row), not by the node count.
+    assert result.height < 40 * 28
+    assert result.width < 12 * (128 + 46)

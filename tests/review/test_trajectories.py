@@ -1,0 +1,167 @@
+"""The pure trajectory helpers: display model, collapsing, alignment, divergence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from review import trajectories as tj
+
+ATIF = Path(__file__).resolve().parents[1] / "fixtures" / "atif"
+
+
+def _steps(name: str) -> list[dict]:
+    return json.loads((ATIF / name).read_text())["steps"]
+
+
+def test_short_text_is_shown_whole() -> None:
+    block = tj.text_block("one\ntwo\n")
+    assert (block.collapsed, block.lines, block.chars, block.shown, block.hidden_chars) == (
+        False,
+        2,
+        8,
+        "one\ntwo\n",
+        0,
+    )
+
+
+def test_text_longer_than_forty_lines_is_collapsed_with_a_preview() -> None:
+    text = "\n".join(f"line {n}" for n in range(1, 42))
+    block = tj.text_block(text)
+    assert block.collapsed
+    assert block.lines == 41
+    assert block.preview == "\n".join(f"line {n}" for n in range(1, tj.PREVIEW_LINES + 1))
+    assert block.shown == text
+    assert not tj.text_block("\n".join(["x"] * 40)).collapsed
+
+
+def test_text_longer_than_four_thousand_characters_is_collapsed() -> None:
+    assert not tj.text_block("a" * 4000).collapsed
+    assert tj.text_block("a" * 4001).collapsed
+
+
+def test_runaway_text_is_cut_and_the_cut_is_counted() -> None:
+    block = tj.text_block("b" * 250_000)
+    assert len(block.shown) == tj.SHOW_LIMIT
+    assert block.hidden_chars == 50_000
+    assert block.chars == 250_000
+
+
+def test_step_view_of_a_harbor_tool_step() -> None:
+    step = _steps("hello-world.trajectory.json")[4]
+    view = tj.step_view(step, position=5)
+    assert (view.step_id, view.source, view.position) == (5, "agent", 5)
+    assert view.message is not None and view.message.shown == "I edited the file /app/hello.txt."
+    [call] = view.tool_calls
+    assert call.function_name == "str_replace_editor"
+    assert call.call_id == "call_fake_1"
+    assert json.loads(call.arguments.shown)["path"] == "/app/hello.txt"
+    assert "\n  " in call.arguments.shown  # pretty-printed
+    [result] = view.observations
+    assert result.source_call_id == "call_fake_1"
+    assert result.content is not None and result.content.shown == "File created successfully at: /app/hello.txt"
+    assert (view.metrics.prompt_tokens, view.metrics.completion_tokens, view.metrics.cost_usd) == (100, 50, 0.00075)
+    assert view.metrics.total_tokens == 150
+    assert view.error == ""
+
+
+def test_token_id_lists_are_summarised_not_listed() -> None:
+    step = _steps("hello-world-context-summarization.trajectory.json")[1]
+    view = tj.step_view(step)
+    others = dict(view.metrics.other)
+    assert others["prompt_token_ids"] == f"{len(step['metrics']['prompt_token_ids'])} values"
+
+
+def test_subagent_references_are_named() -> None:
+    step = _steps("hello-world-context-summarization.trajectory.json")[4]
+    view = tj.step_view(step)
+    assert view.observations[0].refs == (
+        "trajectory.summarization-1-summary.json",
+        "trajectory.summarization-1-questions.json",
+        "trajectory.summarization-1-answers.json",
+    )
+
+
+def test_string_arguments_holding_json_are_pretty_printed() -> None:
+    view = tj.step_view(
+        {"step_id": 1, "source": "agent", "tool_calls": [{"function_name": "f", "arguments": '{"a":1}'}]}
+    )
+    assert view.tool_calls[0].arguments.shown == '{\n  "a": 1\n}'
+
+
+def test_errors_are_recognised() -> None:
+    assert tj.step_error({"message": "error: the harness has no prompts/system.md"}).startswith("error: the harness")
+    assert tj.step_error({"extra": {"error": "boom\nmore"}}) == "boom"
+    assert tj.step_error({"observation": {"results": [{"content": "Traceback (most recent call last):\n  x"}]}}) == (
+        "Traceback (most recent call last):"
+    )
+    assert tj.step_error({"observation": {"results": [{"content": "ok", "is_error": True}]}}) != ""
+    assert tj.step_error({"message": "All done, no error here."}) == ""
+    view = tj.step_view({"step_id": 3, "source": "agent", "observation": {"results": [{"content": "Error: nope"}]}})
+    assert view.error == "Error: nope"
+    assert view.observations[0].error
+
+
+def test_call_signature_ignores_call_ids_and_key_order() -> None:
+    one = [{"tool_call_id": "toolu_1", "function_name": "bash", "arguments": {"a": 1, "b": 2}}]
+    two = [{"tool_call_id": "toolu_9", "function_name": "bash", "arguments": {"b": 2, "a": 1}}]
+    three = [{"tool_call_id": "toolu_1", "function_name": "bash", "arguments": {"a": 1, "b": 3}}]
+    assert tj.call_signature(one) == tj.call_signature(two)
+    assert tj.call_signature(one) != tj.call_signature(three)
+
+
+def test_first_divergence() -> None:
+    assert tj.first_divergence(["a", "b", "c"], ["a", "b", "c"]) is None
+    assert tj.first_divergence(["a", "b", "c"], ["a", "x", "c"]) == 2
+    assert tj.first_divergence(["a", "b"], ["a", "b", "c"]) == 3
+    assert tj.first_divergence([], ["a"]) == 1
+    assert tj.first_divergence([], []) is None
+
+
+def test_align_marks_differing_steps_and_the_first_divergence() -> None:
+    left = [
+        {"source": "user", "message": "hi"},
+        {"source": "agent", "message": "a"},
+        {"source": "agent", "message": "b"},
+    ]
+    right = [
+        {"source": "user", "message": "hi", "timestamp": "other time"},
+        {"source": "agent", "message": "A"},
+        {"source": "agent", "message": "b"},
+        {"source": "agent", "message": "c"},
+    ]
+    rows = tj.align(left, right, key=tj.step_signature)
+    assert [(r.position, r.differs, r.first) for r in rows] == [
+        (1, False, False),
+        (2, True, True),
+        (3, False, False),
+        (4, True, False),
+    ]
+    assert rows[3].left is None and rows[3].right == right[3]
+    assert rows[3].one_sided
+
+
+def test_align_window_marks_the_first_divergence_only_in_its_window() -> None:
+    left_keys = list(range(300))
+    right_keys = [*range(180), -1, *range(181, 300)]
+    window = tj.align_window(
+        left_keys[100:200], right_keys[100:200], start=101, left_keys=left_keys, right_keys=right_keys
+    )
+    assert [r.position for r in window if r.differs] == [181]
+    assert [r.position for r in window if r.first] == [181]
+    later = tj.align_window(
+        left_keys[200:300], right_keys[200:300], start=201, left_keys=left_keys, right_keys=right_keys
+    )
+    assert not any(r.first or r.differs for r in later)
+    summary = tj.divergence_summary(left_keys, right_keys)
+    assert (summary.first, summary.differing, summary.positions) == (181, 1, 300)
+
+
+def test_real_trajectories_diverge_where_they_differ() -> None:
+    ok = _steps("hello-world-timeout.trajectory.json")
+    changed = json.loads(json.dumps(ok))
+    changed[2]["tool_calls"][0]["arguments"]["keystrokes"] = "sleep 5\n"
+    changed[3]["tool_calls"][0]["tool_call_id"] = "a different id"
+    rows = tj.align(ok, changed, key=tj.step_signature)
+    assert [r.position for r in rows if r.differs] == [3]
+    assert tj.first_divergence([tj.step_signature(s) for s in ok], [tj.step_signature(s) for s in changed]) == 3

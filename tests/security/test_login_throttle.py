@@ -1,0 +1,175 @@
+"""Failed logins are throttled per username and per client address, in the
+database so that every web process shares the count."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+
+from review.models import LoginFailure
+from tests.conftest import REPO_ROOT, database_url_for_subprocess
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_hashing")]
+
+LIMIT = 3
+WINDOW = 60
+THROTTLE = {"RSI_LOGIN_FAILURES": LIMIT, "RSI_LOGIN_ADDRESS_FAILURES": 6, "RSI_LOGIN_WINDOW_SECONDS": WINDOW}
+
+
+@pytest.fixture
+def fast_hashing(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def attempt(username: str, password: str, *, address: str = "203.0.113.7", path: str = "/login/") -> object:
+    # A fresh client each time: a web farm does not share a session between attempts.
+    return Client(REMOTE_ADDR=address).post(path, {"username": username, "password": password})
+
+
+def age_failures(seconds: int) -> None:
+    """Move every recorded failure ``seconds`` into the past (as if time passed)."""
+    for failure in LoginFailure.objects.all():
+        LoginFailure.objects.filter(pk=failure.pk).update(failed_at=failure.failed_at - timedelta(seconds=seconds))
+
+
+@override_settings(**THROTTLE)
+def test_repeated_failures_lock_the_account_with_429_and_a_message(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    for _ in range(LIMIT):
+        response = attempt("vera", "wrong")
+        assert response.status_code == 200
+        assert b"did not match" in response.content
+    response = attempt("vera", "wrong")
+    assert response.status_code == 429
+    body = response.content.decode()
+    assert "Too many failed logins for this account or from this address" in body
+    assert "try again later" in body
+    assert 0 < int(response["Retry-After"]) <= WINDOW
+    # Refused failures are not counted again: the lock does not extend itself.
+    assert LoginFailure.objects.filter(scope="username", key="vera").count() == LIMIT
+
+
+@override_settings(**THROTTLE)
+def test_the_right_password_is_refused_while_locked_then_works_after_the_window(
+    make_user: Callable[..., User],
+) -> None:
+    make_user("viewer", username="vera")
+    for _ in range(LIMIT):
+        attempt("vera", "wrong", address="198.51.100.1")
+    client = Client(REMOTE_ADDR="198.51.100.2")  # another address: the username alone locks
+    response = client.post("/login/", {"username": "vera", "password": "pw-vera"})
+    assert response.status_code == 429
+    assert "_auth_user_id" not in client.session
+    # Case does not dodge the lock.
+    assert attempt("VERA", "pw-vera", address="198.51.100.3").status_code == 429
+
+    age_failures(WINDOW + 1)
+    response = client.post("/login/", {"username": "vera", "password": "pw-vera"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert client.session["_auth_user_id"] == str(User.objects.get(username="vera").pk)
+    assert not LoginFailure.objects.filter(scope="username", key="vera").exists()  # expired rows are gone too
+
+
+@override_settings(**THROTTLE)
+def test_a_success_resets_the_count(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    for _ in range(LIMIT - 1):
+        attempt("vera", "wrong")
+    assert attempt("vera", "pw-vera").status_code == 302
+    for _ in range(LIMIT - 1):
+        assert attempt("vera", "wrong").status_code == 200
+    assert attempt("vera", "pw-vera").status_code == 302
+
+
+@override_settings(**THROTTLE)
+def test_other_users_are_unaffected_by_one_locked_account(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    make_user("viewer", username="otto")
+    for _ in range(LIMIT):
+        attempt("vera", "wrong", address="192.0.2.10")
+    assert attempt("vera", "pw-vera", address="192.0.2.11").status_code == 429
+    assert attempt("otto", "pw-otto", address="192.0.2.11").status_code == 302
+    assert attempt("otto", "pw-otto", address="192.0.2.10").status_code == 302
+
+
+@override_settings(**THROTTLE)
+def test_one_address_guessing_many_accounts_is_locked_out(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    for number in range(6):
+        assert attempt(f"guess{number}", "wrong", address="192.0.2.66").status_code == 200
+    assert attempt("vera", "pw-vera", address="192.0.2.66").status_code == 429
+    assert attempt("vera", "pw-vera", address="192.0.2.67").status_code == 302
+
+
+@override_settings(**THROTTLE, RSI_BEHIND_PROXY=True)
+def test_behind_the_proxy_the_address_is_the_one_the_proxy_appended(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    for number in range(6):
+        # The client forges the first X-Forwarded-For entry; the proxy appends the real one.
+        Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=f"1.2.3.{number}, 192.0.2.99").post(
+            "/login/", {"username": f"guess{number}", "password": "wrong"}
+        )
+    client = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="9.9.9.9, 192.0.2.99")
+    assert client.post("/login/", {"username": "vera", "password": "pw-vera"}).status_code == 429
+    other = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="192.0.2.100")
+    assert other.post("/login/", {"username": "vera", "password": "pw-vera"}).status_code == 302
+
+
+@override_settings(**THROTTLE)
+def test_the_admin_login_shares_the_throttle(make_user: Callable[..., User]) -> None:
+    user = make_user("admin", username="root")
+    User.objects.filter(pk=user.pk).update(is_staff=True)
+    for _ in range(LIMIT):
+        assert attempt("root", "wrong", path="/admin/login/").status_code == 200
+    assert attempt("root", "pw-root", path="/admin/login/").status_code == 429
+    assert attempt("root", "pw-root", path="/login/").status_code == 429
+    age_failures(WINDOW + 1)
+    assert attempt("root", "pw-root", path="/admin/login/").status_code == 302
+
+
+SUBPROCESS_ATTEMPTS = """
+import sys
+import django
+django.setup()
+from django.conf import settings
+from django.test import Client
+from django.test.utils import setup_test_environment
+setup_test_environment()
+settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+for _ in range(int(sys.argv[1])):
+    print(Client(REMOTE_ADDR=sys.argv[2]).post("/login/", {"username": "vera", "password": "wrong"}).status_code)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failures_in_two_other_web_processes_add_up(make_user: Callable[..., User]) -> None:
+    """Two separate processes (as two web servers) fail in turn; the second is
+    refused once both together reach the limit, and so is this process."""
+    make_user("viewer", username="vera")
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "DJANGO_SETTINGS_MODULE": "rsiweb.settings"}
+    env.pop("RSI_LOGIN_FAILURES", None)
+    assert settings.RSI_LOGIN_FAILURES == 5  # the production default, as in the subprocesses
+    statuses = []
+    for address in ("192.0.2.1", "192.0.2.2"):
+        result = subprocess.run(
+            [sys.executable, "-c", SUBPROCESS_ATTEMPTS, "3", address],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        statuses.append(result.stdout.split())
+    assert statuses == [["200", "200", "200"], ["200", "200", "429"]]
+    assert LoginFailure.objects.filter(scope="username", key="vera").count() == 5
+    assert attempt("vera", "pw-vera", address="192.0.2.3").status_code == 429

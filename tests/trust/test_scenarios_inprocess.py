@@ -1,0 +1,121 @@
+"""Scenarios 7-11 of the trust suite, run in this process on both benchmarks.
+
+Each test builds the TrialContext the suite would (a fresh experiment of the
+benchmark, an empty work folder), runs one scenario and expects it to pass;
+the negative tests take one guard away and expect a TrustFailure, so the
+scenarios can fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+
+from evolution.management.commands.load_example import Command as LoadExample
+from evolution.management.commands.load_harbor_example import EXAMPLE_DIR as HARBOR_DIR
+from evolution.management.commands.load_harbor_example import harbor_experiment_create
+from evolution.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, TrustFailure
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_numbers = itertools.count(1)
+MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "11")
+
+
+def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
+    number = next(_numbers)
+    if benchmark == "example":
+        experiment = LoadExample(stdout=open("/dev/null", "w")).create(f"trust-example-{number}")  # noqa: SIM115
+    else:
+        experiment = harbor_experiment_create(folder=HARBOR_DIR, name=f"trust-harbor-{number}")
+    folder = workdir / f"trial-{number}"
+    folder.mkdir()
+    return TrialContext(benchmark=benchmark, trial=number, experiment=experiment, workdir=folder, suite=None)
+
+
+def names() -> list[str]:
+    # Only this file's modules: the others (crash.py) are written elsewhere.
+    for module in ("tamper", "evidence", "sandbox_abuse"):
+        importlib.import_module(f"evolution.trust.{module}")
+    return sorted(name for name in REGISTRY if name.startswith(MINE))
+
+
+def run(name: str, benchmark: str, tmp_path: Path) -> str:
+    ctx = fresh_context(benchmark, tmp_path)
+    started = time.monotonic()
+    try:
+        detail = REGISTRY[name].run(ctx)
+    except Inapplicable as exc:
+        pytest.skip(f"inapplicable here: {exc}")
+    print(f"{name} on {benchmark}: {time.monotonic() - started:.1f} s: {detail}")
+    return detail
+
+
+@pytest.mark.parametrize("benchmark", BENCHMARKS)
+@pytest.mark.parametrize("name", names())
+def test_scenario_passes(name: str, benchmark: str, tmp_path: Path) -> None:
+    assert run(name, benchmark, tmp_path)
+
+
+def expect_failure(name: str, benchmark: str, tmp_path: Path, match: str) -> None:
+    with pytest.raises(TrustFailure, match=match):
+        REGISTRY[name].run(fresh_context(benchmark, tmp_path))
+
+
+# --- The checks can fail: each takes one guard of the platform away. ------------------------------------
+
+
+def test_out_of_surface_fails_without_the_surface_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from evolution.surfaces import SurfaceVerdict
+
+    monkeypatch.setattr("evolution.services.proposals.check_diff", lambda *a, **k: SurfaceVerdict(True, [], []))
+    expect_failure("8-out-of-surface", "harbor", tmp_path, "not refused")
+
+
+def test_tampered_verifier_fails_without_the_blob_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("evolution.services.records.tree_verify", lambda **kwargs: [])
+    expect_failure("7d-verifier-changed", "harbor", tmp_path, "certification accepted")
+
+
+def test_forged_records_fail_without_verification(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from evolution.services.records import VerifyReport
+
+    monkeypatch.setattr("evolution.trust.tamper.records_verify", lambda **kwargs: VerifyReport())
+    expect_failure("10-forged-records", "example", tmp_path, "records_verify did not name")
+
+
+def test_evidence_fails_when_the_api_shows_sealed_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("review.access.hide_sealed", lambda queryset, user, **kwargs: queryset)
+    expect_failure("9-protected-evidence", "harbor", tmp_path, "the API showed protected evidence")
+
+
+def test_evidence_fails_when_the_proposer_inherits_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    monkeypatch.setattr("evolution.proposers._environment", lambda params: dict(os.environ))
+    expect_failure("9-protected-evidence", "example", tmp_path, "found a canary in")
+
+
+def test_network_abuse_fails_without_bubblewrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from evolution.sandbox import sandbox_profile
+
+    if sandbox_profile("auto") != "bwrap":
+        pytest.skip("bubblewrap is not usable here: the scenario is inapplicable anyway")
+    monkeypatch.setattr("evolution.trials.sandbox_profile", lambda mode: "none")
+    expect_failure("11a-network", "harbor", tmp_path, "reached a listener")
+
+
+def test_host_environment_fails_when_trials_inherit_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    from evolution import trials
+
+    real = trials._trial_env
+    monkeypatch.setattr(trials, "_trial_env", lambda spec, *, home: {**os.environ, **real(spec, home=home)})
+    expect_failure("11e-host-environment", "example", tmp_path, "read the worker's secret")
