@@ -21,8 +21,8 @@ and ``max_files`` (what the workspace may hold when read back).
 
 The program runs without bubblewrap (a proposer agent usually needs the
 network) under the resource limits of ``evolution.sandbox``; as root it runs
-as ``nobody``, so the program and its interpreter must be reachable by that
-user. Nothing here contains a hostile program: it can read what its user can
+as an unprivileged uid of its own (``sandbox.run_ids``), so the program and
+its interpreter must be reachable by any user. Nothing here contains a hostile program: it can read what its user can
 read. The platform does not trust the answer either: it recomputes the diff
 and checks the surface, the declarations and the budget itself.
 
@@ -326,7 +326,7 @@ def command_proposer(view: ProposerView) -> Proposal:
     if reserved:
         raise ProposerError(f"the parent has files under {RSI_DIR}/, which is the proposer's own folder: {reserved[0]}")
     # mkdtemp, not pytest's or the worker's folders: when the worker is root the
-    # program runs as nobody, who must reach the workspace (it is chowned to it).
+    # program runs as an unprivileged uid, which must reach the workspace (it is chowned to it).
     workspace = Path(tempfile.mkdtemp(prefix="rsi-proposer-"))
     try:
         try:

@@ -16,10 +16,15 @@ What a run guarantees:
   killed. Afterwards every process that escaped the group (double-forked
   daemons) is killed and reaped: the caller becomes a child subreaper, so
   orphans are reparented to it instead of to init.
-- When the worker runs as root, the command runs as ``nobody:nogroup``
-  (65534) with no supplementary groups and no_new_privs, after the writable
-  paths are chowned to it: RLIMIT_NPROC does not bind root, and root could
-  read the database and key files.
+- When the worker runs as root, the command runs as a uid and gid of its
+  own (``run_ids``: a fixed base plus the worker process's pid, so no two
+  runs in progress on the host share them) with no supplementary groups and
+  no_new_privs, after the writable paths are chowned to it: RLIMIT_NPROC does
+  not bind root, and root could read the database and key files. A uid per
+  run keeps concurrent trials apart: RLIMIT_NPROC counts every task of a
+  real uid on the host, so under a shared uid one trial's fork bomb would use
+  up the process budget of every other trial running beside it, and one
+  trial could signal another's processes.
 - With bubblewrap: no network, a private pid/ipc/uts namespace, a private
   ``/tmp``, and a filesystem holding only the system directories, the Python
   interpreter, the ``readable`` paths (read-only) and the ``writable`` paths.
@@ -27,8 +32,7 @@ What a run guarantees:
   visible.
 
 What it does not promise: containment of hostile code. Without bubblewrap
-the command sees every world-readable file of the host and, as root-dropped
-``nobody``, shares a uid with concurrent trials; under a non-root worker
+the command sees every world-readable file of the host; under a non-root worker
 without bubblewrap it runs as the worker's own user and can read and change
 whatever the worker can. Disk use beyond the per-file limit is not capped.
 The platform records and audits; it sandboxes what the machine allows.
@@ -59,8 +63,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
-NOBODY_UID = 65534
-NOBODY_GID = 65534
+# Root-dropped runs use uid = gid = RUN_ID_BASE + the pid of the process
+# that starts them (at most 4,194,304 on Linux), a range no distribution or
+# container manager hands out (systemd leaves 0x70000000 and up unused).
+RUN_ID_BASE = 1_900_000_000
 
 SANDBOX_MODES = ("auto", "required", "off")
 
@@ -95,6 +101,17 @@ try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - every Linux libc loads
     _LIBC = None
+
+
+def run_ids() -> tuple[int, int]:
+    """The uid and gid a root worker's runs drop to from this process.
+
+    Unique among the runs in progress on the host: a process runs one
+    sandboxed command at a time (the run lock) and pids are unique while
+    their processes live.
+    """
+    ident = RUN_ID_BASE + os.getpid()
+    return ident, ident
 
 
 class SandboxError(RuntimeError):
@@ -252,7 +269,7 @@ def run_sandboxed(
     bad arguments and SandboxError when the sandbox cannot be set up; a
     command that cannot be started gives returncode 127. When it returns,
     the command and every process it started are gone. Under root, the
-    ``writable`` trees are chowned to 65534 as a side effect.
+    ``writable`` trees are chowned to ``run_ids()`` as a side effect.
     """
     argv = _checked_argv(argv)
     cwd, writable_paths, readable_paths = _checked_paths(cwd, writable, readable)
@@ -261,19 +278,20 @@ def run_sandboxed(
         raise ValueError(f"timeout must be positive, got {timeout!r}")
 
     drop = os.geteuid() == 0
+    run_uid, run_gid = run_ids()
     with _RUN_LOCK:
         if drop:
             for path in writable_paths:
-                _chown_tree(path, NOBODY_UID, NOBODY_GID)
+                _chown_tree(path, run_uid, run_gid)
             if not use_bwrap:
-                # Outside bwrap nobody must reach the real paths; say so plainly
+                # Outside bwrap the run's uid must reach the real paths; say so plainly
                 # instead of letting the command fail with EACCES.
                 for path in [cwd, *writable_paths]:
-                    _check_reachable(path, NOBODY_UID, NOBODY_GID, "directory")
+                    _check_reachable(path, run_uid, run_gid, "directory")
                 program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
                 if program is not None:
-                    _check_reachable(Path(os.path.realpath(program)), NOBODY_UID, NOBODY_GID, "program")
-        rlimits = _rlimit_plan(limits, NOBODY_UID if drop else os.getuid())
+                    _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
+        rlimits = _rlimit_plan(limits, run_uid if drop else os.getuid())
         _become_subreaper()
         before = _child_pids()
         status_read, status_write = os.pipe()
@@ -286,7 +304,12 @@ def run_sandboxed(
             popen_kwargs: dict[str, Any]
             if use_bwrap:
                 command = _bwrap_command(
-                    argv, cwd=cwd, env=env, writable=writable_paths, readable=readable_paths, drop=drop
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    writable=writable_paths,
+                    readable=readable_paths,
+                    ids=(run_uid, run_gid) if drop else None,
                 )
                 # bwrap reports {"exit-code": n} only if the command really ran,
                 # which tells a broken sandbox from a failing command.
@@ -302,7 +325,7 @@ def run_sandboxed(
                 command = argv
                 popen_kwargs = {"cwd": cwd, "env": env, "preexec_fn": _preexec(rlimits, no_new_privs=True)}
                 if drop:
-                    popen_kwargs.update(user=NOBODY_UID, group=NOBODY_GID, extra_groups=[])
+                    popen_kwargs.update(user=run_uid, group=run_gid, extra_groups=[])
             started = time.monotonic()
             try:
                 proc = subprocess.Popen(
@@ -472,12 +495,17 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
-def first_blocked(path: Path, uid: int = NOBODY_UID, gid: int = NOBODY_GID) -> Path | None:
+def first_blocked(path: Path, uid: int | None = None, gid: int | None = None) -> Path | None:
     """The first of ``path`` and its ancestors that uid/gid may not search or execute.
 
-    None when the whole path is reachable. Looks at mode bits only (no ACLs),
-    and at the path as given: pass a resolved path to check a symlink's target.
+    None when the whole path is reachable. The default ids are this
+    process's run ids (``run_ids``), which own no file but the writable paths
+    of its runs: what a root-dropped run can reach. Looks at mode bits only
+    (no ACLs), and at the path as given: pass a resolved path to check a
+    symlink's target.
     """
+    if uid is None or gid is None:
+        uid, gid = run_ids()
     for part in [*reversed(path.parents), path]:
         st = part.stat()
         if st.st_uid == uid:
@@ -510,14 +538,16 @@ def _bwrap_command(
     env: Mapping[str, str],
     writable: list[Path],
     readable: list[Path],
-    drop: bool,
+    ids: tuple[int, int] | None,
 ) -> list[str]:
+    """The bubblewrap command line; ``ids`` is the (uid, gid) a root worker drops to."""
+    drop = ids is not None
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bwrap is not installed")
     if drop:
         # Everything --unshare-all does except the user namespace: as root it
-        # would map the sandbox back to root, and the drop to 65534 below
+        # would map the sandbox back to root, and the drop to the run's uid below
         # needs to happen in the host's user namespace to count for RLIMIT_NPROC.
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     else:
@@ -559,7 +589,7 @@ def _bwrap_command(
     for key, value in env.items():
         command += ["--setenv", key, value]
     command += ["--chdir", str(cwd), "--"]
-    uid, gid = (str(NOBODY_UID), str(NOBODY_GID)) if drop else ("-", "-")
+    uid, gid = (str(ids[0]), str(ids[1])) if ids is not None else ("-", "-")
     keep_pwd = "1" if "PWD" in env else "0"
     tools = _exec_tools()
     if tools is not None and "=" not in argv[0]:

@@ -29,7 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from evolution.models import Trial
-from evolution.sandbox import SandboxError, sandbox_profile
+from evolution.sandbox import RUN_ID_BASE, SandboxError, sandbox_profile
 from evolution.trust import Inapplicable, TrialContext, expect, scenario
 from evolution.trust.tamper import agent_report, evaluate_inline, hostile_experiment
 
@@ -86,6 +86,7 @@ elif KIND == "fork-bomb":
             os._exit(0)
         children += 1
     report["children"] = children
+    report["uid"] = os.getuid()
     save()
 elif KIND == "memory-bomb":
     hold, megabytes = [], 0
@@ -220,11 +221,16 @@ def _tasks_of_others(uid: int, marker: str) -> int:
 @contextmanager
 def others_sampled(marker: str) -> Iterator[dict[str, int]]:
     """The most tasks of the trial user running beside the agent while it runs:
-    the sandbox adds the process budget to what that user already runs."""
-    from evolution.sandbox import NOBODY_UID
+    the sandbox adds the process budget to what that user already runs.
 
-    uid = NOBODY_UID if os.geteuid() == 0 else os.getuid()
-    state = {"max": _tasks_of_others(uid, marker), "stop": 0}
+    Under a root worker every run has a uid of its own, so nothing else
+    counts against its budget and there is nothing to sample."""
+    state = {"max": 0, "stop": 0}
+    if os.geteuid() == 0:
+        yield state
+        return
+    uid = os.getuid()
+    state["max"] = _tasks_of_others(uid, marker)
 
     def sample() -> None:
         while not state["stop"]:
@@ -346,7 +352,15 @@ def fork_bomb(ctx: TrialContext) -> str:
     if report is None:
         return f"the agent was killed ({_state(trial)}); nothing left running"
     expect(limit > 0, "the evaluator sets no process limit")
-    # RLIMIT_NPROC counts the user's every task, so the budget sits on top of other trials' tasks.
+    if os.geteuid() == 0:
+        # A root worker's runs each drop to a uid of their own, so other
+        # trials (another stream's fork bomb included) cannot use this budget.
+        expect(
+            report.get("uid", 0) >= RUN_ID_BASE,
+            f"the agent ran as uid {report.get('uid')}, not a uid of its own run",
+        )
+    # RLIMIT_NPROC counts the user's every task, so without a uid per run the
+    # budget sits on top of other trials' tasks.
     bound = limit + others["max"]
     expect(
         report["children"] + 1 <= bound,

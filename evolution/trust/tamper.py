@@ -797,8 +797,8 @@ def out_of_surface(ctx: TrialContext) -> str:
 
 
 def proposer_python() -> str:
-    """An interpreter a command proposer can run: as root it runs as nobody,
-    who cannot reach a pyenv under /root."""
+    """An interpreter a command proposer can run: as root it runs as an
+    unprivileged uid, which cannot reach a pyenv under /root."""
     import os
     import sys
 

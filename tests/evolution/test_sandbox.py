@@ -36,14 +36,14 @@ MiB = 1 << 20
 
 
 def nobody_python() -> str:
-    """An interpreter uid 65534 can execute: the worker's own unless it lives
-    somewhere nobody cannot reach (a pyenv under /root, as on the dev VM)."""
+    """An interpreter a root-dropped run can execute: the worker's own unless
+    it lives somewhere others cannot reach (a pyenv under /root, as on the dev VM)."""
     if not ROOT:
         return sys.executable
     for candidate in (sys.executable, "/usr/bin/python3"):
         if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
             return candidate
-    pytest.fail("no Python interpreter on this machine is executable by uid 65534")
+    pytest.fail("no Python interpreter on this machine is executable by an unprivileged uid")
 
 
 @pytest.fixture
@@ -289,17 +289,94 @@ FORK_CODE = (
 
 
 @pytest.mark.skipif(not ROOT, reason="needs a uid of its own; see the non-root variant")
-def test_process_limit_bounds_forks(box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # RLIMIT_NPROC counts every task of the uid on the host, and other trials
-    # may run as nobody right now: use a uid nothing else runs as.
-    uid = next(uid for uid in range(64000, 65000) if sandbox._task_count(uid) == 0)
-    monkeypatch.setattr(sandbox, "NOBODY_UID", uid)
-    monkeypatch.setattr(sandbox, "NOBODY_GID", uid)
+def test_process_limit_bounds_forks(box: Path) -> None:
+    # RLIMIT_NPROC counts every task of the uid on the host; a run's uid is its own.
     result = run_code(FORK_CODE, box, limits=Limits(processes=8))
     assert result.returncode == 0
     # The budget counts the program itself: 7 more tasks fit.
     assert int(result.stdout) == 7
     assert result.strays_reaped == 7
+
+
+# A fork bomb in another process's run, started once ours is running: it
+# forks until its own budget is used up, then holds its children and says so.
+BOMB_RUNNER = """
+import sys, time
+from pathlib import Path
+from evolution.sandbox import Limits, run_sandboxed
+box, python, shared = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+code = (
+    "import os, time\\n"
+    f"shared = {str(shared)!r}\\n"
+    "while not os.path.exists(shared + '/ready'): time.sleep(0.02)\\n"
+    "forked = 0\\n"
+    "while True:\\n"
+    "    try:\\n"
+    "        pid = os.fork()\\n"
+    "    except OSError:\\n"
+    "        break\\n"
+    "    if pid == 0:\\n"
+    "        time.sleep(60)\\n"
+    "        os._exit(0)\\n"
+    "    forked += 1\\n"
+    "open(shared + '/bombed', 'w').write(str(forked))\\n"
+    "while not os.path.exists(shared + '/done'): time.sleep(0.02)\\n"
+)
+result = run_sandboxed(
+    [python, "-c", code], cwd=box, env={"LANG": "C.UTF-8"}, timeout=60,
+    limits=Limits(processes=64), writable=[box], readable=[], use_bwrap=False,
+)
+print(result.returncode, result.strays_reaped)
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker gives each run a uid of its own")
+def test_a_fork_bomb_in_another_run_does_not_use_up_this_runs_process_budget(box: Path) -> None:
+    # Runs of different processes run side by side (two workers, two trials).
+    # RLIMIT_NPROC counts every task of a real uid, so under one shared uid a
+    # fork bomb that starts after this run would use up this run's budget too
+    # and its next fork would fail: a crash of an honest trial.
+    shared = Path(tempfile.mkdtemp(prefix="rsi-sandbox-shared-"))
+    shared.chmod(0o777)
+    other_box = Path(tempfile.mkdtemp(prefix="rsi-sandbox-test-"))
+    other_box.chmod(0o711)
+    repo = Path(__file__).resolve().parents[2]
+    bomb = subprocess.Popen(
+        [sys.executable, "-c", BOMB_RUNNER, str(other_box), nobody_python(), str(shared)],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    code = (
+        "import os, time\n"
+        f"shared = {str(shared)!r}\n"
+        "open(shared + '/ready', 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not os.path.exists(shared + '/bombed') and time.monotonic() < deadline: time.sleep(0.02)\n"
+        "print(open(shared + '/bombed').read())\n"
+        "pids = []\n"
+        "for _ in range(5):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "for pid in pids: os.waitpid(pid, 0)\n"
+        "print('forked', len(pids))\n"
+        "open(shared + '/done', 'w').close()\n"
+    )
+    try:
+        result = run_code(code, box, limits=Limits(processes=8), timeout=45)
+    finally:
+        (shared / "done").touch()
+        out, err = bomb.communicate(timeout=90)
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(other_box, ignore_errors=True)
+    assert bomb.returncode == 0, err.decode()[-2000:]
+    # The bomb used up its whole budget (64 tasks, itself included) while this
+    # run was running, and this run still forked what its own budget allows.
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.stdout.decode().split("\n")[:2] == ["63", "forked 5"]
 
 
 @pytest.mark.skipif(ROOT, reason="the root variant is exact")
@@ -332,8 +409,10 @@ def test_root_worker_runs_the_command_as_nobody(box: Path) -> None:
         result = run_code(code, box)
     finally:
         shutil.rmtree(secret_dir)
-    assert result.stdout == b"denied\n65534 65534 []\n"
-    assert (box / "made-here").stat().st_uid == 65534
+    uid, gid = sandbox.run_ids()
+    assert uid == gid == sandbox.RUN_ID_BASE + os.getpid()
+    assert result.stdout == f"denied\n{uid} {gid} []\n".encode()
+    assert (box / "made-here").stat().st_uid == uid
 
 
 @pytest.mark.skipif(not ROOT, reason="only a root worker drops to nobody")
@@ -440,7 +519,8 @@ def test_bwrap_under_root_runs_as_nobody(require_bwrap: None, box: Path) -> None
         "print(os.getuid(), os.getgid(), os.getgroups())\n"
     )
     result = run_code(code, box, use_bwrap=True)
-    assert result.stdout == b"denied\n65534 65534 []\n"
+    uid, gid = sandbox.run_ids()
+    assert result.stdout == f"denied\n{uid} {gid} []\n".encode()
 
 
 def test_bwrap_setup_failure_is_a_sandbox_error(
