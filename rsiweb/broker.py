@@ -6,6 +6,10 @@ unreadable file then crashes every worker that reads it. Here a message is
 written under a hidden temporary name and renamed into place (atomic on one
 file system), and a message that cannot be decoded is moved to a
 ``corrupt`` folder with a log line instead of taking the worker down.
+Kombu names a message by the millisecond and a random uuid, so two messages
+published in the same millisecond came out in random order; here the name
+starts with a zero-padded nanosecond stamp that strictly increases within a
+process, so one publisher's messages are consumed in the order it sent them.
 Registered for ``filesystem://`` in rsiweb.celery.
 """
 
@@ -13,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 import uuid
 from pathlib import Path
 from queue import Empty
-from time import monotonic
 from typing import Any
 
 from kombu.exceptions import ChannelError
@@ -26,10 +31,23 @@ from kombu.utils.json import dumps, loads
 
 logger = logging.getLogger(__name__)
 
+_stamp_lock = threading.Lock()
+_last_stamp = 0
+
+
+def message_stamp() -> str:
+    """Wall-clock nanoseconds, zero-padded to sort as text, strictly
+    increasing within this process (wall clock, not monotonic: queue files
+    outlive a reboot)."""
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp = max(time.time_ns(), _last_stamp + 1)
+        return f"{_last_stamp:020d}"
+
 
 class Channel(filesystem.Channel):
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{message_stamp()}_{uuid.uuid4()}.{queue}.msg"
         folder = Path(self.data_folder_out)
         # The leading dot keeps the temporary name out of every queue's listing.
         temporary = folder / f".{name}.tmp"
