@@ -198,7 +198,7 @@ def test_an_unusable_harness_ends_with_an_error_trajectory_and_no_answer(tmp_pat
     assert not (tmp_path / "run" / "output" / "answer.json").exists()
 
 
-def test_one_agent_run_takes_well_under_a_second(tmp_path: Path) -> None:
+def test_the_agent_runs_again_and_again_in_fresh_folders(tmp_path: Path) -> None:
     task = TASKS_BY_ID["route-010"]
     timings = []
     for attempt in range(5):
@@ -206,8 +206,9 @@ def test_one_agent_run_takes_well_under_a_second(tmp_path: Path) -> None:
         done = run_agent(bench.HARNESS_DIR, task, attempt, tmp_path / f"run-{attempt}")
         timings.append(time.perf_counter() - started)
         assert done.returncode == 0
+        assert_valid_atif(trajectory(tmp_path / f"run-{attempt}"))
+    # Printed for the log only: timings belong in benchmarks on a shared machine.
     print(f"\none agent run (subprocess, wall time): min {min(timings):.3f} s, max {max(timings):.3f} s")
-    assert min(timings) < 0.5
 
 
 # --- Verifier ----------------------------------------------------------------------------------

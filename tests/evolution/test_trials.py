@@ -190,7 +190,7 @@ def test_well_behaved_agent_passes(tmp_path: Path, work_root: Path, mode: str) -
         trajectory=ATIF,
         agent_log="",
     )
-    assert 0 < result.wall_time < elapsed < 1.0
+    assert 0 < result.wall_time < elapsed
     assert list(work_root.iterdir()) == []
 
 
