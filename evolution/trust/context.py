@@ -269,7 +269,23 @@ def records_difference(control: Experiment, experiment: Experiment, *, limit: in
         ]
         if fields or trials:
             notes.append(f"tree {key[0][:12]} {key[1]} repeat {key[2]}: fields {fields}; trials {trials[:limit]}")
-    return "; ".join(notes[: limit + 1])
+    notes = notes[: limit + 1]
+    # What the differing side's errors said, and how often its trials were
+    # taken over (an attempt above 1), which a record does not keep.
+    errors = (
+        Trial.objects.filter(evaluation__experiment=experiment)
+        .exclude(error_kind="")
+        .values_list("task__external_id", "index", "attempt", "error_kind", "error")
+        .order_by("pk")[:limit]
+    )
+    notes += [
+        f"error here: {task}#{index} attempt {attempt} {kind}: {error[:300]!r}"
+        for task, index, attempt, kind, error in errors
+    ]
+    retried = Trial.objects.filter(evaluation__experiment=experiment, attempt__gt=1).count()
+    if retried:
+        notes.append(f"{retried} trial(s) here ran more than once (attempt > 1)")
+    return "; ".join(notes)
 
 
 def records_digest(experiment: Experiment) -> str:

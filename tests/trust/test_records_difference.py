@@ -28,3 +28,17 @@ def test_equal_records_have_equal_digests_and_a_difference_names_fields_and_tria
     assert words.startswith("1 records in the control, 1 here")
     assert "'evaluation'" in words
     assert f"{gate[0]}#0: " in words and "-> None" in words
+
+
+def test_a_difference_names_the_errors_and_retries_behind_it() -> None:
+    from evolution.models import Trial
+
+    control = make_tiny_experiment(tasks=4, k=1, name="control")
+    twin = make_tiny_experiment(name="twin", like=control)
+    evaluate_seed_inline(control, ("train",))
+    evaluate_seed_inline(twin, ("train",))
+    trial = Trial.objects.filter(evaluation__experiment=twin).order_by("pk").first()
+    Trial.objects.filter(pk=trial.pk).update(error_kind="infra", error="gave up after 3 attempts", attempt=4)
+    words = records_difference(control, twin)
+    assert f"error here: {trial.task.external_id}#0 attempt 4 infra: 'gave up after 3 attempts'" in words
+    assert words.endswith("1 trial(s) here ran more than once (attempt > 1)")
