@@ -64,8 +64,9 @@ from pathlib import Path
 from typing import IO, Any
 
 # Root-dropped runs use uid = gid = RUN_ID_BASE + the pid of the process
-# that starts them (at most 4,194,304 on Linux), a range no distribution or
-# container manager hands out (systemd leaves 0x70000000 and up unused).
+# that starts them (at most 4,194,304 on Linux): above the system and user
+# ranges and above systemd's container ranges (which end at 0x6FFFFFFF,
+# 1,879,048,191), and below 2**31.
 RUN_ID_BASE = 1_900_000_000
 
 SANDBOX_MODES = ("auto", "required", "off")
