@@ -1,7 +1,7 @@
 """The ``command`` proposer: an external program edits a copy of the parent.
 
 The external program is a small Python script. When the tests run as root the
-sandbox runs it as ``nobody``, so the script lives in a folder that user can
+sandbox runs it as an unprivileged uid, so the script lives in a folder that user can
 read (pytest's ``tmp_path`` is 0700 under root) and runs with an interpreter
 outside ``/root``.
 """
@@ -71,14 +71,14 @@ manifest.write_text(json.dumps({
 """
 
 
-def nobody_python() -> str:
+def run_python() -> str:
     """An interpreter the sandbox user can execute (a pyenv under /root is out of its reach)."""
     if os.geteuid() != 0:
         return sys.executable
     for candidate in (sys.executable, "/usr/bin/python3"):
         if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
             return candidate
-    pytest.fail("no Python interpreter on this machine is executable by uid 65534")
+    pytest.fail("no Python interpreter on this machine is executable by an unprivileged uid")
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def view(params: dict[str, Any], *, budget: int | None = 2, explore: list[str] |
 
 def run(folder: Path, body: str, **params: Any) -> operators.Proposal:
     path = script(folder, body)
-    argv = params.pop("argv", [nobody_python(), str(path), "{manifest}"])
+    argv = params.pop("argv", [run_python(), str(path), "{manifest}"])
     return command_proposer(view({"argv": argv, "timeout_seconds": 20, **params}))
 
 
@@ -157,7 +157,7 @@ def test_command_proposer_fills_the_placeholders_and_passes_only_the_allowed_env
     try:
         proposal = command_proposer(
             view({
-                "argv": [nobody_python(), str(path), "{workspace}", "{prompt}", "{manifest}"],
+                "argv": [run_python(), str(path), "{workspace}", "{prompt}", "{manifest}"],
                 "env_allowlist": ["LANG"],
                 "env": {"AGENT_TOKEN": "t-123"},
             })

@@ -35,7 +35,7 @@ PROJECT_VAR = Path(__file__).resolve().parents[2] / "var"
 MiB = 1 << 20
 
 
-def nobody_python() -> str:
+def run_python() -> str:
     """An interpreter a root-dropped run can execute: the worker's own unless
     it lives somewhere others cannot reach (a pyenv under /root, as on the dev VM)."""
     if not ROOT:
@@ -73,7 +73,7 @@ def run_code(
     env: dict[str, str] | None = None,
     readable: list[Path] | None = None,
 ) -> ProcessResult:
-    python = sys.executable if use_bwrap else nobody_python()
+    python = sys.executable if use_bwrap else run_python()
     return run_sandboxed(
         [python, "-c", code],
         cwd=box,
@@ -343,7 +343,7 @@ def test_a_fork_bomb_in_another_run_does_not_use_up_this_runs_process_budget(box
     other_box.chmod(0o711)
     repo = Path(__file__).resolve().parents[2]
     bomb = subprocess.Popen(
-        [sys.executable, "-c", BOMB_RUNNER, str(other_box), nobody_python(), str(shared)],
+        [sys.executable, "-c", BOMB_RUNNER, str(other_box), run_python(), str(shared)],
         cwd=repo,
         env={**os.environ, "PYTHONPATH": str(repo)},
         stdout=subprocess.PIPE,
@@ -370,7 +370,7 @@ def test_a_fork_bomb_in_another_run_does_not_use_up_this_runs_process_budget(box
         result = run_code(code, box, limits=Limits(processes=8), timeout=45)
     finally:
         (shared / "done").touch()
-        out, err = bomb.communicate(timeout=90)
+        _, err = bomb.communicate(timeout=90)
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(other_box, ignore_errors=True)
     assert bomb.returncode == 0, err.decode()[-2000:]
@@ -392,8 +392,8 @@ def test_process_limit_bounds_forks_for_a_normal_user(box: Path) -> None:
 # --- privilege drop without bubblewrap -----------------------------------------------
 
 
-@pytest.mark.skipif(not ROOT, reason="the drop to nobody only happens when the worker is root")
-def test_root_worker_runs_the_command_as_nobody(box: Path) -> None:
+@pytest.mark.skipif(not ROOT, reason="the drop to an unprivileged uid only happens when the worker is root")
+def test_root_worker_runs_the_command_as_a_uid_of_its_own(box: Path) -> None:
     secret_dir = Path(tempfile.mkdtemp(prefix="rsi-secret-"))
     try:
         secret_dir.chmod(0o755)
@@ -416,14 +416,14 @@ def test_root_worker_runs_the_command_as_nobody(box: Path) -> None:
     assert (box / "made-here").stat().st_uid == uid
 
 
-@pytest.mark.skipif(not ROOT, reason="only a root worker drops to nobody")
+@pytest.mark.skipif(not ROOT, reason="only a root worker drops to an unprivileged uid")
 def test_unreachable_folder_is_a_sandbox_error(tmp_path: Path) -> None:
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     tmp_path.chmod(0o700)
     with pytest.raises(SandboxError, match="is not searchable or executable"):
         run_sandboxed(
-            [nobody_python(), "-c", "pass"],
+            [run_python(), "-c", "pass"],
             cwd=hidden,
             env={},
             timeout=5,
@@ -511,8 +511,8 @@ def test_bwrap_binds_writable_rw_and_readable_ro(require_bwrap: None, box: Path)
     assert (box / "scratch.txt").read_text() == "mine"
 
 
-@pytest.mark.skipif(not ROOT, reason="only a root worker drops to nobody")
-def test_bwrap_under_root_runs_as_nobody(require_bwrap: None, box: Path) -> None:
+@pytest.mark.skipif(not ROOT, reason="only a root worker drops to an unprivileged uid")
+def test_bwrap_under_root_runs_as_a_uid_of_its_own(require_bwrap: None, box: Path) -> None:
     code = (
         "import os\n"
         "try: open('/etc/shadow').read(); print('read')\n"

@@ -88,13 +88,13 @@ print(json.dumps({
 
 
 def trial_python() -> str:
-    """An interpreter uid 65534 can execute (see test_sandbox.nobody_python)."""
+    """An interpreter a root-dropped run can execute (see test_sandbox.run_python)."""
     if os.geteuid() != 0:
         return sys.executable
     for candidate in (sys.executable, "/usr/bin/python3"):
         if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
             return candidate
-    pytest.fail("no Python interpreter on this machine is executable by uid 65534")
+    pytest.fail("no Python interpreter on this machine is executable by an unprivileged uid")
 
 
 def require_bwrap() -> None:
@@ -113,7 +113,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def work_root() -> Iterator[Path]:
-    """Trial folders must be reachable by uid 65534; pytest's tmp_path is 0700 under root."""
+    """Trial folders must be reachable by an unprivileged uid; pytest's tmp_path is 0700 under root."""
     path = Path(tempfile.mkdtemp(prefix="rsi-trials-test-"))
     path.chmod(0o711)
     yield path
