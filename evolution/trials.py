@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evolution import faults
 from evolution.sandbox import (
     SANDBOX_MODES,
     Limits,
@@ -215,7 +216,7 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) ->
     use_bwrap = profile == "bwrap"
     python_dirs = interpreter_paths(spec.python)
     agent = run_sandboxed(
-        _format_argv(spec.runner_argv, paths),
+        faults.hold_argv("agent:start", _format_argv(spec.runner_argv, paths)),
         cwd=workspace,
         env=_trial_env(spec, home=workspace),
         timeout=spec.timeout_seconds,

@@ -276,7 +276,7 @@ def lease_renew(*, trial: Trial, owner: str) -> bool:
 
 @contextmanager
 def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
-    """Renew the trial's lease every third of its length while it runs.
+    """Renew the trial's lease every third of its length while its worker holds it.
 
     The lease says "a live worker holds this"; a trial that runs longer than
     the lease (a slow agent, a loaded machine) must not be taken over while
@@ -292,10 +292,15 @@ def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
     def beat() -> None:
         try:
             while not stop.wait(interval):
-                if not lease_renew(trial=trial, owner=owner):
-                    return
-        except Exception:  # a missed renewal only risks a duplicate attempt, which is safe
-            logger.exception("trial %s: lease renewal failed", trial.pk)
+                try:
+                    if not lease_renew(trial=trial, owner=owner):
+                        return
+                except Exception:
+                    # The database restarting, say: a missed renewal only risks
+                    # a duplicate attempt, which is safe, so keep beating on a
+                    # new connection rather than give the claim up for good.
+                    logger.warning("trial %s: lease renewal failed; retrying", trial.pk, exc_info=True)
+                    connection.close()
         finally:
             connection.close()
 
@@ -318,24 +323,28 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
     trial = trial_claim(trial_id=trial_id, owner=owner)
     if trial is None:
         return False
-    if trial.attempt > MAX_ATTEMPTS:
-        result = _infra_error(f"gave up after {MAX_ATTEMPTS} attempts (worker lost each time)")
-        return trial_finish(trial=trial, owner=owner, result=result)
-    settings.RSI_WORK_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"trial-{trial.pk}-", dir=settings.RSI_WORK_DIR))
-    # Traversable (not listable) so an unprivileged trial user reaches its workspace.
-    root.chmod(0o711)
-    try:
-        spec = _trial_spec(trial, root / "inputs")
-        with _lease_heartbeat(trial, owner):
+    # Renewed from the claim to the finish, not only while the agent runs:
+    # writing the inputs out and storing the result also take time, and on a
+    # loaded machine a lease that lapsed there lets a duplicate message take
+    # a live worker's trial over, and the next one take it back.
+    with _lease_heartbeat(trial, owner):
+        if trial.attempt > MAX_ATTEMPTS:
+            result = _infra_error(f"gave up after {MAX_ATTEMPTS} attempts (worker lost each time)")
+            return trial_finish(trial=trial, owner=owner, result=result)
+        settings.RSI_WORK_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=f"trial-{trial.pk}-", dir=settings.RSI_WORK_DIR))
+        # Traversable (not listable) so an unprivileged trial user reaches its workspace.
+        root.chmod(0o711)
+        try:
+            spec = _trial_spec(trial, root / "inputs")
             result = run_trial(spec, work_root=root)
-        faults.checkpoint("trial:finished")
-    except Exception as exc:  # the trial must end in a state, never vanish
-        logger.exception("trial %s: infrastructure failure", trial.pk)
-        result = _infra_error(f"{type(exc).__name__}: {exc}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return trial_finish(trial=trial, owner=owner, result=result)
+            faults.checkpoint("trial:finished")
+        except Exception as exc:  # the trial must end in a state, never vanish
+            logger.exception("trial %s: infrastructure failure", trial.pk)
+            result = _infra_error(f"{type(exc).__name__}: {exc}")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return trial_finish(trial=trial, owner=owner, result=result)
 
 
 def _store_trajectory(trial: Trial, document: dict[str, Any]) -> None:

@@ -109,6 +109,15 @@ def process_argv(pid: int) -> list[str]:
         return []
 
 
+def process_state(pid: int) -> str:
+    """The one-letter state of ``pid`` from /proc (R, S, T, Z...), "" when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[0]
+
+
 @dataclass
 class WorkerProcess:
     """A Celery worker started as its own process group."""
@@ -384,7 +393,9 @@ class PrivatePostgres:
         self.port = free_port()
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
 
-    def _as_postgres(self, *argv: str, timeout: float = 60) -> None:
+    def _as_postgres(self, *argv: str, timeout: float = 300) -> None:
+        # initdb and a start-up take seconds on a quiet machine and over a
+        # minute on a loaded one (seen: initdb past 60 s).
         subprocess.run(
             ["runuser", "-u", "postgres", "--", *argv],
             check=True,

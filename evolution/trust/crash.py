@@ -21,12 +21,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from evolution import faults
 from evolution.models import Evaluation, Run, Trial
 from evolution.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
 from evolution.trust.context import (
     REPO_ROOT,
     no_half_made_parent,
     process_argv,
+    process_state,
     record_contents,
     records_difference,
     records_digest,
@@ -87,43 +89,44 @@ def crash_eval_child(ctx: TrialContext) -> str:
     return _kill_at(ctx, key="evaluation", point="trial:finished", skip=ctx.trial % 3)
 
 
-AGENT_PROGRAMS = ("agent.py", "cli_runner.py", "scripted_agent.py")
-TRIAL_ROOT = re.compile(r"/trial-(\d+)-")
 RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")
 KILLED_AGENT_KINDS = {Trial.ErrorKind.AGENT_CRASH, Trial.ErrorKind.INFRA, Trial.ErrorKind.SANDBOX}
+TRIAL_ROOT = re.compile(r"/trial-(\d+)-")
 
 
-def _agent_process(pids: list[int]) -> tuple[int, int] | None:
-    """(pid, trial id) of a running agent among ``pids``."""
+def _held_agent(pids: list[int]) -> tuple[int, int] | None:
+    """(pid, trial id) of a sandboxed agent held stopped at ``agent:start``."""
     for pid in pids:
         argv = process_argv(pid)
-        if any(arg.endswith(AGENT_PROGRAMS) for arg in argv) and "--harness" in argv:
-            match = TRIAL_ROOT.search(" ".join(argv))
-            if match:
-                return pid, int(match.group(1))
+        if faults.HOLD_NAME not in argv or "--harness" not in argv or process_state(pid) != "T":
+            continue
+        match = TRIAL_ROOT.search(" ".join(argv))
+        if match:
+            return pid, int(match.group(1))
     return None
 
 
 @scenario(2, "2b-crash-eval-sandbox", "SIGKILL of the sandboxed agent process mid-trial", needs_worker=True)
 def crash_eval_sandbox(ctx: TrialContext) -> str:
     control = ctx.suite.control_experiment(ctx.benchmark, "evaluation")
-    worker = ctx.suite.start_worker()
+    marker = ctx.workdir / "fault"
+    # The worker holds one agent (a different one per trial) stopped in its
+    # sandbox, just before it execs, until the suite kills it: no race with
+    # an agent that finishes first, however loaded the machine.
+    worker = ctx.suite.start_worker(extra_env=ctx.suite.fault_env("agent:start", marker, skip=ctx.trial % 3))
     evaluation = ctx.suite.evaluation_start(ctx.experiment)
-    killed: tuple[int, int] | None = None
-    deadline = time.monotonic() + FAULT_TIMEOUT
-    while killed is None and time.monotonic() < deadline:
-        found = _agent_process(worker.child_pids())
-        if found is not None:
-            try:
-                os.kill(found[0], signal.SIGKILL)
-                killed = found
-            except ProcessLookupError:
-                continue
-        evaluation.refresh_from_db()
-        if evaluation.state != Evaluation.State.RUNNING and killed is None:
-            raise TrustFailure("every agent finished before one could be caught running")
-    expect(killed is not None, "no agent process seen under the worker")
-    assert killed is not None
+    ctx.suite.wait_until(marker.exists, FAULT_TIMEOUT, "the worker to hold an agent (agent:start)")
+    held: list[tuple[int, int]] = []
+
+    def found() -> bool:
+        agent = _held_agent(worker.child_pids())
+        if agent is not None:
+            held.append(agent)
+        return agent is not None
+
+    ctx.suite.wait_until(found, FAULT_TIMEOUT, "the held agent's stopped process under the worker", interval=0.05)
+    killed = held[0]
+    os.kill(killed[0], signal.SIGKILL)
     ctx.suite.wait_evaluation(evaluation)
     trial = Trial.objects.select_related("task").get(pk=killed[1])
     expect(trial.evaluation_id == evaluation.pk, f"the killed agent ran trial {trial.pk} of another evaluation")
