@@ -725,6 +725,21 @@ class Suite:
         )
         return self._current
 
+    def keep_logs(self, label: str) -> Path | None:
+        """Copy the current trial's worker logs (and its private servers'
+        logs) out of the suite's throwaway folder, for a failure to be read
+        later; the folder they were copied to, or None when there were none."""
+        logs = [worker.log_path for worker in self.workers]
+        logs += [server.folder / "log" for server in self.postgres_servers]
+        logs = [path for path in logs if path.is_file()]
+        if not logs:
+            return None
+        kept = Path(settings.VAR_DIR) / "trust-failures" / f"{self.uid}-{label}"
+        kept.mkdir(parents=True, exist_ok=True)
+        for number, path in enumerate(logs):
+            shutil.copyfile(path, kept / f"{number:02d}-{path.parent.name}-{path.name}")
+        return kept
+
     def end_trial(self) -> None:
         """Stop the trial's workers and private brokers; drop its leftover messages."""
         for worker in self.workers:

@@ -4,8 +4,11 @@ subprocess against PostgreSQL and Redis, and proof that it can fail."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -64,3 +67,11 @@ def test_a_broken_platform_is_caught(postgres: None, redis_url: str) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
     assert result.stdout.strip().splitlines()[-1].startswith("0 passed, 1 failed"), output[-6000:]
+    # The failed trial's worker logs outlive the suite's throwaway folder.
+    kept = re.search(r"the trial's worker logs are kept in (\S+)\)", result.stdout)
+    assert kept is not None, output[-6000:]
+    logs = sorted(Path(kept.group(1)).glob("*worker-*.log"))
+    try:
+        assert logs and any(" ready." in log.read_text() for log in logs), logs
+    finally:
+        shutil.rmtree(kept.group(1), ignore_errors=True)

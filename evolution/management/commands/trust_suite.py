@@ -83,11 +83,20 @@ class Command(BaseCommand):
         except Inapplicable as exc:
             return "inapplicable", str(exc)
         except TrustFailure as exc:
-            return "failed", str(exc)
+            return "failed", str(exc) + self.kept(suite, scenario.name, benchmark, trial)
         except Exception as exc:  # a scenario that breaks is a failure, never a pass
-            return "failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+            detail = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+            return "failed", detail + self.kept(suite, scenario.name, benchmark, trial)
         finally:
             suite.end_trial()
+
+    @staticmethod
+    def kept(suite: Any, name: str, benchmark: str, trial: int) -> str:
+        try:
+            folder = suite.keep_logs(f"{name}-{benchmark}-{trial + 1}")
+        except OSError as exc:
+            return f"\n(could not keep the worker logs: {exc})"
+        return f"\n(the trial's worker logs are kept in {folder})" if folder else ""
 
     @staticmethod
     def line(name: str, benchmark: str, counts: dict[str, int], first: str, seconds: float) -> str:
