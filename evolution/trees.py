@@ -531,7 +531,8 @@ def _quote(name: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _is_binary(data: bytes) -> bool:
+def is_binary(data: bytes) -> bool:
+    """Whether ``diff_entries`` reports content as binary: a NUL byte, or not UTF-8."""
     if b"\0" in data:
         return True
     try:
@@ -642,7 +643,7 @@ def _format_change(change: FileChange) -> list[str]:
 
     a_label, b_label = _label("a/", old), _label("b/", new)
     before, after = old_data or b"", new_data or b""
-    if _is_binary(before) or _is_binary(after):
+    if is_binary(before) or is_binary(after):
         out.append(f"Binary files {a_label} and {b_label} differ\n")
         return out
     hunks = _hunks(_split_lines(before.decode("utf-8")), _split_lines(after.decode("utf-8")))
@@ -677,7 +678,7 @@ def diff_stat(old: Sequence[FileEntry], new: Sequence[FileEntry]) -> list[DiffSt
     for change in diff_changes(old, new):
         old_data = change.old.data if change.old is not None else b""
         new_data = change.new.data if change.new is not None else b""
-        binary = _is_binary(old_data) or _is_binary(new_data)
+        binary = is_binary(old_data) or is_binary(new_data)
         added = removed = 0
         if not binary and old_data != new_data:
             before, after = _split_lines(old_data.decode("utf-8")), _split_lines(new_data.decode("utf-8"))

@@ -2,14 +2,18 @@
 
 Pure functions and dataclasses, no ORM. The pipeline:
 
-1. ``build_file_diffs`` pairs the files of two trees (``evolution.trees``
-   decides statuses, renames and modes) and parses the git-style text of the
-   same comparison with unidiff for the hunks and line numbers.
-2. ``plan_collapse`` decides which files are rendered on the first response:
-   a file with more than ``COLLAPSE_LINES`` changed lines, or one that would
-   take the page past ``PAGE_BUDGET`` rendered lines, is collapsed. A
-   collapsed file is never cut short: its header says how many lines are
-   hidden and offers to load it and its raw text.
+1. ``list_file_diffs`` pairs the files of two trees (``evolution.trees``
+   decides statuses, renames and modes) without diffing their contents;
+   ``count_file_diffs`` diffs the files it is given: it parses the git-style
+   text of the same comparison with unidiff for the hunks, line numbers and
+   +/- counts. ``build_file_diffs`` does both for every file.
+2. ``plan_collapse`` decides which files are rendered on the first response,
+   diffing only the files that may be: a file with more than
+   ``COLLAPSE_LINES`` changed lines, or one that would take the page past
+   ``PAGE_BUDGET`` rendered lines, is collapsed. A collapsed file is never
+   cut short: its header offers to load it and its raw text, and says how
+   many lines are hidden once they are counted (the page asks for the
+   counts of the files it did not diff in a request of their own).
 3. ``render_file`` turns one file into table rows (unified or split). Each
    line is highlighted by pygments (lexer guessed from the file name), with
    changed characters of paired -/+ lines wrapped in ``<span class="x">``
@@ -29,7 +33,8 @@ import difflib
 import hashlib
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate, zip_longest
@@ -45,7 +50,7 @@ from unidiff import PatchSet
 from unidiff.patch import Hunk as UnidiffHunk
 
 from evolution import digests
-from evolution.trees import FileChange, FileEntry, diff_changes, diff_entries
+from evolution.trees import FileChange, FileEntry, diff_changes, diff_entries, is_binary
 
 # A file with more changed lines than this is collapsed behind a "Load diff" button.
 COLLAPSE_LINES = 400
@@ -104,16 +109,21 @@ class DiffHunk:
 @dataclass
 class FileDiff:
     """One changed file between two trees. ``old`` is None for an added
-    file, ``new`` None for a deleted one."""
+    file, ``new`` None for a deleted one. ``added`` and ``removed`` are None
+    (and ``hunks`` empty) until the file is diffed: see ``counted``."""
 
     status: str  # added, deleted, modified, renamed
     old: Side | None
     new: Side | None
     binary: bool
     hunks: list[DiffHunk]
-    added: int
-    removed: int
+    added: int | None
+    removed: int | None
     anchor: str = ""
+    # Known without diffing: no diff of this file has fewer changed lines.
+    least_changed: int = 0
+    # The tree comparison's pair, kept to diff the file later (None once diffed).
+    change: FileChange | None = field(default=None, repr=False, compare=False)
     # Set by plan_collapse: None (rendered), "large" or "budget".
     collapsed: str | None = None
     # Set by the view: this user marked these exact contents as viewed.
@@ -153,13 +163,29 @@ class FileDiff:
         return None
 
     @property
-    def changed(self) -> int:
-        """Changed lines: added plus removed."""
+    def counted(self) -> bool:
+        """Whether the file was diffed: its hunks and counts are known."""
+        return self.added is not None and self.removed is not None
+
+    @property
+    def changed(self) -> int | None:
+        """Changed lines: added plus removed (None until counted)."""
+        if self.added is None or self.removed is None:
+            return None
         return self.added + self.removed
 
     @property
     def changed_display(self) -> str:
-        return f"{self.changed:,}"
+        changed = self.changed
+        return "" if changed is None else f"{changed:,}"
+
+    @property
+    def least_line_count(self) -> int:
+        """No fewer lines than this are rendered for the file: its least
+        changed lines and one hunk header, if it has hunks at all."""
+        if self.counted:
+            return self.line_count
+        return self.least_changed + 1
 
     @property
     def line_count(self) -> int:
@@ -226,12 +252,23 @@ class DiffSummary:
     files: list[FileDiff] = field(default_factory=list)
 
     @property
-    def added(self) -> int:
-        return sum(f.added for f in self.files)
+    def counted(self) -> bool:
+        return all(f.counted for f in self.files)
 
     @property
-    def removed(self) -> int:
-        return sum(f.removed for f in self.files)
+    def uncounted(self) -> int:
+        return sum(1 for f in self.files if not f.counted)
+
+    @property
+    def added(self) -> int | None:
+        """Added lines over all files; None while a file is not counted."""
+        counts = [f.added for f in self.files]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    @property
+    def removed(self) -> int | None:
+        counts = [f.removed for f in self.files]
+        return None if None in counts else sum(c for c in counts if c is not None)
 
     @property
     def collapsed(self) -> int:
@@ -327,48 +364,63 @@ def _parse_changes(old: Sequence[FileEntry], new: Sequence[FileEntry], wanted: S
         raise ValueError("a change of the tree comparison has no file block in its diff") from exc
 
 
-def build_file_diffs(
-    old: Sequence[FileEntry],
-    new: Sequence[FileEntry],
-    *,
-    only_path: str | None = None,
-    memo: ParsedMemo | None = None,
-) -> list[FileDiff]:
-    """The changed files from ``old`` to ``new`` in ``git diff`` order.
+def _line_counts(data: bytes) -> Counter[bytes]:
+    """How many times each line of ``data`` occurs (lines split on LF as the
+    diff splits them; a last line without its LF counts as another line)."""
+    parts = data.split(b"\n")
+    counts = Counter(parts[:-1])
+    if parts[-1]:
+        # No key above holds an LF, so this one cannot meet a line that has its LF.
+        counts[parts[-1] + b"\n"] += 1
+    return counts
 
-    Statuses, paths, modes and binary-ness come from the tree comparison
-    itself; hunks and line numbers from unidiff's parse of the git-style
-    text of the same comparison. With ``only_path``, only the changes at
-    that (old or new) path are diffed. With ``memo``, a file whose parse is
-    there (same paths, modes and contents) is not diffed again, and fresh
-    parses are put there: the page's "Load diff" requests reuse the diffs
-    its first response computed. Pure apart from the memo; raises
-    ValueError if the comparison and its text ever disagree.
-    """
+
+def least_changed(before: bytes, after: bytes) -> int:
+    """A lower bound of the changed lines of any line diff from ``before``
+    to ``after`` (both text): a diff only pairs equal lines, so a line with
+    no equal line left to pair with on the other side is removed or added.
+    At least 1 when the contents differ. Linear, no matching."""
+    if before == after:
+        return 0
+    old, new = _line_counts(before), _line_counts(after)
+    return max(1, old.total() + new.total() - 2 * (old & new).total())
+
+
+def list_file_diffs(
+    old: Sequence[FileEntry], new: Sequence[FileEntry], *, only_path: str | None = None
+) -> list[FileDiff]:
+    """The changed files from ``old`` to ``new`` in ``git diff`` order,
+    without diffing their contents: statuses, paths, modes and binary-ness
+    come from the tree comparison. A file without hunks (same content,
+    binary, or empty on both sides) is counted already, as its diff text has
+    no lines; every other file gets ``least_changed`` and waits for
+    ``count_file_diffs``. With ``only_path``, only the changes at that (old
+    or new) path. Pure; linear in the size of the trees."""
     changes = diff_changes(old, new)
     if only_path is not None:
         changes = [c for c in changes if only_path in (c.old and c.old.path, c.new and c.new.path)]
-    keys = [_change_key(change) for change in changes]
-    parsed: dict[str, Parsed] = dict(memo.get_many(keys)) if memo is not None and keys else {}
-    todo = [(change, key) for change, key in zip(changes, keys, strict=True) if key not in parsed]
-    if todo:
-        fresh = dict(zip((key for _, key in todo), _parse_changes(old, new, [c for c, _ in todo]), strict=True))
-        parsed.update(fresh)
-        if memo is not None:
-            memo.set_many(fresh)
     files: list[FileDiff] = []
     seen: dict[str, int] = {}
-    for change, key in zip(changes, keys, strict=True):
-        hunks, binary, added, removed = parsed[key]
+    for change in changes:
+        old_data = change.old.data if change.old is not None else None
+        new_data = change.new.data if change.new is not None else None
+        before, after = old_data or b"", new_data or b""
+        # The same cases as evolution.trees._format_change, in the same order.
+        binary = old_data != new_data and (is_binary(before) or is_binary(after))
         fd = FileDiff(
             status=change.status,
             old=_side(change.old),
             new=_side(change.new),
             binary=binary,
-            hunks=list(hunks),
-            added=added,
-            removed=removed,
+            hunks=[],
+            added=None,
+            removed=None,
         )
+        if binary or before == after:
+            fd.added = fd.removed = 0
+        else:
+            fd.least_changed = least_changed(before, after)
+            fd.change = change
         anchor = file_anchor(fd.path)
         # A file turned into a symlink is a deletion and an addition at one path.
         seen[anchor] = seen.get(anchor, 0) + 1
@@ -377,26 +429,94 @@ def build_file_diffs(
     return files
 
 
-def plan_collapse(
-    files: Iterable[FileDiff], *, collapse_lines: int = COLLAPSE_LINES, budget: int = PAGE_BUDGET
+def count_file_diffs(
+    files: Iterable[FileDiff], old: Sequence[FileEntry], new: Sequence[FileEntry], *, memo: ParsedMemo | None = None
 ) -> None:
-    """Mark which files the first response leaves collapsed.
+    """Diff every file of ``files`` (from ``list_file_diffs(old, new)``) not
+    counted yet: its hunks, line numbers and +/- counts from unidiff's parse
+    of the git-style text of the same comparison, restricted to those files.
+    With ``memo``, a file whose parse is there (same paths, modes and
+    contents) is not diffed again, and fresh parses are put there: the
+    page's "Load diff" requests reuse the diffs earlier requests computed.
+    Safe to repeat (counted files are skipped); pure apart from the memo and
+    the files; raises ValueError if the comparison and its text disagree."""
+    todo = [(fd, fd.change) for fd in files if fd.change is not None]
+    if not todo:
+        return
+    keys = [_change_key(change) for _, change in todo]
+    parsed: dict[str, Parsed] = dict(memo.get_many(keys)) if memo is not None else {}
+    missing = [(change, key) for (_, change), key in zip(todo, keys, strict=True) if key not in parsed]
+    if missing:
+        fresh = dict(zip((key for _, key in missing), _parse_changes(old, new, [c for c, _ in missing]), strict=True))
+        parsed.update(fresh)
+        if memo is not None:
+            memo.set_many(fresh)
+    for (fd, _), key in zip(todo, keys, strict=True):
+        hunks, binary, added, removed = parsed[key]
+        fd.hunks, fd.binary, fd.added, fd.removed = list(hunks), binary, added, removed
+        fd.change = None
+
+
+def build_file_diffs(
+    old: Sequence[FileEntry],
+    new: Sequence[FileEntry],
+    *,
+    only_path: str | None = None,
+    memo: ParsedMemo | None = None,
+) -> list[FileDiff]:
+    """``list_file_diffs`` with every file diffed by ``count_file_diffs``."""
+    files = list_file_diffs(old, new, only_path=only_path)
+    count_file_diffs(files, old, new, memo=memo)
+    return files
+
+
+def plan_collapse(
+    files: Iterable[FileDiff],
+    *,
+    count: Callable[[FileDiff], None] | None = None,
+    collapse_lines: int = COLLAPSE_LINES,
+    budget: int = PAGE_BUDGET,
+) -> None:
+    """Mark which files the first response leaves collapsed, diffing (with
+    ``count``) only the files it may render, so its work is bounded by the
+    budget, not by the number of files.
 
     A file with more than ``collapse_lines`` changed lines is "large"; a file
     that would take the rendered total past ``budget`` lines is "budget"
     (later, smaller files may still fit). Files without hunks (renames, mode
-    changes, binaries) cost nothing. Safe to repeat.
+    changes, binaries) cost nothing. A file not counted yet is decided by
+    its ``least_changed`` when that suffices; otherwise it is diffed, unless
+    a file was already diffed in vain (diffed, then collapsed): from then on
+    the page counts as full and such files are "budget" without a diff. The
+    outcome does not depend on what ``count`` finds in a memo. Safe to repeat.
     """
     used = 0
+    diffed_in_vain = False
     for fd in files:
         fd.collapsed = None
+        diffed_here = False
+        if not fd.counted:
+            if fd.least_changed > collapse_lines:
+                fd.collapsed = "large"
+                continue
+            if diffed_in_vain or used + fd.least_line_count > budget:
+                fd.collapsed = "budget"
+                continue
+            if count is None:
+                raise ValueError(f"{fd.path}: not counted, and plan_collapse was given no count")
+            count(fd)
+            diffed_here = True
+        changed = fd.changed
+        assert changed is not None  # counted above
         cost = fd.line_count
-        if fd.changed > collapse_lines:
+        if changed > collapse_lines:
             fd.collapsed = "large"
         elif used + cost > budget:
             fd.collapsed = "budget"
         else:
             used += cost
+        if fd.collapsed is not None and diffed_here:
+            diffed_in_vain = True
 
 
 # --- Highlighting ---------------------------------------------------------------

@@ -5,8 +5,9 @@ changed lines each: 20,000 over 50 files by default) become a seed and a
 proposed candidate. Measured through the real views with a signed-in viewer:
 
 - the first response of the candidate diff page (what the page shows first);
-- the full render: that response plus every "Load diff" partial the page's
-  htmx links fetch for the files it left collapsed;
+- the full render: that response, the request for the collapsed files'
+  line counts the page sends once loaded, and every "Load diff" partial
+  the page's htmx links fetch for the files it left collapsed;
 - the floor: pygments highlighting the same old-side and new-side lines of
   every file to HTML, nothing else.
 
@@ -117,6 +118,7 @@ class PageTimes:
     first_bytes: int
     full: Took
     partials: int
+    counts: int  # requests for the collapsed files' counts (0 or 1)
 
 
 @dataclass(frozen=True)
@@ -131,26 +133,38 @@ def diff_size(old: list[FileEntry], new: list[FileEntry]) -> DiffSize:
 
 
 LOAD_RE = re.compile(r'hx-get="([^"]*/diff/file/[^"]*)"')
+COUNTS_RE = re.compile(r'hx-get="([^"]*[?&;]counts=1[^"]*)" hx-trigger="load"')
 
 
 def _measure_page(client: Client, candidate_pk: int) -> PageTimes:
-    """A first visit: the cache is cleared once, then the page and every
-    "Load diff" partial its htmx links fetch, one after the other."""
+    """A first visit: the cache is cleared once, then the page, the counts
+    request it sends once loaded and every "Load diff" partial its htmx
+    links fetch, one after the other."""
     cache.clear()
     url = reverse("review:candidate_diff", args=[candidate_pk])
     with clock() as first:
         response = client.get(url)
     if response.status_code != 200:
         raise RuntimeError(f"GET {url} answered {response.status_code}")
-    loads = sorted(set(LOAD_RE.findall(response.content.decode())))
+    content = response.content.decode()
+    loads = sorted(set(LOAD_RE.findall(content)))
+    counts = sorted(set(COUNTS_RE.findall(content)))
     total = first[0]
+    for link in counts:
+        with clock() as one:
+            answer = client.get(html.unescape(link), headers={"HX-Request": "true"})
+        if answer.status_code != 200 or b'id="diff-totals"' not in answer.content:
+            raise RuntimeError(f"GET {link} answered {answer.status_code} without the totals")
+        total += one[0]
     for link in loads:
         with clock() as one:
             partial = client.get(html.unescape(link), headers={"HX-Request": "true"})
         if partial.status_code != 200 or b"<table" not in partial.content:
             raise RuntimeError(f"GET {link} answered {partial.status_code} without the file's rows")
         total += one[0]
-    return PageTimes(first=first[0], first_bytes=len(response.content), full=total, partials=len(loads))
+    return PageTimes(
+        first=first[0], first_bytes=len(response.content), full=total, partials=len(loads), counts=len(counts)
+    )
 
 
 def _floor_inputs(old: list[FileEntry], new: list[FileEntry]) -> list[tuple[str, str]]:
@@ -222,7 +236,7 @@ def run(
         f"pygments only (floor): {_ms(floor)}",
         f"first response ({size.files - partials} files rendered, {partials} collapsed): {_ms(first)}, "
         f"{bigs[0].first_bytes:,} bytes",
-        f"full render (first response + {partials} file partials): {_ms(full)}",
+        f"full render (first response + {bigs[0].counts} counts request + {partials} file partials): {_ms(full)}",
         f"first response with {small_files} files of the same size: {_ms(first_small)}, "
         f"{smalls[0].first_bytes:,} bytes (growth x{first_growth:.2f} CPU time, x{bytes_growth:.2f} bytes; "
         f"allowed x{FIRST_RESPONSE_GROWTH:g})",

@@ -20,7 +20,7 @@ from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
-from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
+from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from evolution import records, regularization, selectors
@@ -539,19 +539,41 @@ class _ParseMemo:
         cache.set_many(data, DIFF_CACHE_SECONDS)
 
 
-def _diff_files(
-    request: HttpRequest, req: DiffRequest, *, only_path: str | None = None
-) -> tuple[list[diffs.FileDiff], list[LeakageFlag]]:
-    """The files of the diff, collapsed as planned and rendered where not."""
+def _diff_entries(req: DiffRequest) -> tuple[list[FileEntry], list[FileEntry]]:
+    """The two trees of the diff: the base (empty for a seed) and the candidate."""
     old_entries = tree_entries(tree=req.against.tree) if req.against is not None else []
-    new_entries = tree_entries(tree=req.candidate.tree)
-    files = diffs.build_file_diffs(old_entries, new_entries, only_path=only_path, memo=_ParseMemo())
+    return old_entries, tree_entries(tree=req.candidate.tree)
+
+
+def _planned_files(old_entries: list[FileEntry], new_entries: list[FileEntry]) -> list[diffs.FileDiff]:
+    """The files of the whole diff, collapsed as planned: only the files the
+    plan may render are diffed (through the cache), the others wait for the
+    counts request. The same plan on every request for the same trees."""
+    files = diffs.list_file_diffs(old_entries, new_entries)
+    memo = _ParseMemo()
+
+    def count(fd: diffs.FileDiff) -> None:
+        diffs.count_file_diffs([fd], old_entries, new_entries, memo=memo)
+
+    diffs.plan_collapse(files, count=count)
+    return files
+
+
+def _diff_files(
+    request: HttpRequest, req: DiffRequest, *, only_path: str | None = None, count_all: bool = False
+) -> tuple[list[diffs.FileDiff], list[LeakageFlag]]:
+    """The files of the diff, collapsed as planned and rendered where not;
+    with ``count_all``, the collapsed files are counted too."""
+    old_entries, new_entries = _diff_entries(req)
     if only_path is not None:
+        files = diffs.build_file_diffs(old_entries, new_entries, only_path=only_path, memo=_ParseMemo())
         files = [fd for fd in files if only_path in (fd.path, fd.old_path)]
         if not files:
             raise Http404("this file is not part of the diff")
     else:
-        diffs.plan_collapse(files)
+        files = _planned_files(old_entries, new_entries)
+        if count_all:
+            diffs.count_file_diffs(files, old_entries, new_entries, memo=_ParseMemo())
     viewed = set(
         ViewedFile.objects.filter(user=request.user, path__in=[fd.path for fd in files]).values_list(
             "path", "old_digest", "new_digest"
@@ -572,6 +594,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
     query = {"layout": req.layout}
     if req.against is not None and not req.against_is_parent:
         query["against"] = str(req.against.pk)
+    counts_url = reverse("review:candidate_diff", args=[cand.pk]) + "?" + urlencode({**query, "counts": "1"})
     return {
         "candidate": cand,
         "experiment": cand.experiment,
@@ -586,6 +609,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
         "collapse_lines": diffs.COLLAPSE_LINES,
         "page_budget": diffs.PAGE_BUDGET,
         "against_param": query.get("against", ""),
+        "counts_url": counts_url,
         "here": request.get_full_path(),
     }
 
@@ -594,12 +618,26 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
 @access.permission_required()
 def candidate_diff(request: HttpRequest, pk: int) -> HttpResponse:
     """Screen 4: the diff against the parent (or ``?against=``), split or
-    unified (``?layout=``); ``?partial=1`` gives only the diff body."""
+    unified (``?layout=``); ``?partial=1`` gives only the diff body.
+
+    The first response diffs only the files it renders. ``?counts=1`` counts
+    the lines of the collapsed files too: an htmx request (the page sends it
+    once loaded) gets only the counts, swapped into their placeholders; a
+    plain request the whole page with every count."""
     try:
         req = _parse_diff_request(request, pk)
     except BadInput as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
-    files, flags = _diff_files(request, req)
+    counts = bool(request.GET.get("counts"))
+    if counts and request.htmx:
+        old_entries, new_entries = _diff_entries(req)
+        files = _planned_files(old_entries, new_entries)
+        late = [fd for fd in files if not fd.counted]
+        diffs.count_file_diffs(late, old_entries, new_entries, memo=_ParseMemo())
+        context = _diff_context(request, req, files, [])
+        context["late"] = late
+        return render(request, "review/candidates/diff.html#diff-counts", context)
+    files, flags = _diff_files(request, req, count_all=counts)
     context = _diff_context(request, req, files, flags)
     if request.GET.get("partial"):
         return render(request, "review/candidates/diff.html#diff-body", context)
@@ -621,8 +659,9 @@ def diff_file(request: HttpRequest, pk: int) -> HttpResponse:
     files, flags = _diff_files(request, req, only_path=wanted)
     context = _diff_context(request, req, files, flags)
     if request.htmx:
+        # The file's body, and its counts wherever the page still waits for them.
         context["f"] = files[0]
-        return render(request, "review/candidates/diff.html#file-body", context)
+        return render(request, "review/candidates/diff.html#file-load", context)
     context["single"] = True
     context["choices"] = _candidate_choices(req.candidate)
     return render(request, "review/candidates/diff.html", context)

@@ -43,7 +43,7 @@ def test_diff_benchmark_renders_every_file_and_bounds_the_first_response() -> No
     assert "diff: 8 files, 3,200 changed lines" in text
     # The page budget (2,000 lines) holds three of these files; the other five are fetched one by one.
     assert "first response (3 files rendered, 5 collapsed)" in text
-    assert "full render (first response + 5 file partials)" in text
+    assert "full render (first response + 1 counts request + 5 file partials)" in text
     assert result.checks["first_response_bytes_bounded"] is True
     assert set(result.checks) == {"first_response_time_bounded", "first_response_bytes_bounded"}
 

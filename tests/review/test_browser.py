@@ -31,8 +31,10 @@ from evolution.models import (
     Run,
     Trial,
 )
+from review import diffs
 from review.models import ViewedFile
 from tests.conftest import REPO_ROOT
+from tests.review.test_candidates import child
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -239,5 +241,43 @@ def test_the_main_journey_through_the_review_application(
     assert rounds_bar.get_attribute("value") == rounds_bar.get_attribute("max") == "1"
     journey.shot("15-run-finished")
 
+    assert journey.errors == []
+    context.close()
+
+
+def test_a_large_diff_fills_in_the_counts_of_its_collapsed_files(
+    browser: Any, live_server: Any, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("viewer", username="vera")
+    seed = example_world.seed_candidate
+    # Eight files of 150 changed pairs (301 diff lines): six fit the 2,000-line budget.
+    old = {f"big/f{n}.txt": "".join(f"old {n} {i}\n" for i in range(150)) for n in range(8)}
+    parent = child(seed, old, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    cand = child(parent, {path: text.replace("old", "new") for path, text in old.items()})
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    journey = Journey(context.new_page(), live_server.url)
+    page = journey.page
+    page.goto(live_server.url + "/")
+    page.fill("#id_username", "vera")
+    page.fill("#id_password", "pw-vera")
+    page.click("button[type=submit]")
+    page.wait_for_url(live_server.url + "/")
+
+    journey.go(reverse("review:candidate_diff", args=[cand.pk]))
+    # The page asks for the collapsed files' counts once loaded, and shows them in place.
+    page.wait_for_selector("#diff-totals:not([hx-get])")
+    assert page.locator("#diff-totals").inner_text().replace("\n", "") == "+1200−1200"
+    assert page.locator(".pending").count() == 0
+    assert page.locator("table.diff").count() == 6
+    last = page.locator(f"#{diffs.file_anchor('big/f7.txt')}")
+    assert "300 changed lines hidden" in last.inner_text()
+    assert last.locator(".diff-file-head .plus").inner_text() == "+150"
+    journey.shot("16-large-diff")
+
+    # "Load diff" swaps in the file's rows; its counts stay.
+    last.locator("a:has-text('Load diff')").click()
+    last.locator("table.diff").wait_for()
+    assert last.locator("td.code.add").count() == 150 and last.locator("td.code.del").count() == 150
+    assert last.locator(".diff-file-head .plus").inner_text() == "+150"
     assert journey.errors == []
     context.close()

@@ -254,7 +254,9 @@ def test_diff_against_the_parent_shows_files_counts_statuses_and_line_numbers(ex
     assert '<tr class="add"><td class="no"></td><td class="no">1</td>' in html
     assert '<span class="k">def</span>' in html and "layout-unified" in html
     removed_lines = first.data.decode().count("\n")
-    assert f'<td class="num minus">−{removed_lines}</td>' in html
+    anchor = diffs.file_anchor(first.path)
+    assert f'<td class="num minus"><span id="{anchor}-list-removed">−{removed_lines}</span></td>' in html
+    assert 'hx-trigger="load"' not in html  # every file rendered: nothing left to count
     # The deleted file's raw link points at the side that still has it.
     assert reverse("review:candidate_raw", args=[seed.pk, first.path]) in html
 
@@ -403,18 +405,72 @@ def test_a_20000_line_diff_renders_only_its_budget_and_says_what_is_hidden(examp
     assert 0 < rows <= diffs.PAGE_BUDGET
     assert len(response.content) < 1_500_000
     assert "51 files changed" in html
-    assert "+10617" in html and "−10617" in html
+    # The collapsed files are not diffed: their counts, and the totals, come from a request the page sends.
+    assert "+10617" not in html and "counting the lines of 47 collapsed files" in html
+    counts_url = reverse("review:candidate_diff", args=[cand.pk]) + "?layout=unified&amp;counts=1"
+    assert f'id="diff-totals" hx-get="{counts_url}" hx-trigger="load" hx-swap="outerHTML"' in html
 
     # 4 files of 401 lines fit the 2,000-line budget; the other 46 wait, and the huge one is too large.
     budget_hidden = html.count("the page already shows its budget of 2000 lines")
     assert budget_hidden == 46
-    assert "1,234 changed lines hidden" in html and "this file changes more than 400 lines" in html
-    assert html.count("400 changed lines hidden") == 46
+    assert "this file changes more than 400 lines" in html
+    assert html.count("<strong>Changed lines hidden</strong>") == 47
     assert html.count(">Load diff</a>") == 47
     assert html.count('hx-get="/candidates/') >= 47
     huge = diffs.file_anchor("big/huge.txt")
     assert f'hx-target="#{huge}-body"' in html
     assert reverse("review:candidate_raw", args=[cand.pk, "big/huge.txt"]) in html
+
+
+def test_the_first_response_diffs_only_the_files_it_renders(example_world, client_as, monkeypatch, settings) -> None:
+    # A cache of its own: parses memoized by other tests would hide the diffing.
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "first"}}
+    cand = _big_pair(example_world)
+    diffed: list[str] = []
+    parse = diffs._parse_changes
+
+    def counting_parse(old, new, wanted):
+        diffed.extend(change.path for change in wanted)
+        return parse(old, new, wanted)
+
+    monkeypatch.setattr(diffs, "_parse_changes", counting_parse)
+    html = page(client_as("viewer").get(reverse("review:candidate_diff", args=[cand.pk])))
+    # f00-f03 fill the budget; f04 cannot fit (at least 401 lines) and the huge file is large, both known undiffed.
+    assert diffed == [f"big/f{n:02d}.txt" for n in range(4)]
+    assert html.count(">Load diff</a>") == 47
+
+
+def test_the_counts_request_fills_every_placeholder_with_the_exact_counts(example_world, client_as) -> None:
+    cand = _big_pair(example_world)
+    client = client_as("viewer")
+    first = page(client.get(reverse("review:candidate_diff", args=[cand.pk])))
+    url = reverse("review:candidate_diff", args=[cand.pk]) + "?counts=1"
+    html = page(client.get(url, **HTMX))
+    assert html.lstrip().startswith('<span class="counts" id="diff-totals"><span class="plus">+10617</span>')
+    assert "−10617" in html and "hx-get" not in html and "<html" not in html
+    assert html.count('hx-swap-oob="true"') == 47 * 4
+    huge = diffs.file_anchor("big/huge.txt")
+    for anchor, added in [(huge, 617)] + [(diffs.file_anchor(f"big/f{n:02d}.txt"), 200) for n in range(4, 50)]:
+        assert f'id="{anchor}-list-added"' in first  # each swap has its placeholder on the page
+        assert f'<span id="{anchor}-list-added" hx-swap-oob="true">+{added}</span>' in html
+        assert f'<span id="{anchor}-list-removed" hx-swap-oob="true">−{added}</span>' in html
+        counts = f'<span class="plus">+{added}</span><span class="minus">−{added}</span>'
+        assert f'<span class="counts" id="{anchor}-counts" hx-swap-oob="true">{counts}</span>' in html
+        assert (
+            f'<span id="{anchor}-hidden" hx-swap-oob="true"><strong>{added * 2:,} changed lines hidden</strong>' in html
+        )
+    rendered = diffs.file_anchor("big/f00.txt")
+    assert f"{rendered}-" not in html  # counted on the first response already
+
+    # The counts equal what the loaded file shows, row by row.
+    loaded = page(client.get(reverse("review:diff_file", args=[cand.pk]) + "?path=big/huge.txt&layout=unified", **HTMX))
+    assert len(re.findall(r'<tr class="add">', loaded)) == 617 and len(re.findall(r'<tr class="del">', loaded)) == 617
+    assert f'<span class="counts" id="{huge}-counts" hx-swap-oob="true">' in loaded
+
+    # Without htmx, the same URL is the whole page with every count.
+    full = page(client.get(url))
+    assert "+10617" in full and "−10617" in full and 'hx-trigger="load"' not in full
+    assert "1,234 changed lines hidden" in full and full.count("400 changed lines hidden") == 46
 
 
 def test_diff_file_loads_one_collapsed_file_in_full(example_world, client_as) -> None:

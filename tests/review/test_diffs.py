@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from evolution import digests
 from evolution.trees import FileEntry
 from review import diffs
@@ -266,3 +268,117 @@ def test_plan_collapse_budget() -> None:
     assert rendered <= 500
     assert files[2].changed_display == "200"
     assert _file(700).changed_display == "1,400"
+
+
+def test_listing_without_diffing_agrees_with_the_diff_on_every_kind_of_change() -> None:
+    old = [
+        entry("keep.txt", "a\nb\n"),
+        entry("gone.md", "bye\n"),
+        entry("dir/old name.txt", "same\n"),
+        entry("run.sh", "echo\n"),
+        entry("img.bin", b"\0\1\2"),
+        entry("latin.txt", "caf\xe9\n".encode("latin-1")),
+        entry("empty.txt", ""),
+        entry("link", "target", "120000"),
+        entry("moved.txt", "x\ny\nz\n"),
+    ]
+    new = [
+        entry("keep.txt", "a\nc\nd\n"),
+        entry("new.json", '{"a": 1}\n'),
+        entry("dir/new name.txt", "same\n"),
+        entry("run.sh", "echo\n", "100755"),
+        entry("img.bin", b"\0\1\3"),
+        entry("latin.txt", b"cafe\n"),
+        entry("blank.txt", ""),
+        entry("link", "target\n"),
+        entry("moved.txt", "z\nx\ny"),
+    ]
+    listed = diffs.list_file_diffs(old, new)
+    built = diffs.build_file_diffs(old, new)
+    assert [(f.path, f.status, f.binary, f.anchor) for f in listed] == [
+        (f.path, f.status, f.binary, f.anchor) for f in built
+    ]
+    for fd, exact in zip(listed, built, strict=True):
+        if fd.counted:  # known without a diff: it has no hunks
+            assert (fd.added, fd.removed, exact.hunks) == (0, 0, []), fd.path
+        else:
+            assert exact.hunks and 1 <= fd.least_changed <= exact.changed, fd.path
+    uncounted = {fd.path for fd in listed if not fd.counted}
+    assert uncounted == {"keep.txt", "gone.md", "new.json", "link", "moved.txt"}
+    diffs.count_file_diffs(listed, old, new)
+    assert [(f.added, f.removed, f.hunks) for f in listed] == [(f.added, f.removed, f.hunks) for f in built]
+
+
+def test_least_changed_is_a_lower_bound_that_counts_unpaired_lines() -> None:
+    assert diffs.least_changed(b"a\nb\n", b"a\nb\n") == 0
+    assert diffs.least_changed(b"a\nb\n", b"b\na\n") == 1  # a permutation: some change, none unpaired
+    assert diffs.least_changed(b"a\nb\nc\n", b"a\nB\nc\nd\n") == 3  # b removed, B and d added
+    assert diffs.least_changed(b"a\nb\n", b"a\nb") == 2  # the last line lost its newline
+    old, new = "".join(f"old {i}\n" for i in range(300)), "".join(f"new {i}\n" for i in range(300))
+    assert diffs.least_changed(old.encode(), new.encode()) == 600
+
+
+def _stubs(*pairs: int) -> tuple[list[diffs.FileDiff], list[FileEntry], list[FileEntry]]:
+    """Files of ``pairs[n]`` lines, every line changed; a negative number
+    gives a file of 20 lines with one change in the middle (9 diff lines,
+    of which only 2 are changed)."""
+    old: list[FileEntry] = []
+    new: list[FileEntry] = []
+    for n, p in enumerate(pairs):
+        if p < 0:
+            lines = [f"line {i}\n" for i in range(20)]
+            old.append(entry(f"f{n}.txt", "".join(lines)))
+            new.append(entry(f"f{n}.txt", "".join(lines[:10] + ["changed\n"] + lines[11:])))
+        else:
+            old.append(entry(f"f{n}.txt", "".join(f"old {i}\n" for i in range(p))))
+            new.append(entry(f"f{n}.txt", "".join(f"new {i}\n" for i in range(p))))
+    return diffs.list_file_diffs(old, new), old, new
+
+
+def test_plan_collapse_diffs_only_the_files_it_may_render() -> None:
+    files, old, new = _stubs(10, 300, 150, 2, 100, 1)
+    diffed: list[str] = []
+
+    def count(fd: diffs.FileDiff) -> None:
+        diffed.append(fd.path)
+        diffs.count_file_diffs([fd], old, new)
+
+    diffs.plan_collapse(files, count=count, collapse_lines=400, budget=325)
+    # f1 has 600 unpaired lines: large. f3 (at least 5 lines) and f4 (201) cannot fit in the 3 lines
+    # left after f0 and f2 (21 + 301): neither is diffed. f5 (3 lines) still fits.
+    assert diffed == ["f0.txt", "f2.txt", "f5.txt"]
+    assert [f.collapsed for f in files] == [None, "large", None, "budget", "budget", None]
+    assert [f.counted for f in files] == [True, False, True, False, False, True]
+    assert sum(f.line_count for f in files if f.collapsed is None) == 325
+    with pytest.raises(ValueError, match="no count"):
+        diffs.plan_collapse(_stubs(1)[0])
+
+
+def test_plan_collapse_stops_diffing_after_a_file_diffed_in_vain() -> None:
+    files, old, new = _stubs(10, 150, -1, 1)
+    diffed: list[str] = []
+
+    def count(fd: diffs.FileDiff) -> None:
+        diffed.append(fd.path)
+        diffs.count_file_diffs([fd], old, new)
+
+    diffs.plan_collapse(files, count=count, collapse_lines=400, budget=327)
+    # f2 may fit (at least 3 lines) but takes 9: diffed in vain, so the page counts as full and
+    # f3 (3 lines) waits undiffed, though it would have fit.
+    assert diffed == ["f0.txt", "f1.txt", "f2.txt"]
+    assert [f.collapsed for f in files] == [None, None, "budget", "budget"]
+    assert (files[2].line_count, files[2].changed, files[3].counted) == (9, 2, False)
+
+
+def test_plan_collapse_of_a_diff_of_many_files_diffs_a_bounded_number() -> None:
+    files, old, new = _stubs(*([100] * 200))
+    diffed: list[str] = []
+
+    def count(fd: diffs.FileDiff) -> None:
+        diffed.append(fd.path)
+        diffs.count_file_diffs([fd], old, new)
+
+    diffs.plan_collapse(files, count=count, collapse_lines=400, budget=500)
+    # Two files of 201 lines fit; the third is at least 201 lines: none is diffed after them.
+    assert diffed == ["f0.txt", "f1.txt"]
+    assert [f.collapsed for f in files[:3]] == [None, None, "budget"] and files[-1].collapsed == "budget"
