@@ -50,7 +50,10 @@ from evolution.trust import BENCHMARKS, TrialContext, TrustFailure
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Short leases and a fast reaper so a killed worker's work is sent again in
 # seconds; they only shorten the waits, every recovery path is the product's.
-LEASE_SECONDS = 3
+# Not shorter: a live worker starved of CPU for longer than its lease (seen
+# with 3 s at a load average of 11 on two cores) looks dead, and its trials
+# are taken over until they end as "gave up after 3 attempts".
+LEASE_SECONDS = 8
 REAPER_INTERVAL = 1
 # Splits and sizes of the suite's runs: small enough for seconds per run.
 EVAL_SPLITS = {"example": ["train", "gate"], "harbor": ["train", "gate"]}
