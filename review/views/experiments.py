@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from django import forms
@@ -377,6 +377,16 @@ def _score_chart(rows: list[RoundRow], run: Run) -> str:
     return charts.score_chart(data, delta=run.noise_delta, total_rounds=run.rounds)
 
 
+class _Measured(NamedTuple):
+    """A measured candidate as the cost chart's sample sees it (charts.Plotted)."""
+
+    candidate_id: int
+    cost: float
+    score: float
+    category: str
+    label: bool
+
+
 def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tuple[str, int, int]:
     """The cost chart of ``run``'s candidates and the seed; with the number
     of points drawn and measured (beyond COST_CHART_POINTS a sample is drawn:
@@ -384,28 +394,43 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     shown = Candidate.objects.filter(
         Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
     )
-    scores = _candidate_scores(experiment, recipe, shown.values("pk"))
-    href = url_maker("review:candidate")
+    evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
+    measured = selectors.measured_candidates(
+        experiment_id=experiment.pk,
+        splits=evolve,
+        purposes=MEASURED_PURPOSES,
+        mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
+        candidate_ids=shown.values("pk"),
+    )
+    # Thinned as light tuples, drawn as CostPoints with their links and
+    # tooltips: thousands are measured, COST_CHART_POINTS or so are drawn.
     points = []
-    for candidate in shown.values("pk", "state", "origin", "round").order_by("pk"):
-        measured = scores.get(candidate["pk"])
-        if measured is None or measured[1] is None:
+    for candidate in measured:
+        if candidate.tokens is None:
             continue
-        category = lineage_layout.category(state=candidate["state"], origin=candidate["origin"])
-        is_seed = candidate["origin"] == Candidate.Origin.SEED
+        category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
         points.append(
-            charts.CostPoint(
-                candidate_id=candidate["pk"],
-                cost=float(measured[1]),
-                score=measured[0],
-                category=category,
-                name="seed" if is_seed else f"#{candidate['pk']}",
-                href=href(candidate["pk"]),
-                label=category in {"seed", "accepted"},
-                detail=f"{candidate['state']}, round {candidate['round']}",
+            _Measured(
+                candidate.pk, float(candidate.tokens), candidate.score, category, category in {"seed", "accepted"}
             )
         )
-    drawn = charts.thin_cost_points(points, COST_CHART_POINTS)
+    href = url_maker("review:candidate")
+    facts = {candidate.pk: candidate for candidate in measured}
+    drawn = []
+    for point in charts.thin_cost_points(points, COST_CHART_POINTS):
+        candidate = facts[point.candidate_id]
+        drawn.append(
+            charts.CostPoint(
+                candidate_id=point.candidate_id,
+                cost=point.cost,
+                score=point.score,
+                category=point.category,
+                name="seed" if candidate.origin == Candidate.Origin.SEED else f"#{point.candidate_id}",
+                href=href(point.candidate_id),
+                label=point.label,
+                detail=f"{candidate.state}, round {candidate.round}",
+            )
+        )
     return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), len(points)
 
 
