@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
+from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Cast, Coalesce
 
 from evolution import metrics
 from evolution.models import (
@@ -67,6 +69,88 @@ def run_trial_counts(*, run_ids: list[int]) -> dict[int, dict[str, int]]:
     return counts
 
 
+def _score_totals(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    candidate_ids: QuerySet[Any] | None,
+    fields: tuple[str, ...],
+) -> dict[tuple[Any, ...], list[float]]:
+    """Per candidate (keyed by its id and its ``fields``): trials, passed,
+    score sum, tokens sum and trials reporting tokens over its certified
+    ``purposes`` evaluations on ``splits``. Two queries: the totals stored at
+    certification, and the trials of any certified evaluation stored without
+    them (e.g. imported ones; none in the usual case)."""
+    certified = Evaluation.objects.filter(
+        experiment_id=experiment_id, state=Evaluation.State.CERTIFIED, purpose__in=purposes
+    )
+    if candidate_ids is not None:
+        certified = certified.filter(candidate_id__in=candidate_ids)
+    key = ("candidate_id", *(f"candidate__{name}" for name in fields))
+    stored = (
+        EvaluationSplitStats.objects.filter(evaluation__in=certified.values("pk"), split__in=splits)
+        .values_list(*key)
+        .annotate(
+            n=Sum("trials"),
+            passed=Sum("passed"),
+            score_sum=Sum("score_sum"),
+            # SUM of a bigint is a numeric on PostgreSQL: cast back, so the
+            # driver gives a plain int (see _plain_rows).
+            tokens_total=Cast(Sum("tokens_sum"), BigIntegerField()),
+            tokens_n=Sum("tokens_count"),
+        )
+        .order_by()
+    )
+    unstored = (
+        Trial.objects.filter(
+            evaluation__in=certified.filter(
+                ~Exists(EvaluationSplitStats.objects.filter(evaluation=OuterRef("pk")))
+            ).values("pk"),
+            split__in=splits,
+        )
+        .values_list(*key)
+        .annotate(
+            n=Count("pk"),
+            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
+            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR)),
+            tokens_total=Cast(Sum("tokens"), BigIntegerField()),
+            tokens_n=Count("tokens"),
+        )
+        .order_by()
+    )
+    width = len(key)
+    # One row per candidate among the stored totals (grouped by it, every
+    # column NOT NULL); an evaluation without them adds its trials' totals.
+    totals = {row[:width]: list(row[width:]) for row in _plain_rows(stored)}
+    for row in _plain_rows(unstored):
+        parts = totals.setdefault(row[:width], [0, 0, 0.0, 0, 0])
+        for i, value in enumerate(row[width:]):
+            parts[i] += value or 0
+    return totals
+
+
+def _plain_rows(queryset: QuerySet[Any]) -> list[tuple[Any, ...]]:
+    """The rows of a ``values_list`` queryset as the driver returns them.
+    For columns the driver already returns as Python ints, floats and
+    strings: Django's per-value converters (a Python call for each value of
+    thousands of rows) are skipped."""
+    try:
+        sql, params = queryset.query.sql_with_params()
+    except EmptyResultSet:  # e.g. an empty list of splits: Django runs no query either
+        return []
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _score_of(parts: list[float], *, mean_score: bool) -> tuple[float, float | None] | None:
+    n, passed, score_sum, tokens, tokens_n = parts
+    if not n:
+        return None
+    return (score_sum if mean_score else passed) / n, tokens / tokens_n if tokens_n else None
+
+
 def candidate_scores(
     *,
     experiment_id: int,
@@ -79,48 +163,51 @@ def candidate_scores(
     trial of each candidate over its certified ``purposes`` evaluations on
     ``splits``, as the gate computes them; optionally only the candidates of
     ``candidate_ids`` (a values("pk") queryset). Read from the per-split
-    totals stored at certification (two queries: the second counts the
-    trials of any certified evaluation stored without totals, e.g. imported
-    ones, and finds none in the usual case)."""
-    certified = Evaluation.objects.filter(
-        experiment_id=experiment_id, state=Evaluation.State.CERTIFIED, purpose__in=purposes
+    totals stored at certification (two queries, see ``_score_totals``)."""
+    totals = _score_totals(
+        experiment_id=experiment_id, splits=splits, purposes=purposes, candidate_ids=candidate_ids, fields=()
     )
-    if candidate_ids is not None:
-        certified = certified.filter(candidate_id__in=candidate_ids)
-    totals: dict[int, list[float]] = {}
-    stored = (
-        EvaluationSplitStats.objects.filter(evaluation__in=certified.values("pk"), split__in=splits)
-        .values("candidate_id")
-        .annotate(
-            n=Sum("trials"),
-            passed=Sum("passed"),
-            score_sum=Sum("score_sum"),
-            tokens_total=Sum("tokens_sum"),
-            tokens_n=Sum("tokens_count"),
-        )
-        .order_by()
-    )
-    unstored = (
-        Trial.objects.filter(evaluation__in=certified.filter(split_stats__isnull=True).values("pk"), split__in=splits)
-        .values("candidate_id")
-        .annotate(
-            n=Count("pk"),
-            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
-            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR)),
-            tokens_total=Sum("tokens"),
-            tokens_n=Count("tokens"),
-        )
-        .order_by()
-    )
-    for row in [*stored, *unstored]:
-        parts = totals.setdefault(row["candidate_id"], [0, 0, 0.0, 0, 0])
-        for i, key in enumerate(("n", "passed", "score_sum", "tokens_total", "tokens_n")):
-            parts[i] += row[key] or 0
     result = {}
-    for candidate_id, (n, passed, score_sum, tokens, tn) in totals.items():
-        if n:
-            result[candidate_id] = ((score_sum if mean_score else passed) / n, tokens / tn if tn else None)
+    for (candidate_id,), parts in totals.items():
+        score = _score_of(parts, mean_score=mean_score)
+        if score is not None:
+            result[candidate_id] = score
     return result
+
+
+class MeasuredCandidate(NamedTuple):
+    pk: int
+    state: str
+    origin: str
+    round: int | None
+    score: float
+    tokens: float | None  # mean policy tokens per trial; None when no trial reported tokens
+
+
+def measured_candidates(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    mean_score: bool,
+    candidate_ids: QuerySet[Any] | None = None,
+) -> list[MeasuredCandidate]:
+    """``candidate_scores`` with each candidate's state, origin and round, by
+    candidate id, in the same two queries (for charts of every measured
+    candidate, where a second pass over the candidates costs as much again)."""
+    totals = _score_totals(
+        experiment_id=experiment_id,
+        splits=splits,
+        purposes=purposes,
+        candidate_ids=candidate_ids,
+        fields=("state", "origin", "round"),
+    )
+    found = []
+    for key, (n, passed, score_sum, tokens, tokens_n) in sorted(totals.items(), key=lambda item: item[0][0]):
+        if n:  # as _score_of, inline: this runs for every measured candidate
+            score = (score_sum if mean_score else passed) / n
+            found.append(MeasuredCandidate(*key, score, tokens / tokens_n if tokens_n else None))
+    return found
 
 
 def _trial_record(

@@ -58,16 +58,19 @@ class Benchmark:
     run: Callable[..., BenchResult]
     # Keyword arguments ``--quick`` passes (small sizes for a smoke run).
     quick: dict[str, object] = field(default_factory=dict)
+    # Takes ``keep`` / ``reuse`` (the command's --keep-data / --reuse-data):
+    # its generated database can be kept and measured again.
+    reusable: bool = False
 
 
 REGISTRY: dict[str, Benchmark] = {}
 
 
-def benchmark(name: str, title: str, *, quick: dict[str, object] | None = None) -> Callable:
+def benchmark(name: str, title: str, *, quick: dict[str, object] | None = None, reusable: bool = False) -> Callable:
     """Register ``function(**sizes) -> BenchResult`` under ``name``."""
 
     def register(function: Callable[..., BenchResult]) -> Callable[..., BenchResult]:
-        REGISTRY[name] = Benchmark(name=name, title=title, run=function, quick=dict(quick or {}))
+        REGISTRY[name] = Benchmark(name=name, title=title, run=function, quick=dict(quick or {}), reusable=reusable)
         return function
 
     return register

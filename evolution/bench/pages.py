@@ -20,6 +20,7 @@ candidates) and must be the same on the large one.
 from __future__ import annotations
 
 import statistics
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from django.contrib.auth.models import Group, User
@@ -31,7 +32,7 @@ from django.utils import timezone
 
 from evolution import digests
 from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.scratch import bench_experiment, maybe_scratch, served_hosts
+from evolution.bench.scratch import bench_experiment, scratch_database, served_hosts
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -386,10 +387,44 @@ def _raw(sql: str, params: list[object]) -> None:
         cursor.fetchall()
 
 
+def _signed_in_admin(*, create: bool) -> tuple[User, Client]:
+    if create:
+        roles_ensure()
+        admin = User.objects.create_user(username="bench-pages-admin", password=None)
+        admin.groups.add(Group.objects.get(name="admin"))
+    else:
+        admin = User.objects.get(username="bench-pages-admin")
+    client = Client()
+    client.force_login(admin)
+    return admin, client
+
+
+def _small_counts(*, k: int, tasks: int) -> dict[str, int]:
+    """The query count of each page on the small world (a few candidates),
+    built in the current database."""
+    admin, client = _signed_in_admin(create=True)
+    world = _world(name="bench-pages", tasks=tasks)
+    with transaction.atomic():
+        grow(world, candidates=40, k=k, annotations=10, steps=150, author=admin)
+    return _query_counts(client, _screens(world))
+
+
+def _found_world() -> World:
+    """The large world a kept run generated."""
+    experiment = Experiment.objects.get(name="bench-pages")
+    longest = Trajectory.objects.filter(trial__candidate__experiment=experiment).order_by("-step_count", "-pk").first()
+    return World(
+        experiment=experiment,
+        run=Run.objects.filter(experiment=experiment).order_by("pk").first(),
+        trial_pk=longest.trial_id,
+    )
+
+
 @benchmark(
     "pages",
     "review screens with 10,000 candidates and 1,000,000 trials (PostgreSQL)",
     quick={"candidates": 300, "tasks": 20, "k": 2, "annotations": 100, "steps": 500, "repeat": 3},
+    reusable=True,
 )
 def run(
     *,
@@ -400,37 +435,59 @@ def run(
     steps: int = 10_000,
     repeat: int = 7,
     scratch: bool = True,
+    keep: bool = False,
+    reuse: str = "",
 ) -> BenchResult:
+    """``keep``: leave the generated database in place and print its name;
+    ``reuse``: measure in such a database instead of generating one (the
+    current migrations are applied to it first; the small world's query
+    counts are then taken in a fresh throwaway database, as a normal run
+    takes them before growing). Sizes are those of the reused data."""
     lines: list[str] = []
-    with maybe_scratch(scratch), served_hosts():
+    with ExitStack() as stack:
+        stack.enter_context(served_hosts())
+        if reuse:
+            with scratch_database():
+                small = _small_counts(k=k, tasks=tasks)
+        database = stack.enter_context(scratch_database(keep=keep, reuse=reuse)) if scratch or reuse else ""
         vendor = connection.vendor
         if vendor != "postgresql":
             lines.append(f"database is {vendor}: the target is defined on PostgreSQL (sizes run as given)")
-        roles_ensure()
-        admin = User.objects.create_user(username="bench-pages-admin", password=None)
-        admin.groups.add(Group.objects.get(name="admin"))
-        client = Client()
-        client.force_login(admin)
-        world = _world(name="bench-pages", tasks=tasks)
-        with transaction.atomic():
-            grow(world, candidates=40, k=k, annotations=10, steps=150, author=admin)
-        small = _query_counts(client, _screens(world))
-        with stopwatch() as generating:
-            with transaction.atomic():
-                grow(world, candidates=candidates - 40, k=k, annotations=annotations - 10, steps=steps, author=admin)
+        if reuse:
+            admin, client = _signed_in_admin(create=False)
+            world = _found_world()
             if vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute("ANALYZE")
+                    cursor.execute("ANALYZE")  # new migrations may have added indexes or rows
+        else:
+            small = _small_counts(k=k, tasks=tasks)
+            admin, client = _signed_in_admin(create=False)
+            world = _found_world()
+            with stopwatch() as generating:
+                with transaction.atomic():
+                    grow(
+                        world, candidates=candidates - 40, k=k, annotations=annotations - 10, steps=steps, author=admin
+                    )
+                if vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute("ANALYZE")
         screens = _screens(world)
         large = _query_counts(client, screens)
         total_candidates = Candidate.objects.filter(experiment=world.experiment).count()
         total_trials = Trial.objects.filter(candidate__experiment=world.experiment).count()
 
         total_annotations = Annotation.objects.count()
-        lines.append(
-            f"generated {total_candidates:,} candidates, {total_trials:,} trials, {total_annotations:,} annotations "
-            f"and a {steps:,}-step trajectory in {generating[0]:.1f} s"
+        step_count = Trajectory.objects.get(trial_id=world.trial_pk).step_count
+        rows = (
+            f"{total_candidates:,} candidates, {total_trials:,} trials, {total_annotations:,} annotations "
+            f"and a {step_count:,}-step trajectory"
         )
+        if reuse:
+            lines.append(f"reused database {reuse} (generated by an earlier run, migrated now): {rows}")
+        else:
+            lines.append(f"generated {rows} in {generating[0]:.1f} s")
+        if keep:
+            lines.append(f"kept database {database}: --reuse-data {database} measures it again (drop it when done)")
         raw = _raw_sql(world)
         worst = 0.0
         for name, url in screens.items():
@@ -443,7 +500,7 @@ def run(
                 f"queries {small[name]} small / {large[name]} large"
             )
     checks = {f"queries constant: {name}": small[name] == large[name] for name in small}
-    if vendor != "postgresql" and candidates >= 10_000:  # not a --quick smoke run
+    if vendor != "postgresql" and total_candidates > 10_000:  # not a --quick smoke run
         checks["postgresql"] = False
     lines.append(f"median of {repeat} requests each; target < {TARGET_MS:g} ms per page")
     return BenchResult(

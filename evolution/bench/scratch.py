@@ -37,28 +37,46 @@ components: {"**": prompt}
 
 
 @contextmanager
-def scratch_database() -> Iterator[str]:
+def scratch_database(*, keep: bool = False, reuse: str = "") -> Iterator[str]:
     """Create an empty, migrated database with a unique name, point the
     default connection at it, and drop it on the way out (also on error).
-    Yields the vendor ("postgresql" or "sqlite")."""
+    Yields the database's name.
+
+    ``keep``: leave it in place on the way out (its name is yielded so the
+    caller can say so). ``reuse``: the name of a database a kept run left,
+    migrated to the current code and left in place; an error when it does
+    not exist (no empty database is made in its stead)."""
     test_settings = connection.settings_dict.setdefault("TEST", {})
     saved_test_name = test_settings.get("NAME")
     old_name = connection.settings_dict["NAME"]
     unique = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    if connection.vendor == "sqlite":
+    if reuse:
+        if not _database_exists(reuse):
+            raise RuntimeError(f"no database {reuse!r} to reuse (a run with --keep-data prints the name it kept)")
+        test_settings["NAME"] = reuse
+    elif connection.vendor == "sqlite":
         test_settings["NAME"] = os.path.join(tempfile.gettempdir(), f"rsiweb_bench_{unique}.sqlite3")
     else:
         test_settings["NAME"] = f"rsiweb_bench_{unique}"
+    keepdb = bool(reuse)  # an existing database is migrated, not recreated
     try:
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=False)
+        name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=keepdb)
         try:
-            yield connection.vendor
+            yield name
         finally:
-            connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
+            connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=keep or keepdb)
     finally:
         test_settings["NAME"] = saved_test_name
         if saved_test_name is None:
             test_settings.pop("NAME", None)
+
+
+def _database_exists(name: str) -> bool:
+    if connection.vendor == "sqlite":
+        return os.path.exists(name)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        return cursor.fetchone() is not None
 
 
 @contextmanager

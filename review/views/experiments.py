@@ -8,9 +8,10 @@ Reads gather plain numbers in a fixed number of queries (aggregates and
 
 from __future__ import annotations
 
+import html
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from django import forms
@@ -21,6 +22,7 @@ from django.db.models.functions import Left
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from evolution import operators, selectors
@@ -41,6 +43,7 @@ from evolution.services import loop
 from review import access, charts
 from review import lineage as lineage_layout
 
+_escape = html.escape  # django.utils.html.escape without its lazy-string wrapper
 # A run that may still change on its own: the progress section polls while one is shown.
 MOVING = (Run.Status.PENDING, Run.Status.RUNNING)
 UNFINISHED = (Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED)
@@ -377,6 +380,16 @@ def _score_chart(rows: list[RoundRow], run: Run) -> str:
     return charts.score_chart(data, delta=run.noise_delta, total_rounds=run.rounds)
 
 
+class _Measured(NamedTuple):
+    """A measured candidate as the cost chart's sample sees it (charts.Plotted)."""
+
+    candidate_id: int
+    cost: float
+    score: float
+    category: str
+    label: bool
+
+
 def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tuple[str, int, int]:
     """The cost chart of ``run``'s candidates and the seed; with the number
     of points drawn and measured (beyond COST_CHART_POINTS a sample is drawn:
@@ -384,28 +397,43 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     shown = Candidate.objects.filter(
         Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
     )
-    scores = _candidate_scores(experiment, recipe, shown.values("pk"))
-    href = url_maker("review:candidate")
+    evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
+    measured = selectors.measured_candidates(
+        experiment_id=experiment.pk,
+        splits=evolve,
+        purposes=MEASURED_PURPOSES,
+        mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
+        candidate_ids=shown.values("pk"),
+    )
+    # Thinned as light tuples, drawn as CostPoints with their links and
+    # tooltips: thousands are measured, COST_CHART_POINTS or so are drawn.
     points = []
-    for candidate in shown.values("pk", "state", "origin", "round").order_by("pk"):
-        measured = scores.get(candidate["pk"])
-        if measured is None or measured[1] is None:
+    for candidate in measured:
+        if candidate.tokens is None:
             continue
-        category = lineage_layout.category(state=candidate["state"], origin=candidate["origin"])
-        is_seed = candidate["origin"] == Candidate.Origin.SEED
+        category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
         points.append(
-            charts.CostPoint(
-                candidate_id=candidate["pk"],
-                cost=float(measured[1]),
-                score=measured[0],
-                category=category,
-                name="seed" if is_seed else f"#{candidate['pk']}",
-                href=href(candidate["pk"]),
-                label=category in {"seed", "accepted"},
-                detail=f"{candidate['state']}, round {candidate['round']}",
+            _Measured(
+                candidate.pk, float(candidate.tokens), candidate.score, category, category in {"seed", "accepted"}
             )
         )
-    drawn = charts.thin_cost_points(points, COST_CHART_POINTS)
+    href = url_maker("review:candidate")
+    facts = {candidate.pk: candidate for candidate in measured}
+    drawn = []
+    for point in charts.thin_cost_points(points, COST_CHART_POINTS):
+        candidate = facts[point.candidate_id]
+        drawn.append(
+            charts.CostPoint(
+                candidate_id=point.candidate_id,
+                cost=point.cost,
+                score=point.score,
+                category=point.category,
+                name="seed" if candidate.origin == Candidate.Origin.SEED else f"#{point.candidate_id}",
+                href=href(point.candidate_id),
+                label=point.label,
+                detail=f"{candidate.state}, round {candidate.round}",
+            )
+        )
     return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), len(points)
 
 
@@ -834,32 +862,49 @@ def lineage(request: HttpRequest, pk: int) -> HttpResponse:
     tree = lineage_layout.layout(rows, highlight=highlight, node_width=140)
     reasons = {c["pk"]: c["reason"] for c in candidates}
     href = url_maker("review:candidate")
-    # Every number is formatted here: a template filter per attribute of
-    # hundreds of nodes costs more than the rest of the page.
-    nodes = []
+    # The SVG of the nodes and edges is written here: hundreds of nodes with
+    # a dozen attributes each cost more in a template loop than the rest of
+    # the page. Labels, states and reasons are escaped; the rest are numbers
+    # formatted here and the view's own colours.
+    node_width, node_height = f"{tree.node_width:.0f}", f"{tree.node_height:.0f}"
+    parts = []
     for node in tree.nodes:
         score = f"{node.score:.3f}" if node.score is not None else ""
         reason = reasons.get(node.id, "")
         label = node.label if len(node.label) <= 12 else node.label[:11] + "…"
-        nodes.append(
-            {
-                "node": node,
-                "href": href(node.id),
-                "title": f"#{node.id} {node.label} · {node.state} · round {node.round}"
-                + (f" · S {score}" if score else "")
-                + (f" · {reason}" if reason else ""),
-                "short_label": label,
-                "score": score,
-                "x": f"{node.x:.1f}",
-                "y": f"{node.y:.1f}",
-                "text_x": f"{node.x + 6:.1f}",
-                "text_y": f"{node.y + tree.node_height / 2 + 4:.1f}",
-                "score_x": f"{node.x + tree.node_width - 6:.1f}",
-                "colour": charts.CATEGORY_COLOURS.get(node.category, charts.CATEGORY_COLOURS["other"]),
-                "ink": "#1d2330" if node.category in LIGHT_CATEGORIES else "#fff",
-                "stroke": "#1d2330" if node.id == highlight else "none",
-            }
+        title = (
+            f"#{node.id} {node.label} · {node.state} · round {node.round}"
+            + (f" · S {score}" if score else "")
+            + (f" · {reason}" if reason else "")
         )
+        colour = charts.CATEGORY_COLOURS.get(node.category, charts.CATEGORY_COLOURS["other"])
+        ink = "#1d2330" if node.category in LIGHT_CATEGORIES else "#fff"
+        stroke = "#1d2330" if node.id == highlight else "none"
+        text_y = f"{node.y + tree.node_height / 2 + 4:.1f}"
+        parts.append(
+            f'<a href="{_escape(href(node.id))}" class="node cat-{_escape(node.category)}'
+            f'{" main" if node.on_path else ""}" aria-label="candidate {node.id} {_escape(node.label)}, '
+            f'{_escape(node.state)}"><title>{_escape(title)}</title>'
+            f'<rect x="{node.x:.1f}" y="{node.y:.1f}" width="{node_width}" height="{node_height}" rx="4" '
+            f'fill="{colour}" stroke="{stroke}" stroke-width="2"/>'
+            f'<text x="{node.x + 6:.1f}" y="{text_y}" font-size="11" fill="{ink}" font-weight="600">#{node.id} '
+            f'<tspan font-weight="400">{_escape(label)}</tspan></text>'
+            + (
+                f'<text x="{node.x + tree.node_width - 6:.1f}" y="{text_y}" font-size="10.5" fill="{ink}" '
+                f'text-anchor="end">{score}</text>'
+                if score
+                else ""
+            )
+            + "</a>"
+        )
+    nodes_html = mark_safe("".join(parts))  # every string from a candidate went through escape above
+    edges_html = mark_safe(
+        "".join(
+            f'<path d="{_escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
+            f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+            for edge in tree.edges
+        )
+    )
     legend = [(key, title, legend_counts.get(key, 0)) for key, title in lineage_layout.CATEGORIES]
     rounds = sorted(per_round)
     earlier = [r for r in rounds if r < first]
@@ -873,10 +918,10 @@ def lineage(request: HttpRequest, pk: int) -> HttpResponse:
             "tree": tree,
             "tree_width": f"{tree.width:.0f}",
             "tree_height": f"{tree.height:.0f}",
-            "node_width": f"{tree.node_width:.0f}",
-            "node_height": f"{tree.node_height:.0f}",
             "columns": [{"x": f"{c.x:.1f}", "title": c.title, "count": c.count} for c in tree.columns],
-            "nodes": nodes,
+            "nodes": bool(tree.nodes),
+            "nodes_html": nodes_html,
+            "edges_html": edges_html,
             "legend": legend,
             "highlight": highlight,
             "window_first": first,

@@ -12,6 +12,7 @@ candidates, trials or steps there are.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from django.db.models.functions import MD5
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
 from evolution.models import (
@@ -166,6 +168,7 @@ class Row:
     external_id: str
     split: str
     cells: list[Cell]
+    cells_html: SafeString = SafeString("")  # the row's cells, built by _cells_html for the shown rows
 
     @property
     def passed_by(self) -> int:
@@ -174,6 +177,45 @@ class Row:
     @property
     def run_by(self) -> int:
         return sum(1 for cell in self.cells if cell.n)
+
+
+CHANGE_MARKS = {
+    "improved": '<span class="chg up" aria-label="improved against the parent">▲</span>',
+    "regressed": '<span class="chg down" aria-label="regressed against the parent">▼</span>',
+}
+_escape = html.escape  # django.utils.html.escape without its lazy-string wrapper
+
+
+def _cells_html(cells: list[Cell]) -> SafeString:
+    """A row's cells as HTML. Built here, not by a template loop: a page of
+    the matrix has thousands of cells, and resolving a dozen template
+    variables in each cost more than the rest of the page. Numbers, ids and
+    the view's own words only; every string is escaped all the same."""
+    out = []
+    for cell in cells:
+        change = cell.change
+        classes = f"cell o-{cell.outcome}" + (f" chg-{change}" if change else "") + (" dim" if cell.dim else "")
+        if cell.first_trial:
+            text = f"{cell.passes}/{cell.n}" if cell.n else "…"
+            link = f'<a class="cell-link" href="{_escape(cell.first_href)}">{text}</a>'
+        else:
+            link = '<span class="muted">–</span>'
+        trials = ""
+        if len(cell.trials) > 1:
+            trials = (
+                '<span class="trial-links">'
+                + "".join(
+                    f'<a href="{_escape(t["href"])}" class="o-{_escape(t["outcome"] or "running")}" '
+                    f'title="trial index {t["index"]}: {_escape(t["outcome"] or t["state"])}">{t["index"]}</a>'
+                    for t in cell.trials
+                )
+                + "</span>"
+            )
+        out.append(
+            f'<td class="{classes}" data-cell="{cell.candidate_id}:{cell.task_id}" title="{_escape(cell.title)}">'
+            f"{link}{CHANGE_MARKS.get(change, '')}{trials}</td>"
+        )
+    return mark_safe("".join(out))  # every string above is escaped, the rest are numbers
 
 
 def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
@@ -370,6 +412,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         for column, cell in zip(columns, row.cells, strict=True):
             column.shown_passes += cell.passes
             column.shown_n += cell.n
+        row.cells_html = _cells_html(row.cells)
 
     base = reverse("review:matrix", args=[experiment.pk])
     keep = {"split": split, "change": change, "candidates": request.GET.get("candidates", "")}

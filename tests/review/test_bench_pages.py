@@ -133,3 +133,67 @@ def test_stored_split_totals_give_the_scores_counted_from_the_trials() -> None:
     assert written == split_stats_store(evaluations=Evaluation.objects.filter(experiment_id=experiment_id))
     assert EvaluationSplitStats.objects.count() == written
     assert selectors.candidate_scores(**args, mean_score=False) == stored
+
+
+@pytest.mark.django_db
+def test_measured_candidates_match_the_trials_with_or_without_stored_totals() -> None:
+    from collections import defaultdict
+
+    from evolution import selectors
+    from evolution.models import Evaluation, EvaluationSplitStats
+    from review.views.experiments import MEASURED_PURPOSES
+
+    sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
+    pages_bench.run(**sizes, scratch=False)
+    experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
+    args = {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+    # Straight from the trials: passes, trials and tokens per candidate.
+    counted: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for candidate_id, outcome, tokens in Trial.objects.filter(
+        evaluation__experiment_id=experiment_id,
+        evaluation__state=Evaluation.State.CERTIFIED,
+        evaluation__purpose__in=MEASURED_PURPOSES,
+        split__in=["train", "gate"],
+    ).values_list("candidate_id", "outcome", "tokens"):
+        counted[candidate_id][0] += outcome == Trial.Outcome.PASS
+        counted[candidate_id][1] += 1
+        counted[candidate_id][2] += tokens
+    facts = {
+        pk: (state, origin, round_)
+        for pk, state, origin, round_ in Candidate.objects.filter(experiment_id=experiment_id).values_list(
+            "pk", "state", "origin", "round"
+        )
+    }
+
+    def check() -> list[selectors.MeasuredCandidate]:
+        measured = selectors.measured_candidates(**args, mean_score=False)
+        assert [m.pk for m in measured] == sorted(counted)
+        for m in measured:
+            passed, n, tokens = counted[m.pk]
+            assert m.score == pytest.approx(passed / n) and m.tokens == pytest.approx(tokens / n)
+            assert (m.state, m.origin, m.round) == facts[m.pk]
+        assert {m.pk: (m.score, m.tokens) for m in measured} == selectors.candidate_scores(**args, mean_score=False)
+        return measured
+
+    stored = check()
+    assert len(stored) == Evaluation.objects.filter(experiment_id=experiment_id).count() > 50
+    # Every other evaluation without its stored totals: its trials are counted instead.
+    halved = Evaluation.objects.filter(experiment_id=experiment_id).order_by("pk").values_list("pk", flat=True)[::2]
+    assert EvaluationSplitStats.objects.filter(evaluation_id__in=list(halved)).delete()[0] > 0
+    assert check() == stored
+    # Only some candidates, as the cost chart asks.
+    some = Candidate.objects.filter(experiment_id=experiment_id, pk__in=sorted(counted)[:5]).values("pk")
+    assert [m.pk for m in selectors.measured_candidates(**args, mean_score=False, candidate_ids=some)] == sorted(
+        counted
+    )[:5]
+
+
+def test_keep_and_reuse_take_one_benchmark_that_generates_data() -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="one benchmark that generates data: pages"):
+        call_command("bench", "pages", "records", "--keep-data")
+    with pytest.raises(CommandError, match="one benchmark that generates data"):
+        call_command("bench", "records", "--reuse-data", "rsiweb_bench_x")
+    with pytest.raises(CommandError, match="--quick does not apply"):
+        call_command("bench", "pages", "--quick", "--reuse-data", "rsiweb_bench_x")

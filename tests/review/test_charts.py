@@ -122,3 +122,50 @@ def test_chart_text_is_escaped(payload: str) -> None:
     svg = str(charts.score_chart([RoundScores(1, {"train": 0.5}, best=0.5, accepted=(payload,))], delta=0.1))
     assert payload not in svg
     assert "&lt;" in svg
+
+
+def test_charts_format_html_escapes_exactly_as_django_does() -> None:
+    from django.utils.html import format_html as django_format_html
+    from django.utils.safestring import SafeString, mark_safe
+
+    template = '<a href="{}" title="{}">{}{}</a><text x="{}">{}</text>'
+    args = (
+        "/c/1/?a=1&b=<2>",
+        'it\'s "quoted"',
+        mark_safe("<b>safe</b>"),
+        "</script><img src=x onerror=alert(1)>",
+        12.5,
+        None,
+    )
+    ours = charts.format_html(template, *args)
+    assert isinstance(ours, SafeString)
+    assert ours == django_format_html(template, *args)
+    assert "<img" not in ours and "<b>safe</b>" in ours
+
+
+def test_pareto_front_and_sample_take_light_tuples_like_cost_points() -> None:
+    from typing import NamedTuple
+
+    class Light(NamedTuple):
+        candidate_id: int
+        cost: float
+        score: float
+        category: str
+        label: bool
+
+    full = [
+        CostPoint(
+            candidate_id=n,
+            cost=100.0 + (n * 37) % 500,
+            score=((n * 53) % 100) / 100,
+            category="seed" if n == 0 else ("accepted" if n % 5 == 0 else "rejected"),
+            name=f"#{n}",
+            label=n % 5 == 0,
+        )
+        for n in range(3000)
+    ]
+    light = [Light(p.candidate_id, p.cost, p.score, p.category, p.label) for p in full]
+    assert [p.candidate_id for p in charts.pareto_front(light)] == [p.candidate_id for p in charts.pareto_front(full)]
+    assert [p.candidate_id for p in charts.thin_cost_points(light, 400)] == [
+        p.candidate_id for p in charts.thin_cost_points(full, 400)
+    ]

@@ -21,6 +21,17 @@ class Command(BaseCommand):
         parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
         parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
         parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+        parser.add_argument(
+            "--keep-data",
+            action="store_true",
+            help="keep the generated database and print its name (one benchmark that generates data, e.g. pages)",
+        )
+        parser.add_argument(
+            "--reuse-data",
+            metavar="DATABASE",
+            default="",
+            help="measure in a database an earlier --keep-data run kept, migrated first, instead of generating one",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry = load_benchmarks()
@@ -32,10 +43,18 @@ class Command(BaseCommand):
         unknown = [name for name in names if name not in registry]
         if unknown:
             raise CommandError(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry)}")
+        data = {"keep": options["keep_data"], "reuse": options["reuse_data"]}
+        if any(data.values()):
+            if len(names) != 1 or not registry[names[0]].reusable:
+                reusable = ", ".join(b.name for b in registry.values() if b.reusable)
+                raise CommandError(f"--keep-data and --reuse-data take one benchmark that generates data: {reusable}")
+            if options["quick"] and data["reuse"]:
+                raise CommandError("--reuse-data measures the data it is given: --quick does not apply")
         self.stdout.write(
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.node()}; {platform.machine()}, "
             f"{_cpu_count()} cores; Python {platform.python_version()}; database {connection.vendor}"
             + ("; --quick (smoke sizes, not a measurement)" if options["quick"] else "")
+            + (f"; reusing the data in {options['reuse_data']}" if options["reuse_data"] else "")
         )
         failed = []
         for name in names:
@@ -43,8 +62,9 @@ class Command(BaseCommand):
             self.stdout.write(f"\n== {bench.name}: {bench.title}")
             self.stdout.flush()
             sizes = bench.quick if options["quick"] else {}
+            extra = {key: value for key, value in data.items() if value}
             try:
-                result = bench.run(**sizes)
+                result = bench.run(**sizes, **extra)
             except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others)
                 self.stdout.write(traceback.format_exc())
                 self.stdout.write(f"{bench.name}: ERROR")
