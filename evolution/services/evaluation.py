@@ -182,7 +182,13 @@ def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     now = timezone.now()
     lease = now + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
     claimable = Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING, lease_expires_at__lt=now)
-    claimed = Trial.objects.filter(claimable, pk=trial_id, evaluation__state=Evaluation.State.RUNNING).update(
+    # Every condition on the trial's own columns, none through a join: Django
+    # turns an update filtered across a relation into "id IN (SELECT ...)",
+    # and PostgreSQL then does not re-check the subquery against the row a
+    # concurrent claim just committed, so two duplicate messages could both
+    # claim one pending trial (seen in the trust suite's duplicate delivery).
+    running = Evaluation.objects.filter(state=Evaluation.State.RUNNING).values("pk")
+    claimed = Trial.objects.filter(claimable, pk=trial_id, evaluation_id__in=running).update(
         state=Trial.State.RUNNING,
         lease_owner=owner,
         lease_expires_at=lease,

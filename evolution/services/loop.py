@@ -211,7 +211,10 @@ def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
 
 def _stop_in_flight(run_id: int) -> None:
     Evaluation.objects.filter(run_id=run_id, state=Evaluation.State.RUNNING).update(state=Evaluation.State.CANCELLED)
-    Trial.objects.filter(evaluation__run_id=run_id, state__in=[Trial.State.PENDING, Trial.State.RUNNING]).update(
+    # The state checked on the trial's own row (no join: see trial_claim), so a
+    # trial finished meanwhile is not overwritten as cancelled.
+    in_run = Evaluation.objects.filter(run_id=run_id).values("pk")
+    Trial.objects.filter(evaluation_id__in=in_run, state__in=[Trial.State.PENDING, Trial.State.RUNNING]).update(
         state=Trial.State.CANCELLED
     )
     Candidate.objects.filter(run_id=run_id, state__in=IN_FLIGHT + (Candidate.State.FROZEN,)).update(
