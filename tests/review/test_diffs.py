@@ -4,6 +4,7 @@ intra-line and leak marks, layouts, collapsing. Pure: no database."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -335,14 +336,20 @@ def _stubs(*pairs: int) -> tuple[list[diffs.FileDiff], list[FileEntry], list[Fil
     return diffs.list_file_diffs(old, new), old, new
 
 
-def test_plan_collapse_diffs_only_the_files_it_may_render() -> None:
-    files, old, new = _stubs(10, 300, 150, 2, 100, 1)
+def _recording_count(old: list, new: list) -> tuple[list[str], Callable[[diffs.FileDiff], None]]:
+    """A ``count`` for plan_collapse that diffs the file and records its path."""
     diffed: list[str] = []
 
     def count(fd: diffs.FileDiff) -> None:
         diffed.append(fd.path)
         diffs.count_file_diffs([fd], old, new)
 
+    return diffed, count
+
+
+def test_plan_collapse_diffs_only_the_files_it_may_render() -> None:
+    files, old, new = _stubs(10, 300, 150, 2, 100, 1)
+    diffed, count = _recording_count(old, new)
     diffs.plan_collapse(files, count=count, collapse_lines=400, budget=325)
     # f1 has 600 unpaired lines: large. f3 (at least 5 lines) and f4 (201) cannot fit in the 3 lines
     # left after f0 and f2 (21 + 301): neither is diffed. f5 (3 lines) still fits.
@@ -356,12 +363,7 @@ def test_plan_collapse_diffs_only_the_files_it_may_render() -> None:
 
 def test_plan_collapse_stops_diffing_after_a_file_diffed_in_vain() -> None:
     files, old, new = _stubs(10, 150, -1, 1)
-    diffed: list[str] = []
-
-    def count(fd: diffs.FileDiff) -> None:
-        diffed.append(fd.path)
-        diffs.count_file_diffs([fd], old, new)
-
+    diffed, count = _recording_count(old, new)
     diffs.plan_collapse(files, count=count, collapse_lines=400, budget=327)
     # f2 may fit (at least 3 lines) but takes 9: diffed in vain, so the page counts as full and
     # f3 (3 lines) waits undiffed, though it would have fit.
@@ -372,12 +374,7 @@ def test_plan_collapse_stops_diffing_after_a_file_diffed_in_vain() -> None:
 
 def test_plan_collapse_of_a_diff_of_many_files_diffs_a_bounded_number() -> None:
     files, old, new = _stubs(*([100] * 200))
-    diffed: list[str] = []
-
-    def count(fd: diffs.FileDiff) -> None:
-        diffed.append(fd.path)
-        diffs.count_file_diffs([fd], old, new)
-
+    diffed, count = _recording_count(old, new)
     diffs.plan_collapse(files, count=count, collapse_lines=400, budget=500)
     # Two files of 201 lines fit; the third is at least 201 lines: none is diffed after them.
     assert diffed == ["f0.txt", "f1.txt"]
