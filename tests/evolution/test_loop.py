@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from evolution import operators
 from evolution.models import (
@@ -185,3 +187,29 @@ def test_a_second_run_of_the_same_experiment_starts_again_from_the_accepted_seed
     assert seed_decision.candidate_id == experiment.seed_candidate_id and seed_decision.accepted
     assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.ACCEPTED
     assert Candidate.objects.filter(run=second).exclude(pk=experiment.seed_candidate_id).exists()
+
+
+# An UPDATE filtered across a relation is written by Django as
+# 'UPDATE t ... WHERE t.id IN (SELECT U0.id FROM t U0 JOIN ...)'. PostgreSQL
+# does not re-check that subquery against a row a concurrent transaction has
+# just changed, so a conditional update of this shape (a claim, a
+# cancellation) can let two racing callers both win (see trial_claim).
+SELF_SUBQUERY_UPDATE = re.compile(r'^UPDATE "(\w+)" SET .* WHERE "\1"\."id" IN \(SELECT', re.DOTALL)
+
+
+def test_no_update_of_the_loop_goes_through_a_subquery_of_its_own_table() -> None:
+    seen: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        finished = drive(start("rrsi"))
+        cancelled = start("rrsi")
+        loop.run_advance(run_id=cancelled.pk)  # the seed's trials are pending
+        assert loop.run_cancel(run=cancelled)
+    assert finished.status == Run.Status.FINISHED, finished.error
+    updates = [sql for sql in seen if sql.startswith("UPDATE")]
+    assert any('"evolution_trial"' in sql for sql in updates)  # the claims and the cancellation were seen
+    assert [sql for sql in updates if SELF_SUBQUERY_UPDATE.match(sql)] == []
