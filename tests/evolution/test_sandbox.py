@@ -529,9 +529,9 @@ def test_bwrap_setup_failure_is_a_sandbox_error(
 ) -> None:
     real = sandbox._bwrap_command
 
-    def with_missing_source(*args: object, **kwargs: object) -> list[str]:
-        command = real(*args, **kwargs)  # type: ignore[arg-type]
-        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]]
+    def with_missing_source(*args: object, **kwargs: object) -> tuple[list[str], bool]:
+        command, limited = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]], limited
 
     monkeypatch.setattr(sandbox, "_bwrap_command", with_missing_source)
     with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Can't find source path"):
@@ -542,6 +542,72 @@ def test_bwrap_command_inherits_no_extra_descriptors(require_bwrap: None, box: P
     result = run_code("import os; print(sorted(map(int, os.listdir('/proc/self/fd'))))", box, use_bwrap=True)
     # stdin, stdout, stderr, and the descriptor listdir itself has open.
     assert result.stdout == b"[0, 1, 2, 3]\n"
+
+
+LIMITS_CODE = (
+    "import json, resource\n"
+    "names = ('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE', 'NPROC')\n"
+    "print(json.dumps({n: resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in names}))\n"
+)
+
+
+def test_bwrap_command_runs_under_the_run_limits(require_bwrap: None, box: Path) -> None:
+    limits = Limits(cpu_seconds=7, memory_bytes=300 * MiB, file_bytes=2 * MiB, open_files=50, processes=9)
+    result = run_code(LIMITS_CODE, box, use_bwrap=True, limits=limits)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    nproc = found.pop("NPROC")
+    assert found == {
+        "CPU": [7, 8],
+        "AS": [300 * MiB, 300 * MiB],
+        "FSIZE": [2 * MiB, 2 * MiB],
+        "NOFILE": [50, 50],
+        "CORE": [0, 0],
+    }
+    # The budget is added to what the run's uid already runs on the host.
+    assert nproc[0] == nproc[1] >= 9
+
+
+def test_bwrap_memory_limit_stops_a_large_allocation(require_bwrap: None, box: Path) -> None:
+    result = run_code("b = bytearray(4 << 30)", box, use_bwrap=True, limits=Limits(memory_bytes=256 * MiB))
+    assert result.returncode == 1
+    assert b"MemoryError" in result.stderr
+
+
+def test_bwrap_file_limit_fails_a_large_write(require_bwrap: None, box: Path) -> None:
+    code = "import sys\nfor _ in range(5): sys.stdout.buffer.write(b'x' * (1 << 20))"
+    result = run_code(code, box, use_bwrap=True, limits=Limits(file_bytes=1 * MiB))
+    assert result.returncode == 1
+    assert b"File too large" in result.stderr
+
+
+@pytest.mark.skipif(not ROOT, reason="needs a uid of its own")
+def test_bwrap_process_limit_bounds_forks(require_bwrap: None, box: Path) -> None:
+    result = run_code(FORK_CODE, box, use_bwrap=True, limits=Limits(processes=8))
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == 7
+
+
+def test_bwrap_is_started_without_python_code_between_fork_and_exec(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the system's prlimit, setpriv and env the limits are set inside the
+    sandbox, so the worker's memory is not copied for each start (no
+    preexec_fn lets subprocess use vfork)."""
+    if sandbox._exec_tools() is None:
+        pytest.skip("prlimit, setpriv or env is missing: the limits are set in preexec_fn")
+    seen: list[dict[str, object]] = []
+    real = subprocess.Popen
+
+    def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        seen.append(kwargs)
+        return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    result = run_code(LIMITS_CODE, box, use_bwrap=True, limits=Limits(cpu_seconds=5))
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["CPU"] == [5, 6]
+    assert len(seen) == 1 and "preexec_fn" not in seen[0]
 
 
 def test_bwrap_reports_death_by_signal(require_bwrap: None, box: Path) -> None:
@@ -644,8 +710,8 @@ def test_bwrap_killed_from_outside_is_named_as_such(
     stand_in.write_text("#!/bin/sh\nkill -KILL $$\n")
     stand_in.chmod(0o755)
 
-    def killed_first(*args: object, **kwargs: object) -> list[str]:
-        return [str(stand_in)]
+    def killed_first(*args: object, **kwargs: object) -> tuple[list[str], bool]:
+        return [str(stand_in)], False
 
     monkeypatch.setattr(sandbox, "_bwrap_command", killed_first)
     with pytest.raises(SandboxError, match="the sandbox was killed by SIGKILL before the command finished"):
