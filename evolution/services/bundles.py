@@ -51,6 +51,7 @@ from evolution.services.experiments import (
     surface_create,
     task_digest,
 )
+from evolution.services.records import split_stats_store
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry, SnapshotError
 
@@ -556,4 +557,7 @@ def _create(bundle: Mapping[str, Any], *, info: Mapping[str, Any], name: str) ->
             record_digest=raw["record_digest"],
             signature=raw["signature"],
         )
+    # The per-split totals certification stores, so the screens read them
+    # as for a run of this installation instead of aggregating the trials.
+    split_stats_store(evaluations=Evaluation.objects.filter(experiment=experiment, state=Evaluation.State.CERTIFIED))
     return experiment

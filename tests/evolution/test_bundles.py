@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from evolution.models import Candidate, CertifiedResult, Experiment, Trial
+from evolution.models import Candidate, CertifiedResult, EvaluationSplitStats, Experiment, Trial
 from evolution.services.bundles import BundleError, bundle_import, bundle_read, bundle_verify, bundle_write
 from evolution.services.records import records_verify
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
@@ -37,6 +37,23 @@ def export(experiment: Experiment, path: Path) -> Path:
     call_command("export_experiment", str(experiment.pk), str(path), stdout=out)
     assert "2 record(s)" in out.getvalue()
     return path
+
+
+def split_stats(experiment: Experiment) -> list[tuple[Any, ...]]:
+    return list(
+        EvaluationSplitStats.objects.filter(evaluation__experiment=experiment)
+        .order_by("evaluation__certified_result__seq", "split")
+        .values_list(
+            "evaluation__certified_result__seq",
+            "split",
+            "trials",
+            "passed",
+            "errors",
+            "score_sum",
+            "tokens_sum",
+            "tokens_count",
+        )
+    )
 
 
 def verify_command(path: Path) -> tuple[int, str]:
@@ -130,6 +147,8 @@ def test_import_into_an_empty_database_verifies(tmp_path: Path) -> None:
         ),
     )
     trials_before = Trial.objects.filter(evaluation__certified_result__isnull=False).count()
+    stats_before = split_stats(experiment)
+    assert len(stats_before) == 3  # train; gate and sealed
     path = export(experiment, tmp_path / "bundle.json.gz")
     bundle = bundle_read(path)
 
@@ -159,6 +178,8 @@ def test_import_into_an_empty_database_verifies(tmp_path: Path) -> None:
         == records_before
     )
     assert Trial.objects.filter(evaluation__experiment=imported).count() == trials_before
+    # The per-split totals certification stores, written on import as well.
+    assert split_stats(imported) == stats_before
     assert imported.seed_candidate.state == Candidate.State.CERTIFIED
     report = records_verify(experiment=imported)
     assert report.ok, report.problems
