@@ -61,16 +61,32 @@ class Benchmark:
     # Takes ``keep`` / ``reuse`` (the command's --keep-data / --reuse-data):
     # its generated database can be kept and measured again.
     reusable: bool = False
+    # Works in a throwaway database of its own (not the configured one).
+    own_database: bool = False
 
 
 REGISTRY: dict[str, Benchmark] = {}
 
 
-def benchmark(name: str, title: str, *, quick: dict[str, object] | None = None, reusable: bool = False) -> Callable:
+def benchmark(
+    name: str,
+    title: str,
+    *,
+    quick: dict[str, object] | None = None,
+    reusable: bool = False,
+    own_database: bool = False,
+) -> Callable:
     """Register ``function(**sizes) -> BenchResult`` under ``name``."""
 
     def register(function: Callable[..., BenchResult]) -> Callable[..., BenchResult]:
-        REGISTRY[name] = Benchmark(name=name, title=title, run=function, quick=dict(quick or {}), reusable=reusable)
+        REGISTRY[name] = Benchmark(
+            name=name,
+            title=title,
+            run=function,
+            quick=dict(quick or {}),
+            reusable=reusable,
+            own_database=own_database,
+        )
         return function
 
     return register

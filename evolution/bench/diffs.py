@@ -199,6 +199,7 @@ def _ms(took: Took) -> str:
     "diff-render",
     "side-by-side diff page (first response and every file) vs pygments alone",
     quick={"files": 12, "lines_per_file": 400, "small_files": 5, "repeat": 1},
+    own_database=True,
 )
 def run(
     *, files: int = 50, lines_per_file: int = 400, small_files: int = 5, repeat: int = 3, scratch: bool = True

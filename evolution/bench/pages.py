@@ -425,6 +425,7 @@ def _found_world() -> World:
     "review screens with 10,000 candidates and 1,000,000 trials (PostgreSQL)",
     quick={"candidates": 300, "tasks": 20, "k": 2, "annotations": 100, "steps": 500, "repeat": 3},
     reusable=True,
+    own_database=True,
 )
 def run(
     *,

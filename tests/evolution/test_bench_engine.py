@@ -8,14 +8,18 @@ cleaned up after itself.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import math
 
 import pytest
 import rfc8785
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from evolution import records
-from evolution.bench import REGISTRY, BenchResult
+from evolution.bench import REGISTRY, BenchResult, load_benchmarks
+from evolution.management.commands import bench as bench_command
 from evolution.models import Benchmark, CertifiedResult, Evaluator, Experiment, Trial
 
 
@@ -97,3 +101,23 @@ def test_canonical_payload_refuses_what_rfc8785_refuses(number: int) -> None:
         records.canonical_payload({"n": number})
     with pytest.raises(rfc8785.IntegerDomainError):
         records.payload_load(json.dumps({"n": number}))
+
+
+@pytest.mark.django_db
+def test_the_test_database_lacks_no_migration() -> None:
+    assert bench_command.unapplied_migrations() == 0
+
+
+@pytest.mark.django_db
+def test_bench_refuses_an_unmigrated_database_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_command, "unapplied_migrations", lambda: 32)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"lacks 32 migration\(s\): run `python manage.py migrate` first"):
+        call_command("bench", "records", "--quick", stdout=out)
+    assert out.getvalue() == ""  # nothing ran
+    assert not Experiment.objects.exists()
+
+
+def test_only_the_benchmarks_with_a_throwaway_database_skip_the_migration_check() -> None:
+    registry = load_benchmarks()
+    assert {name for name, bench in registry.items() if bench.own_database} == {"pages", "diff-render"}

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
 
 from evolution.bench import load_benchmarks
 
@@ -50,6 +51,9 @@ class Command(BaseCommand):
                 raise CommandError(f"--keep-data and --reuse-data take one benchmark that generates data: {reusable}")
             if options["quick"] and data["reuse"]:
                 raise CommandError("--reuse-data measures the data it is given: --quick does not apply")
+        shared = [name for name in names if not registry[name].own_database]
+        if shared:
+            _require_migrated(shared)
         self.stdout.write(
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.node()}; {platform.machine()}, "
             f"{_cpu_count()} cores; Python {platform.python_version()}; database {connection.vendor}"
@@ -78,6 +82,28 @@ class Command(BaseCommand):
         self.stdout.write(f"\n{len(names) - len(failed)} passed, {len(failed)} failed")
         if failed:
             raise CommandError(f"missed: {', '.join(failed)}")
+
+
+def unapplied_migrations() -> int:
+    """How many migrations the configured database still lacks."""
+    executor = MigrationExecutor(connection)
+    return len(executor.migration_plan(executor.loader.graph.leaf_nodes()))
+
+
+def _require_migrated(names: list[str]) -> None:
+    """A clear error instead of a traceback per benchmark when the configured
+    database cannot be used: these benchmarks make their throwaway
+    experiment there (and remove it)."""
+    name = connection.settings_dict["NAME"]
+    try:
+        missing = unapplied_migrations()
+    except DatabaseError as exc:
+        raise CommandError(f"cannot use the database {name}: {exc}".strip()) from exc
+    if missing:
+        raise CommandError(
+            f"the database {name} lacks {missing} migration(s): run `python manage.py migrate` first "
+            f"({', '.join(names)} make and remove a throwaway experiment there)"
+        )
 
 
 def _cpu_count() -> int:
