@@ -311,7 +311,10 @@ def run_sandboxed(
                     writable=writable_paths,
                     readable=readable_paths,
                     ids=(run_uid, run_gid) if drop else None,
-                    rlimits=rlimits,
+                    # Not inside a user namespace (an unprivileged worker's
+                    # sandbox): RLIMIT_NPROC set there would count the
+                    # namespace's tasks, not the uid's on the host.
+                    rlimits=rlimits if drop else (),
                 )
                 # bwrap reports {"exit-code": n} only if the command really ran,
                 # which tells a broken sandbox from a failing command.
@@ -542,14 +545,15 @@ def _bwrap_command(
 ) -> tuple[list[str], bool]:
     """The bubblewrap command line, and whether it sets ``rlimits`` itself.
 
-    ``ids`` is the (uid, gid) a root worker drops to. With the system's
-    prlimit, setpriv and env, the limits are set inside the sandbox, by
-    prlimit before the command (and before the drop, as the child's
-    ``preexec_fn`` did): no Python code then runs between fork and exec, so
-    the worker starts bubblewrap with vfork instead of copying its whole
-    memory map (5 ms a start here for a worker of 120 MB; --die-with-parent
-    already ties bubblewrap to the worker). Without those tools the caller
-    sets the limits in ``preexec_fn``.
+    ``ids`` is the (uid, gid) a root worker drops to. A root worker's
+    sandbox has no user namespace, so with the system's prlimit, setpriv
+    and env the ``rlimits`` given are set inside it, by prlimit before the
+    command and before the drop, exactly as the child's ``preexec_fn`` set
+    them: no Python code then runs between fork and exec, and the worker
+    starts bubblewrap with vfork instead of copying its whole memory map
+    (5 ms a start here for a worker of 120 MB; --die-with-parent already
+    ties bubblewrap to the worker). Otherwise (no rlimits given, or no such
+    tools) the caller sets the limits in ``preexec_fn``.
     """
     drop = ids is not None
     bwrap = shutil.which("bwrap")
@@ -609,7 +613,7 @@ def _bwrap_command(
         limit = [prlimit, *(_prlimit_option(res, value) for res, value in rlimits), "--"] if rlimits else []
         drop_to = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if drop else []
         unset = [] if keep_pwd == "1" else ["-u", "PWD"]
-        return [*command, *limit, *drop_to, env_program, *unset, "--", *argv], True
+        return [*command, *limit, *drop_to, env_program, *unset, "--", *argv], bool(rlimits)
     return [*command, sys.executable, "-I", "-S", "-c", _BWRAP_EXEC, uid, gid, keep_pwd, *argv], False
 
 

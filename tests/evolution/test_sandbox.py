@@ -588,12 +588,13 @@ def test_bwrap_process_limit_bounds_forks(require_bwrap: None, box: Path) -> Non
     assert int(result.stdout) == 7
 
 
+@pytest.mark.skipif(not ROOT, reason="only a root worker's sandbox (no user namespace) gets its limits from prlimit")
 def test_bwrap_is_started_without_python_code_between_fork_and_exec(
     require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the system's prlimit, setpriv and env the limits are set inside the
-    sandbox, so the worker's memory is not copied for each start (no
-    preexec_fn lets subprocess use vfork)."""
+    """With the system's prlimit, setpriv and env a root worker's limits are
+    set inside the sandbox, so the worker's memory is not copied for each
+    start (no preexec_fn lets subprocess use vfork)."""
     if sandbox._exec_tools() is None:
         pytest.skip("prlimit, setpriv or env is missing: the limits are set in preexec_fn")
     seen: list[dict[str, object]] = []
