@@ -10,6 +10,7 @@ first response does not grow with the number of files.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -110,17 +111,24 @@ def test_cost_chart_sample_keeps_the_front_and_the_seed_and_stays_bounded() -> N
     assert charts.thin_cost_points(points[:50], 400) == points[:50]
 
 
-@pytest.mark.django_db
-def test_stored_split_totals_give_the_scores_counted_from_the_trials() -> None:
-    from evolution import selectors
-    from evolution.models import Evaluation, EvaluationSplitStats
-    from evolution.services.records import split_stats_store
+def small_bench_world() -> tuple[int, dict[str, Any]]:
+    """A small generated world in the test database: its experiment id, and
+    the score selectors' arguments for the dashboard's evolve splits."""
     from review.views.experiments import MEASURED_PURPOSES
 
     sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
     pages_bench.run(**sizes, scratch=False)
     experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
-    args = {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+    return experiment_id, {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+
+
+@pytest.mark.django_db
+def test_stored_split_totals_give_the_scores_counted_from_the_trials() -> None:
+    from evolution import selectors
+    from evolution.models import Evaluation, EvaluationSplitStats
+    from evolution.services.records import split_stats_store
+
+    experiment_id, args = small_bench_world()
     stored = selectors.candidate_scores(**args, mean_score=False)
     stored_mean = selectors.candidate_scores(**args, mean_score=True)
     assert len(stored) == Evaluation.objects.filter(experiment_id=experiment_id).count()
@@ -141,18 +149,14 @@ def test_measured_candidates_match_the_trials_with_or_without_stored_totals() ->
 
     from evolution import selectors
     from evolution.models import Evaluation, EvaluationSplitStats
-    from review.views.experiments import MEASURED_PURPOSES
 
-    sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
-    pages_bench.run(**sizes, scratch=False)
-    experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
-    args = {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+    experiment_id, args = small_bench_world()
     # Straight from the trials: passes, trials and tokens per candidate.
     counted: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
     for candidate_id, outcome, tokens in Trial.objects.filter(
         evaluation__experiment_id=experiment_id,
         evaluation__state=Evaluation.State.CERTIFIED,
-        evaluation__purpose__in=MEASURED_PURPOSES,
+        evaluation__purpose__in=args["purposes"],
         split__in=["train", "gate"],
     ).values_list("candidate_id", "outcome", "tokens"):
         counted[candidate_id][0] += outcome == Trial.Outcome.PASS
