@@ -29,7 +29,8 @@ def json_digest(value: Any) -> str:
 
 
 def hmac_hex(key: str, message: str) -> str:
-    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+    # The one-shot form: the same HMAC-SHA-256, without an HMAC object.
+    return hmac.digest(key.encode(), message.encode(), "sha256").hex()
 
 
 def blob_digest(data: bytes) -> str:

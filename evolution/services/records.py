@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from django.conf import settings
@@ -304,7 +306,7 @@ class VerifyReport:
         return not self.problems
 
 
-# Records read (and their trials fetched) per round trip by records_verify.
+# Records read per round trip by records_verify (their trials: four times as many rows).
 VERIFY_BATCH = 2000
 
 
@@ -315,9 +317,9 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
     head); every candidate tree and the evaluator's files against their
     blobs; the evaluator digest; each split's task set against the frozen
     digest and the records; and each record's trials against the trial rows.
-    Read-only; safe to run at any time. Records are streamed in batches
-    (their trials fetched in one query per batch), so memory stays bounded
-    however long the chain.
+    Read-only; safe to run at any time. The records and their trial rows are
+    streamed (two queries in seq order, read side by side), so memory stays
+    bounded however long the chain.
     """
     report = VerifyReport()
     key = settings.RSI_RECORDS_KEY
@@ -333,7 +335,9 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         evaluator_digests: dict[str, str] = {}
         trial_count = 0
         # Plain values and the payload's JSON text: no model instances, and the
-        # canonical bytes come out of parsing (records.payload_load).
+        # canonical bytes come out of parsing (records.payload_load). The
+        # records and their trial rows are two streams in seq order, walked
+        # side by side.
         rows = (
             CertifiedResult.objects.filter(experiment=exp)
             .order_by("seq")
@@ -350,38 +354,43 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
             )
             .iterator(chunk_size=VERIFY_BATCH)
         )
-        for batch in _batches(rows, VERIFY_BATCH):
-            current_rows = trial_rows_by_evaluation([row[4] for row in batch])
-            for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in batch:
-                payload, canonical = records.payload_load(text)
-                chain.add(records.ChainRecord(seq, prev_digest, digest, signature, payload), canonical=canonical)
-                where = f"{label} record #{seq}"
-                if payload.get("candidate", {}).get("tree") != tree:
-                    record_problems.append(f"{where}: candidate tree differs from the certified one")
-                if tree not in trees_checked:
-                    trees_checked.add(tree)
-                    record_problems += [f"{where}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
-                certified_evaluator = payload.get("evaluator", {})
-                profile = certified_evaluator.get("sandbox_profile", "")
-                if evaluation_experiment != exp.pk:  # a record pointing into another experiment
-                    evaluation = Evaluation.objects.select_related("experiment__evaluator").get(pk=evaluation_id)
-                    current_digest = evaluator_digest_for(evaluation, profile)
-                else:
-                    if profile not in evaluator_digests:
-                        evaluator_digests[profile] = _evaluator_digest(exp.evaluator, profile)
-                    current_digest = evaluator_digests[profile]
-                if certified_evaluator.get("digest") != current_digest:
-                    record_problems.append(f"{where}: evaluator (commands, files, environment or limits) changed")
-                for split, split_digest in payload.get("task_sets", {}).items():
-                    if task_sets.get(split) != split_digest:
-                        record_problems.append(f"{where}: task set of split {split!r} changed")
-                current = current_rows.get(evaluation_id, [])
-                certified = payload.get("trials", [])
-                trial_count += len(certified)
-                if current != certified:
-                    changed = sum(1 for a, b in zip(current, certified, strict=False) if a != b)
-                    changed += abs(len(current) - len(certified))
-                    record_problems.append(f"{where}: {changed} trial row(s) differ from the certified results")
+        trials = _trial_rows_by_seq(exp)
+        next_trials: tuple[int, list[dict[str, Any]]] | None = next(trials, None)
+        for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in rows:
+            payload, canonical = records.payload_load(text)
+            chain.add(records.ChainRecord(seq, prev_digest, digest, signature, payload), canonical=canonical)
+            where = f"{label} record #{seq}"
+            if payload.get("candidate", {}).get("tree") != tree:
+                record_problems.append(f"{where}: candidate tree differs from the certified one")
+            if tree not in trees_checked:
+                trees_checked.add(tree)
+                record_problems += [f"{where}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
+            certified_evaluator = payload.get("evaluator", {})
+            profile = certified_evaluator.get("sandbox_profile", "")
+            if evaluation_experiment != exp.pk:  # a record pointing into another experiment
+                evaluation = Evaluation.objects.select_related("experiment__evaluator").get(pk=evaluation_id)
+                current_digest = evaluator_digest_for(evaluation, profile)
+            else:
+                if profile not in evaluator_digests:
+                    evaluator_digests[profile] = _evaluator_digest(exp.evaluator, profile)
+                current_digest = evaluator_digests[profile]
+            if certified_evaluator.get("digest") != current_digest:
+                record_problems.append(f"{where}: evaluator (commands, files, environment or limits) changed")
+            for split, split_digest in payload.get("task_sets", {}).items():
+                if task_sets.get(split) != split_digest:
+                    record_problems.append(f"{where}: task set of split {split!r} changed")
+            while next_trials is not None and next_trials[0] < seq:  # cannot happen: both streams follow seq
+                next_trials = next(trials, None)
+            current: list[dict[str, Any]] = []
+            if next_trials is not None and next_trials[0] == seq:
+                current = next_trials[1]
+                next_trials = next(trials, None)
+            certified = payload.get("trials", [])
+            trial_count += len(certified)
+            if current != certified:
+                changed = sum(1 for a, b in zip(current, certified, strict=False) if a != b)
+                changed += abs(len(current) - len(certified))
+                record_problems.append(f"{where}: {changed} trial row(s) differ from the certified results")
 
         head = records.ChainHead(exp.chain_length, exp.chain_head, exp.chain_head_signature)
         report.problems += [f"{label}: {p}" for p in chain.finish(head)]
@@ -401,12 +410,15 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
     return report
 
 
-def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def _trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """``trial_rows`` of every record of ``experiment``, as (seq, rows) in
+    seq order: one streamed query, read alongside the records."""
+    keys = list(TRIAL_ROW_FIELDS)
+    values = (
+        Trial.objects.filter(evaluation__certified_result__experiment=experiment)
+        .order_by("evaluation__certified_result__seq", *TRIAL_ORDER)
+        .values_list("evaluation__certified_result__seq", *TRIAL_ROW_FIELDS.values())
+        .iterator(chunk_size=4 * VERIFY_BATCH)
+    )
+    for seq, group in groupby(values, key=itemgetter(0)):
+        yield seq, [dict(zip(keys, row[1:], strict=True)) for row in group]

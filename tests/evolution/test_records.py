@@ -213,6 +213,37 @@ def test_chain_links_records_in_order(certified: Experiment) -> None:
     assert code == 0, out
 
 
+def test_trial_rows_are_checked_against_their_own_record_along_the_chain(certified: Experiment) -> None:
+    """The records and the trial rows are read as two streams side by side:
+    a record whose trial rows are gone is named, and the next record's rows
+    are still compared with that record's own."""
+    for repeat in (1, 2):
+        evaluation = evaluation_services.evaluation_start(
+            candidate=certified.seed_candidate, splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=repeat
+        )
+        run_evaluation_inline(evaluation)
+    second, third = (
+        CertifiedResult.objects.filter(experiment=certified, seq__in=[2, 3])
+        .order_by("seq")
+        .select_related("evaluation")
+    )
+    assert run_verify(certified)[0] == 0
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM evolution_trial WHERE evaluation_id = %s", [second.evaluation_id])
+        cursor.execute(
+            "UPDATE evolution_trial SET tokens = 7 WHERE id = "
+            "(SELECT MAX(id) FROM evolution_trial WHERE evaluation_id = %s)",
+            [third.evaluation_id],
+        )
+    problems = records_verify(experiment=certified).problems
+    named = sorted(p for p in problems if "differ from the certified results" in p)
+    label = f"experiment {certified.pk} {certified.name!r}"
+    assert named == [
+        f"{label} record #2: {len(second.payload['trials'])} trial row(s) differ from the certified results",
+        f"{label} record #3: 1 trial row(s) differ from the certified results",
+    ]
+
+
 def test_reordered_records_are_detected(certified: Experiment) -> None:
     _second_record(certified)
     with append_only_triggers_dropped(), connection.cursor() as cursor:
