@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -235,6 +236,48 @@ def test_children_that_existed_before_the_run_survive(box: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_children_are_listed_by_the_kernel_as_the_proc_scan_finds_them() -> None:
+    """``_child_pids`` reads the kernel's children lists of this process's
+    threads; it must find what a scan of every process finds, children
+    started from another thread and orphans reparented here included."""
+    assert sandbox._CHILDREN_LISTED, "this kernel keeps /proc/<pid>/task/<tid>/children"
+    sandbox._become_subreaper()
+    started: list[subprocess.Popen[bytes]] = [subprocess.Popen(["sleep", "30"])]
+    worker = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+    worker.start()
+    worker.join()
+    # An orphan: its parent exits at once and it is reparented to this (subreaper) process.
+    launcher = subprocess.run(
+        ["/bin/sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    orphan = int(launcher.stdout)
+    try:
+        expected = {proc.pid for proc in started} | {orphan}
+        deadline = time.monotonic() + 10
+        while orphan not in sandbox._child_pids_scanned() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        listed = sandbox._child_pids()
+        assert expected <= listed
+        assert listed == sandbox._child_pids_scanned()
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+        os.kill(orphan, signal.SIGKILL)
+        os.waitpid(orphan, 0)
+
+
+def test_children_are_found_by_scanning_where_the_kernel_lists_none(box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "_CHILDREN_LISTED", False)
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        assert bystander.pid in sandbox._child_pids()
+    finally:
+        bystander.kill()
+        bystander.wait()
+    test_double_forked_daemon_is_killed_and_reaped(box)
 
 
 # --- resource limits ----------------------------------------------------------------
