@@ -32,6 +32,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection, transaction
 
+from evolution import sandbox
 from evolution.bench import BenchResult, benchmark, stopwatch
 from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
 from evolution.services import evaluation as evaluation_services
@@ -250,6 +251,32 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
     return elapsed[0], passes
 
 
+def _start_costs(root: Path, *, use_bwrap: bool, starts: int = 100) -> tuple[float, float]:
+    """Seconds per start of ``/bin/true`` through ``run_sandboxed`` (as a
+    trial starts its agent and its verifier) and directly: what the sandbox
+    alone adds to every command, apart from the rest of the platform."""
+    root.mkdir(mode=0o711, parents=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    with stopwatch() as sandboxed:
+        for _ in range(starts):
+            result = sandbox.run_sandboxed(
+                ["/bin/true"],
+                cwd=root,
+                env=env,
+                timeout=30,
+                limits=sandbox.Limits(),
+                writable=[root],
+                readable=[],
+                use_bwrap=use_bwrap,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"/bin/true in the sandbox exited {result.returncode}: {result.stderr[-500:]!r}")
+    with stopwatch() as plain:
+        for _ in range(starts):
+            subprocess.run(["/bin/true"], cwd=root, env=env, check=True, stdin=subprocess.DEVNULL)
+    return sandboxed[0] / starts, plain[0] / starts
+
+
 def _fill(template: list[str], values: dict[str, str]) -> list[str]:
     filled = []
     for arg in template:
@@ -306,6 +333,7 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
         errors = outcomes.filter(outcome=Trial.Outcome.ERROR).count()
         profiles = sorted(set(outcomes.values_list("sandbox_profile", flat=True)))
         ratio = platform_seconds / direct_seconds
+        sandboxed, plain = _start_costs(scratch / "starts", use_bwrap="bwrap" in profiles)
         return BenchResult(
             ratio=ratio,
             target=1.15,
@@ -318,6 +346,8 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
                 f"{parallel}), {direct_passes} passed; mean of {before:.2f} s before and {after:.2f} s after",
                 f"platform: {platform_seconds:8.2f} s  ({1000 * platform_seconds / (tasks * k):.1f} ms per trial x "
                 f"{parallel}), {platform_passes} passed, {errors} errors, certified",
+                f"starting /bin/true: {1000 * plain:.2f} ms directly, {1000 * sandboxed:.2f} ms through "
+                f"run_sandboxed ({', '.join(profiles)}); a trial starts two commands",
             ],
             checks={"same outcomes": platform_passes == direct_passes and errors == 0},
         )

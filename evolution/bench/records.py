@@ -14,6 +14,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from evolution import digests, records
 from evolution.bench import BenchResult, benchmark, stopwatch
@@ -21,7 +23,14 @@ from evolution.bench.orchestration import SPLITS, with_bench_experiment
 from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from evolution.services.evaluation import trial_seed
 from evolution.services.experiments import split_digests_compute
-from evolution.services.records import TRIAL_ORDER, payload_build, records_verify, trial_row
+from evolution.services.records import (
+    TRIAL_ORDER,
+    VERIFY_BATCH,
+    payload_build,
+    records_verify,
+    trial_row,
+    trial_rows_by_seq,
+)
 
 BATCH = 2000
 
@@ -134,6 +143,18 @@ def records_benchmark(*, count: int = 100_000, tasks: int = 4) -> BenchResult:
                 hashlib.sha256(data).hexdigest()
         with stopwatch() as verified:
             report = records_verify(experiment=experiment)
+        # What records_verify reads, read alone: the database's share of its time.
+        with stopwatch() as read_records:
+            texts = (
+                CertifiedResult.objects.filter(experiment=experiment)
+                .order_by("seq")
+                .annotate(payload_text=Cast("payload", output_field=TextField()))
+                .values_list("payload_text", flat=True)
+                .iterator(chunk_size=VERIFY_BATCH)
+            )
+            read_count = sum(1 for _ in texts)
+        with stopwatch() as read_trials:
+            trial_count = sum(len(rows) for _, rows in trial_rows_by_seq(experiment))
         size = sum(len(data) for data in canonical)
         return BenchResult(
             ratio=verified[0] / hashed[0],
@@ -145,6 +166,8 @@ def records_benchmark(*, count: int = 100_000, tasks: int = 4) -> BenchResult:
                 f"hashlib sha256 over the canonical bytes: {hashed[0]:8.3f} s",
                 f"records_verify:                          {verified[0]:8.3f} s  "
                 f"({1e6 * verified[0] / count:.0f} us per record)",
+                f"of which reading alone: the payloads {read_records[0]:.3f} s ({read_count} records), "
+                f"the trial rows {read_trials[0]:.3f} s ({trial_count} rows)",
                 f"verified: {'ok' if report.ok else 'PROBLEMS: ' + '; '.join(report.problems[:3])}",
             ],
             checks={"records verify ok": report.ok},

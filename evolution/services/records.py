@@ -354,7 +354,7 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
             )
             .iterator(chunk_size=VERIFY_BATCH)
         )
-        trials = _trial_rows_by_seq(exp)
+        trials = trial_rows_by_seq(exp)
         next_trials: tuple[int, list[dict[str, Any]]] | None = next(trials, None)
         for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in rows:
             payload, canonical = records.payload_load(text)
@@ -410,7 +410,7 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
     return report
 
 
-def _trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+def trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """``trial_rows`` of every record of ``experiment``, as (seq, rows) in
     seq order: one streamed query, read alongside the records."""
     keys = list(TRIAL_ROW_FIELDS)
