@@ -14,7 +14,6 @@ import json
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import JSONField
 
 from evolution.models import Trajectory, TrajectoryStep, Trial
 from evolution.redaction import redact
@@ -92,21 +91,28 @@ _STEP_COLUMNS = ("trajectory", *STEP_FIELDS, "extra")
 
 def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
     """Insert step rows (values in ``_STEP_COLUMNS`` order, JSON columns as
-    JSON text) with one prepared statement.
+    JSON text): one COPY on PostgreSQL, one prepared statement elsewhere.
 
     What ``bulk_create`` would write, without a model instance and a
     per-field preparation for each of thousands of steps, which cost several
-    times the insert itself.
+    times the insert itself. COPY, because psycopg's executemany sends one
+    INSERT per row (pipelined): 200 rows took four times as long as one
+    COPY of them.
     """
     if not rows:
         return
     meta = TrajectoryStep._meta
     fields = [meta.get_field(name) for name in _STEP_COLUMNS]
     quote = connection.ops.quote_name
-    jsonb = connection.vendor == "postgresql"
     columns = ", ".join(quote(field.column) for field in fields)
-    values = ", ".join("%s::jsonb" if jsonb and isinstance(field, JSONField) else "%s" for field in fields)
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Text COPY takes JSON text for a jsonb column as it is.
+            with cursor.cursor.copy(f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            return
+        values = ", ".join("%s" for _ in fields)
         cursor.executemany(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values})", rows)
 
 

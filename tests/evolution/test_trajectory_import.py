@@ -257,3 +257,36 @@ def test_nul_characters_are_replaced_so_any_database_can_store_them(trial: Trial
     user, agent = steps_of(trial)
     assert user.message == "a\ufffdb"
     assert agent.extra == {"extra": {"x\ufffd": "y\ufffd"}}
+
+
+def test_every_step_column_is_stored_as_given_even_with_escapes(trial: Trial) -> None:
+    # Tabs, newlines, backslashes and quotes are what COPY's text format
+    # escapes; none may be lost on the way into any column.
+    awkward = 'tab\there\nnew line \\N \\. back\\slash "quoted" \u00e9\u4e2d\U0001f600'
+    call = {"tool_call_id": "c\t1", "function_name": "bash", "arguments": {"cmd": awkward}}
+    step = {
+        "step_id": 1,
+        "timestamp": "2025-01-02T03:04:05Z",
+        "source": "agent",
+        "model_name": "m\\odel",
+        "message": awkward,
+        "reasoning_content": awkward,
+        "tool_calls": [call],
+        "observation": {"results": [{"source_call_id": "c\t1", "content": awkward}]},
+        "metrics": {"prompt_tokens": 3, "cost_usd": 0.5},
+        "custom": [awkward, None, 1.5],
+    }
+    document = {"schema_version": "ATIF-v1.5", "session_id": "s", "agent": {"name": "a", "version": "1"}}
+    trajectory_import(trial=trial, document={**document, "steps": [step]})
+    (stored,) = steps_of(trial)
+    assert (stored.step_id, stored.timestamp, stored.source, stored.model_name) == (
+        1,
+        "2025-01-02T03:04:05Z",
+        "agent",
+        "m\\odel",
+    )
+    assert (stored.message, stored.reasoning_content) == (awkward, awkward)
+    assert stored.tool_calls == [call]
+    assert stored.observation == step["observation"]
+    assert stored.metrics == {"prompt_tokens": 3, "cost_usd": 0.5}
+    assert stored.extra == {"custom": [awkward, None, 1.5]}
