@@ -128,18 +128,38 @@ def redact_text(text: str) -> tuple[str, Counter[str]]:
     return text, counts
 
 
-def redact(value: Any) -> tuple[Any, dict[str, int]]:
+# The only non-ASCII characters whose lower case holds an ASCII letter (KELVIN
+# SIGN is "k", LATIN CAPITAL LETTER I WITH DOT ABOVE "i" and a combining dot),
+# as ``json.dumps`` escapes them: ASCII JSON text without them holds a trigger
+# wherever ``_maybe_secret`` would see one in a string of it.
+_ASCII_LOWERING_ESCAPES = ("\\u212a", "\\u0130")
+
+
+def _maybe_secret_in_json(text: str) -> bool:
+    """``_maybe_secret`` of any string inside ``text``, JSON in ASCII (a superset)."""
+    return _maybe_secret(text) or any(escape in text for escape in _ASCII_LOWERING_ESCAPES)
+
+
+def redact(value: Any, *, ascii_json: str | None = None) -> tuple[Any, dict[str, int]]:
     """A copy of the JSON value ``value`` with secrets redacted, and {kind: count}
     (only kinds that occurred, sorted by kind). When its JSON text shows
     nothing any rule could match, ``value`` itself is returned, unchanged:
-    walking every string of a long trajectory costs more than storing it."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, check_circular=False)
-    except (TypeError, ValueError, RecursionError):
-        text = None
-    if text is not None and not _maybe_secret(text):
-        # JSON escaping never touches the characters of a trigger, so a
-        # trigger inside any string or key is still one in the whole text.
+    walking every string of a long trajectory costs more than storing it.
+
+    ``ascii_json``, when given, must be ``json.dumps(value)`` (ASCII, the
+    default): a caller that has it spares dumping the value again.
+    """
+    text = ascii_json
+    if text is None:
+        try:
+            text = json.dumps(value, check_circular=False)
+        except (TypeError, ValueError, RecursionError):
+            text = None
+    # ASCII text rather than the characters themselves: lower-casing and
+    # searching a non-ASCII string of 70 KB costs as much as dumping it.
+    # JSON escaping never touches the characters of a trigger, so a trigger
+    # inside any string or key is still one in the whole text.
+    if text is not None and not _maybe_secret_in_json(text):
         return value, {}
     counts: Counter[str] = Counter()
 

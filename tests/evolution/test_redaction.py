@@ -113,3 +113,29 @@ def test_redacting_twice_finds_nothing_more() -> None:
     once, counts = redact({"m": f"{OPENAI} {SECRETS['slack_token']}"})
     assert sum(counts.values()) == 2
     assert redact(once) == (once, {})
+
+
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_secrets_among_non_ascii_text_are_redacted(kind: str) -> None:
+    cleaned, counts = redact({"steps": [{"message": f"caf\u00e9 \u4e2d\U0001f600 {SECRETS[kind]} \u00e9"}]})
+    assert cleaned == {"steps": [{"message": f"caf\u00e9 \u4e2d\U0001f600 [REDACTED:{kind}] \u00e9"}]}
+    assert counts == {kind: 1}
+
+
+def test_a_key_name_spelled_with_the_kelvin_sign_is_still_redacted() -> None:
+    # "\u212a".lower() == "k": the rule (case-insensitive) matches it, so the
+    # look for secrets in the document's ASCII JSON text must not skip it.
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    cleaned, counts = redact({"notes": [f"aws_secret_access_\u212aey = {secret}"]})
+    assert cleaned == {"notes": ["aws_secret_access_\u212aey = [REDACTED:aws_secret_access_key]"]}
+    assert counts == {"aws_secret_access_key": 1}
+
+
+def test_the_callers_json_text_spares_dumping_again() -> None:
+    document = {"message": "nothing secret here"}
+    assert redact(document, ascii_json='{"message": "nothing secret here"}') == (document, {})
+    # The text is what is searched: a caller's text naming a trigger walks the value.
+    assert redact({"m": OPENAI}, ascii_json='{"m": "sk-"}') == (
+        {"m": "[REDACTED:openai_api_key]"},
+        {"openai_api_key": 1},
+    )
