@@ -125,6 +125,24 @@ def is_iso8601(text: str) -> bool:
     return True
 
 
+_KIND_TYPES: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "number": (int, float),
+    "dict": dict,
+    "list": list,
+    "bool": bool,
+}
+_KIND_WANTED = {
+    "str": "a string",
+    "int": "an integer",
+    "number": "a number",
+    "dict": "an object",
+    "list": "a list",
+    "bool": "true or false",
+}
+
+
 class _Checker:
     def __init__(self) -> None:
         self.errors: list[str] = []
@@ -135,24 +153,18 @@ class _Checker:
     def expect(self, container: dict[str, Any], key: str, path: str, kind: str, *, required: bool = False) -> bool:
         """True when ``container[key]`` is present (not null) and of ``kind``."""
         value = container.get(key)
-        where = f"{path}.{key}" if path else key
         if value is None:
             if required:
+                where = f"{path}.{key}" if path else key
                 self.fail(where, "is required" if key not in container else "must not be null")
             return False
-        ok = {
-            "str": isinstance(value, str),
-            "int": _is_int(value),
-            "number": _is_number(value),
-            "dict": isinstance(value, dict),
-            "list": isinstance(value, list),
-            "bool": isinstance(value, bool),
-        }[kind]
-        if not ok:
-            wanted = {"str": "a string", "int": "an integer", "number": "a number", "dict": "an object"}
-            wanted |= {"list": "a list", "bool": "true or false"}
-            self.fail(where, f"must be {wanted[kind]}, got {_type_name(value)}")
-        return ok
+        # A boolean is an int to Python, not to JSON. Called some ten times a
+        # step, so the path is only spelled out for an error.
+        if isinstance(value, _KIND_TYPES[kind]) and (value.__class__ is not bool or kind == "bool"):
+            return True
+        where = f"{path}.{key}" if path else key
+        self.fail(where, f"must be {_KIND_WANTED[kind]}, got {_type_name(value)}")
+        return False
 
     def counts(self, container: dict[str, Any], path: str, int_keys: tuple[str, ...], cost_key: str) -> None:
         for key in int_keys:

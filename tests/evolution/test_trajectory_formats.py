@@ -138,6 +138,17 @@ def test_iso8601_forms() -> None:
         ),
         (lambda d: d["steps"][0].update(model_name="m"), "steps[0].model_name: is only allowed on agent steps"),
         (lambda d: d["steps"].append("step"), "steps[2]: must be an object, got a string"),
+        (lambda d: d["steps"][0].update(step_id=None), "steps[0].step_id: must not be null"),
+        (
+            lambda d: d["steps"][1]["metrics"].update(cost_usd=False),
+            "steps[1].metrics.cost_usd: must be a number, got a boolean",
+        ),
+        (
+            lambda d: d.update(final_metrics={"total_steps": 1.5}),
+            "final_metrics.total_steps: must be an integer, got a number",
+        ),
+        (lambda d: d["agent"].update(name=True), "agent.name: must be a string, got a boolean"),
+        (lambda d: d.update(notes=7), "notes: must be a string, got a number"),
     ],
 )
 def test_wrong_types_and_missing_fields_name_the_field(mutate: Any, expected: str) -> None:
