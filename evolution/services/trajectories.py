@@ -76,10 +76,10 @@ def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
                     str(step.get("model_name") or "")[:200],
                     _message_text(step.get("message")),
                     str(step.get("reasoning_content") or ""),
-                    json.dumps(step.get("tool_calls") or []),
-                    json.dumps(step.get("observation") or {}),
-                    json.dumps(step.get("metrics") or {}),
-                    json.dumps(_step_extra(step)),
+                    _json_or(step.get("tool_calls"), "[]"),
+                    _json_or(step.get("observation"), "{}"),
+                    _json_or(step.get("metrics"), "{}"),
+                    _json_or(_step_extra(step), "{}"),
                 )
                 for step_id, step in zip(ids, steps, strict=True)
             ]
@@ -141,6 +141,13 @@ def _nul_replaced(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_nul_replaced(child) for child in value]
     return value
+
+
+def _json_or(value: Any, empty: str) -> str:
+    """The JSON text of ``value``, ``empty`` (the text of [] or {}) when it is
+    falsy: most steps have no tool calls, observation or metrics, and one
+    json.dumps call costs some microseconds however small its value."""
+    return json.dumps(value) if value else empty
 
 
 def _step_id(value: Any, position: int) -> int:

@@ -190,6 +190,23 @@ def test_the_worker_stores_through_the_same_function(trial: Trial) -> None:
     assert [(s.step_id, s.message) for s in steps_of(trial)] == [(1, "a"), (2, "b")]
 
 
+def test_empty_or_missing_json_columns_are_stored_as_empty_lists_and_objects(trial: Trial) -> None:
+    # The worker's file is stored leniently: any falsy value is an empty column.
+    steps = [
+        {"step_id": 1, "message": "a"},
+        {"step_id": 2, "message": "b", "tool_calls": None, "observation": "", "metrics": 0},
+        {"step_id": 3, "message": "c", "tool_calls": [], "observation": {}, "metrics": {}, "extra": {}},
+        {"step_id": 4, "message": "d", "tool_calls": [1], "observation": {"o": 0}, "metrics": [0], "extra": False},
+    ]
+    trajectory_store(trial=trial, document={"steps": steps})
+    assert [(s.tool_calls, s.observation, s.metrics, s.extra) for s in steps_of(trial)] == [
+        ([], {}, {}, {}),
+        ([], {}, {}, {}),
+        ([], {}, {}, {"extra": {}}),
+        ([1], {"o": 0}, [0], {"extra": False}),
+    ]
+
+
 # --- management command -----------------------------------------------------------
 
 
