@@ -97,8 +97,15 @@ _TRIGGERS += ("pass", "pwd", "://")
 _GITHUB_PREFIX = re.compile(r"gh[pousr]_")
 
 
+# The two non-ASCII letters a case-insensitive rule matches to an ASCII one
+# but whose lower case is not it: DOTLESS I ("i") and LONG S ("s").
+_CASE_FOLDS = str.maketrans({"\u0131": "i", "\u017f": "s"})
+
+
 def _maybe_secret(text: str) -> bool:
     lowered = text.lower()
+    if not lowered.isascii():
+        lowered = lowered.translate(_CASE_FOLDS)
     return any(trigger in lowered for trigger in _TRIGGERS) or (
         "gh" in lowered and _GITHUB_PREFIX.search(lowered) is not None
     )
@@ -128,11 +135,11 @@ def redact_text(text: str) -> tuple[str, Counter[str]]:
     return text, counts
 
 
-# The only non-ASCII characters whose lower case holds an ASCII letter (KELVIN
-# SIGN is "k", LATIN CAPITAL LETTER I WITH DOT ABOVE "i" and a combining dot),
-# as ``json.dumps`` escapes them: ASCII JSON text without them holds a trigger
-# wherever ``_maybe_secret`` would see one in a string of it.
-_ASCII_LOWERING_ESCAPES = ("\\u212a", "\\u0130")
+# The only non-ASCII characters a case-insensitive rule matches to an ASCII
+# letter (KELVIN SIGN "k", LATIN CAPITAL LETTER I WITH DOT ABOVE and DOTLESS
+# I "i", LONG S "s"), as ``json.dumps`` escapes them: ASCII JSON text without
+# them holds a trigger wherever ``_maybe_secret`` would see one in a string of it.
+_ASCII_LOWERING_ESCAPES = ("\\u212a", "\\u0130", "\\u0131", "\\u017f")
 
 
 def _maybe_secret_in_json(text: str) -> bool:

@@ -131,6 +131,16 @@ def test_a_key_name_spelled_with_the_kelvin_sign_is_still_redacted() -> None:
     assert counts == {"aws_secret_access_key": 1}
 
 
+@pytest.mark.parametrize("text", ["see ?pa\u017f\u017fword=hunter2", "see ?PA\u017f\u017f=hunter2"])
+def test_a_long_s_is_an_s_to_the_quick_look_for_secrets(text: str) -> None:
+    """LONG S is "s" to a case-insensitive rule though its lower case is not:
+    the quick look for secrets must not skip it, in a text or in a
+    document's ASCII JSON."""
+    cleaned = text.split("=")[0] + "=[REDACTED:url_password]"
+    assert redact_text(text) == (cleaned, {"url_password": 1})
+    assert redact({"notes": [text]}) == ({"notes": [cleaned]}, {"url_password": 1})
+
+
 def test_the_callers_json_text_spares_dumping_again() -> None:
     document = {"message": "nothing secret here"}
     assert redact(document, ascii_json='{"message": "nothing secret here"}') == (document, {})
