@@ -11,6 +11,7 @@ the previous trajectory stays.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.db import connection, transaction
@@ -118,24 +119,36 @@ def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
 
 
 def _without_nul(value: Any) -> tuple[Any, str | None]:
-    """PostgreSQL text and jsonb cannot hold U+0000: it becomes U+FFFD.
+    """What no database can store replaced by U+FFFD: U+0000 (PostgreSQL
+    text and jsonb cannot hold it) and lone surrogates (not Unicode, so
+    they cannot be encoded as UTF-8 for any database).
 
-    (``value`` itself, its ASCII JSON text) when that text has none (JSON
-    escapes it as \\u0000); (a copy with U+FFFD, None) otherwise. The text
-    serves redaction's look for secrets too: dumping 70 KB twice was 1 ms.
+    (``value`` itself, its ASCII JSON text) when that text has neither (JSON
+    escapes them as \\u0000 and \\udXXX); (a copy with U+FFFD, None)
+    otherwise. The text serves redaction's look for secrets too: dumping
+    70 KB twice was 1 ms.
     """
     try:
         text = json.dumps(value, check_circular=False)
     except (TypeError, ValueError, RecursionError):
         return _nul_replaced(value), None
-    if "\\u0000" not in text:
+    if "\\u0000" not in text and ("\\ud" not in text or not _LONE_SURROGATE_ESCAPE.search(text)):
         return value, text
     return _nul_replaced(value), None
 
 
+# A surrogate escape that is not half of a pair (a pair is one character
+# beyond the BMP). An escaped backslash before "ud800" matches too, which
+# only costs a walk that changes nothing.
+_LONE_SURROGATE_ESCAPE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def _nul_replaced(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, dict):
         return {_nul_replaced(key): _nul_replaced(child) for key, child in value.items()}
     if isinstance(value, list | tuple):

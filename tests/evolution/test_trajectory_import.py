@@ -276,6 +276,29 @@ def test_nul_characters_are_replaced_so_any_database_can_store_them(trial: Trial
     assert agent.extra == {"extra": {"x\ufffd": "y\ufffd"}}
 
 
+def test_lone_surrogates_are_replaced_and_pairs_kept(trial: Trial) -> None:
+    """A lone surrogate (valid JSON, "\\ud800", but not Unicode) cannot be
+    encoded for any database: it is stored as U+FFFD, like NUL, where it
+    used to fail the whole import. A character beyond the BMP is kept."""
+    text = '[{"role": "user", "content": "a\\ud800b \\udc00 \\ud83d\\ude00"}, {"role": "assistant", "content": "ok"}]'
+    trajectory_import(trial=trial, document=json.loads(text))
+    user, _agent = steps_of(trial)
+    assert user.message == "a\ufffdb \ufffd \U0001f600"
+
+
+def test_a_lone_surrogate_posted_to_the_api_is_stored_not_a_server_error(trial: Trial) -> None:
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    admin = get_user_model().objects.create_user(username="surrogate-admin", is_staff=True, is_superuser=True)
+    client = APIClient()
+    client.force_authenticate(admin)
+    body = '{"format": "openai", "document": [{"role": "user", "content": "x\\udfffy"}]}'
+    response = client.post(f"/api/v1/trials/{trial.pk}/trajectory/", data=body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    assert [step.message for step in steps_of(trial)] == ["x\ufffdy"]
+
+
 def test_every_step_column_is_stored_as_given_even_with_escapes(trial: Trial) -> None:
     # Tabs, newlines, backslashes and quotes are what COPY's text format
     # escapes; none may be lost on the way into any column.
