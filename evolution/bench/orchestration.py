@@ -251,11 +251,20 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
     return elapsed[0], passes
 
 
-def _start_costs(root: Path, *, use_bwrap: bool, starts: int = 100) -> tuple[float, float]:
+def _start_costs(*, use_bwrap: bool, starts: int = 100) -> tuple[float, float]:
     """Seconds per start of ``/bin/true`` through ``run_sandboxed`` (as a
     trial starts its agent and its verifier) and directly: what the sandbox
     alone adds to every command, apart from the rest of the platform."""
-    root.mkdir(mode=0o711, parents=True)
+    # Reachable by a run's own uid without bubblewrap too (the scratch folder is 0700).
+    root = Path(tempfile.mkdtemp(prefix="rsi-bench-starts-"))
+    root.chmod(0o711)
+    try:
+        return _start_costs_in(root, use_bwrap=use_bwrap, starts=starts)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_costs_in(root: Path, *, use_bwrap: bool, starts: int) -> tuple[float, float]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     with stopwatch() as sandboxed:
         for _ in range(starts):
@@ -333,7 +342,7 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
         errors = outcomes.filter(outcome=Trial.Outcome.ERROR).count()
         profiles = sorted(set(outcomes.values_list("sandbox_profile", flat=True)))
         ratio = platform_seconds / direct_seconds
-        sandboxed, plain = _start_costs(scratch / "starts", use_bwrap="bwrap" in profiles)
+        sandboxed, plain = _start_costs(use_bwrap="bwrap" in profiles)
         return BenchResult(
             ratio=ratio,
             target=1.15,

@@ -17,8 +17,8 @@ import rfc8785
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from evolution import records
-from evolution.bench import REGISTRY, BenchResult, load_benchmarks
+from evolution import records, sandbox
+from evolution.bench import REGISTRY, BenchResult, load_benchmarks, orchestration
 from evolution.management.commands import bench as bench_command
 from evolution.models import Benchmark, CertifiedResult, Evaluator, Experiment, Trial
 
@@ -121,3 +121,14 @@ def test_bench_refuses_an_unmigrated_database_with_a_clear_error(monkeypatch: py
 def test_only_the_benchmarks_with_a_throwaway_database_skip_the_migration_check() -> None:
     registry = load_benchmarks()
     assert {name for name, bench in registry.items() if bench.own_database} == {"pages", "diff-render"}
+
+
+@pytest.mark.parametrize("use_bwrap", [False, True], ids=["no sandbox", "bubblewrap"])
+def test_the_start_cost_line_runs_with_and_without_bubblewrap(use_bwrap: bool) -> None:
+    """The orchestration benchmark times /bin/true through run_sandboxed; with
+    RSI_SANDBOX=off a root worker runs it as a uid of its own, which must
+    reach the folder (it once used the benchmark's 0700 scratch folder)."""
+    if use_bwrap and not sandbox.probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    sandboxed, plain = orchestration._start_costs(use_bwrap=use_bwrap, starts=3)
+    assert sandboxed > 0 and plain > 0
