@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -47,7 +48,7 @@ from evolution.services.snapshots import tree_materialize, tree_store
 from evolution.trees import FileEntry
 from evolution.trials import parse_verdict
 from evolution.trust.context import WorkerProcess as Worker
-from evolution.trust.context import database_url_for_subprocess, worker_spawn
+from evolution.trust.context import database_url_for_subprocess, process_descendants, worker_spawn
 
 # A fixed trivial agent: answers from the harness, reports its usage.
 BENCH_AGENT = textwrap.dedent(
@@ -286,6 +287,50 @@ def _start_costs_in(root: Path, *, use_bwrap: bool, starts: int) -> tuple[float,
     return sandboxed[0] / starts, plain[0] / starts
 
 
+@dataclass(frozen=True)
+class CpuSeconds:
+    """CPU time (user and system) used so far by each part of a platform run."""
+
+    worker: float  # the worker's main and pool processes themselves
+    commands: float  # what the pool processes started and reaped: sandboxes, agents, verifiers
+    postgres: float  # every PostgreSQL process, and the ended ones (reaped by the postmaster)
+    redis: float
+    here: float  # this process: starting the evaluation and waiting for it
+
+    def __sub__(self, other: CpuSeconds) -> CpuSeconds:
+        return CpuSeconds(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_sample(worker_pid: int, pool: list[int]) -> CpuSeconds:
+    """Where the machine's CPU time has gone so far, from /proc/<pid>/stat."""
+    own: dict[int, float] = {}
+    reaped: dict[int, float] = {}
+    names: dict[str, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        pid, name = int(entry), stat[stat.index("(") + 1 : stat.rindex(")")]
+        # Fields 14 to 17 (utime, stime, cutime, cstime), counted after the name.
+        utime, stime, cutime, cstime = (int(value) for value in stat[stat.rindex(")") + 2 :].split()[11:15])
+        own[pid], reaped[pid] = (utime + stime) / _TICKS, (cutime + cstime) / _TICKS
+        names.setdefault(name, []).append(pid)
+    here = os.times()
+    return CpuSeconds(
+        worker=sum(own.get(pid, 0.0) for pid in [worker_pid, *pool]),
+        commands=sum(reaped.get(pid, 0.0) for pid in pool),
+        postgres=sum(own[pid] + reaped[pid] for pid in names.get("postgres", [])),
+        redis=sum(own[pid] + reaped[pid] for pid in names.get("redis-server", [])),
+        here=here.user + here.system,
+    )
+
+
 def _fill(template: list[str], values: dict[str, str]) -> list[str]:
     filled = []
     for arg in template:
@@ -329,14 +374,24 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
         # Direct runs before and after the platform's, averaged: the load of
         # a shared machine drifts over a run of minutes.
+        direct_start = os.times()
         before, direct_passes = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-1")
+        direct_end = os.times()
         worker = worker_start(log_dir=scratch, concurrency=parallel)
         try:
+            pool = process_descendants(worker.pid)  # the pool processes, before any trial
+            cpu_start = _cpu_sample(worker.pid, pool)
             platform_seconds, evaluation = _platform_run(experiment, worker=worker, timeout=60 + 2 * tasks * k)
+            cpu = _cpu_sample(worker.pid, pool) - cpu_start
         finally:
             worker.stop()
         after, _ = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-2")
         direct_seconds = (before + after) / 2
+        direct_commands = (direct_end.children_user + direct_end.children_system) - (
+            direct_start.children_user + direct_start.children_system
+        )
+        direct_here = (direct_end.user + direct_end.system) - (direct_start.user + direct_start.system)
+        per_trial = 1000 / (tasks * k)
         outcomes = Trial.objects.filter(evaluation=evaluation)
         platform_passes = outcomes.filter(outcome=Trial.Outcome.PASS).count()
         errors = outcomes.filter(outcome=Trial.Outcome.ERROR).count()
@@ -357,6 +412,12 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
                 f"{parallel}), {platform_passes} passed, {errors} errors, certified",
                 f"starting /bin/true: {1000 * plain:.2f} ms directly, {1000 * sandboxed:.2f} ms through "
                 f"run_sandboxed ({', '.join(profiles)}); a trial starts two commands",
+                f"CPU a trial, direct (first run): commands {per_trial * direct_commands:.1f} ms, "
+                f"this process {per_trial * direct_here:.1f} ms",
+                f"CPU a trial, platform: commands with their sandboxes {per_trial * cpu.commands:.1f} ms, "
+                f"worker processes {per_trial * cpu.worker:.1f} ms, PostgreSQL {per_trial * cpu.postgres:.1f} ms, "
+                f"Redis {per_trial * cpu.redis:.1f} ms, this process {per_trial * cpu.here:.1f} ms; "
+                f"{os.cpu_count()} cores x wall time {per_trial * (os.cpu_count() or 1) * platform_seconds:.1f} ms",
             ],
             checks={"same outcomes": platform_passes == direct_passes and errors == 0},
         )

@@ -11,6 +11,7 @@ import importlib
 import io
 import json
 import math
+import re
 
 import pytest
 import rfc8785
@@ -64,6 +65,12 @@ def test_orchestration_benchmark_certifies_through_a_worker_and_matches_direct_o
     result = run_quick("orchestration", "orchestration")
     assert_sane(result, target=1.15)
     assert any("10 passed, 0 errors, certified" in line for line in result.lines), result.lines
+    # Where the CPU went: the pool processes' own time and what they reaped (agents, verifiers, sandboxes).
+    (cpu,) = [line for line in result.lines if line.startswith("CPU a trial, platform:")]
+    spent = {
+        part: float(ms) for part, ms in re.findall(r"(commands with their sandboxes|worker processes) ([\d.]+) ms", cpu)
+    }
+    assert spent["commands with their sandboxes"] > 0 and spent["worker processes"] > 0, cpu
 
 
 @pytest.mark.worker
