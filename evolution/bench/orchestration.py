@@ -48,7 +48,7 @@ from evolution.services.snapshots import tree_materialize, tree_store
 from evolution.trees import FileEntry
 from evolution.trials import parse_verdict
 from evolution.trust.context import WorkerProcess as Worker
-from evolution.trust.context import database_url_for_subprocess, process_descendants, worker_spawn
+from evolution.trust.context import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
 
 # A fixed trivial agent: answers from the harness, reports its usage.
 BENCH_AGENT = textwrap.dedent(
@@ -309,16 +309,9 @@ def _cpu_sample(worker_pid: int, pool: list[int]) -> CpuSeconds:
     own: dict[int, float] = {}
     reaped: dict[int, float] = {}
     names: dict[str, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        pid, name = int(entry), stat[stat.index("(") + 1 : stat.rindex(")")]
-        # Fields 14 to 17 (utime, stime, cutime, cstime), counted after the name.
-        utime, stime, cutime, cstime = (int(value) for value in stat[stat.rindex(")") + 2 :].split()[11:15])
+    for pid, name, fields in process_stats():
+        # Fields 14 to 17 of proc(5): utime, stime, cutime, cstime.
+        utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
         own[pid], reaped[pid] = (utime + stime) / _TICKS, (cutime + cstime) / _TICKS
         names.setdefault(name, []).append(pid)
     here = os.times()

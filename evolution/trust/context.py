@@ -84,9 +84,9 @@ def database_url_for_subprocess() -> str:
     return f"postgres://{auth}{host}{port}/{db['NAME']}"
 
 
-def process_descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, grandchildren...), from /proc."""
-    children: dict[int, list[int]] = {}
+def process_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the fields after the name) of every live process,
+    from /proc/<pid>/stat; the fields start at the state (field 3 of proc(5))."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -95,8 +95,14 @@ def process_descendants(pid: int) -> list[int]:
         except OSError:
             continue
         # The command name is in parentheses and may hold spaces: split after it.
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        yield int(entry), stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
+def process_descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, grandchildren...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for child, _name, fields in process_stats():
+        children.setdefault(int(fields[1]), []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
