@@ -948,7 +948,8 @@ def loop_recipe(benchmark: str) -> Any:
     """The suite's loop: the rrsi preset, one round of two candidates, k=1,
     the seed measured twice for the noise band, sealed tasks never run (the
     records stay few); the example proposer on the example benchmark, the
-    command proposer running ``proposer_program.py`` on the Harbor one."""
+    command proposer running ``proposer_program.py`` (its text, with ``-c``)
+    on the Harbor one."""
     import evolution.proposers  # noqa: F401  (registers the example and command proposers)
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 
@@ -957,8 +958,10 @@ def loop_recipe(benchmark: str) -> Any:
     if benchmark == "example":
         data["proposal"] = {"operator": "example", "params": {"family_weights": {"generic": 1.0}}}
     else:
-        program = Path(__file__).resolve().with_name("proposer_program.py")
-        argv = [proposer_python(), str(program), "{workspace}", "{manifest}"]
+        # The program's text, not its path: the checkout may sit in a folder
+        # the unprivileged user a root worker runs it as cannot enter.
+        program = Path(__file__).resolve().with_name("proposer_program.py").read_text()
+        argv = [proposer_python(), "-c", program, "{workspace}", "{manifest}"]
         data["proposal"] = {"operator": "command", "params": {"argv": argv, "timeout_seconds": 60}}
     data["evaluation"] = {
         **data["evaluation"],
