@@ -933,15 +933,20 @@ def _create_example_base(name: str) -> Experiment:
 
 
 def proposer_python() -> str:
-    """An interpreter the command proposer's unprivileged user can run."""
+    """An interpreter a command proposer can run: as root it runs as an
+    unprivileged uid, which cannot reach a pyenv under /root, nor a checkout
+    inside a folder closed to others. TrustFailure when there is none."""
     from evolution.sandbox import first_blocked
 
     if os.geteuid() != 0:
         return sys.executable
-    for candidate in (sys.executable, "/usr/bin/python3"):
-        if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
-            return candidate
-    return "/usr/bin/python3"
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        # The resolved path: the one given may pass through a folder closed to
+        # that user (a checkout's .venv linked from elsewhere, say).
+        real = os.path.realpath(candidate)
+        if os.path.exists(real) and first_blocked(Path(real)) is None:
+            return real
+    raise TrustFailure("no Python interpreter here is executable by the unprivileged proposer user")
 
 
 def loop_recipe(benchmark: str) -> Any:

@@ -38,6 +38,7 @@ from evolution.services.snapshots import tree_entries, tree_store
 from evolution.surfaces import check_diff, component_for, in_surface, parse_surface
 from evolution.trees import FileEntry
 from evolution.trust import TrialContext, TrustFailure, expect, scenario
+from evolution.trust.context import proposer_python
 
 INLINE_OWNER = "trust-suite-inline"
 SPLITS = ("train", "gate", "sealed")
@@ -794,22 +795,6 @@ def out_of_surface(ctx: TrialContext) -> str:
         "an evaluation was started for a refused edit",
     )
     return f"{len(checked)} crafted edits refused with a reason (an exec bit dropped); parent unchanged"
-
-
-def proposer_python() -> str:
-    """An interpreter a command proposer can run: as root it runs as an
-    unprivileged uid, which cannot reach a pyenv under /root."""
-    import os
-    import sys
-
-    from evolution.sandbox import first_blocked
-
-    if os.geteuid() != 0:
-        return sys.executable
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and first_blocked(Path(os.path.realpath(candidate))) is None:
-            return candidate
-    raise TrustFailure("no Python interpreter here is executable by the unprivileged proposer user")
 
 
 def _with_params(view: operators.ProposerView, params: Mapping[str, Any]) -> operators.ProposerView:
