@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from evolution.models import Trajectory, TrajectoryStep, Trial
+from evolution.models import Annotation, Trajectory, TrajectoryStep, Trial
 from evolution.redaction import redact
 from evolution.trajectory_formats import ROOT_FIELDS, STEP_FIELDS, TrajectoryFormatError, parse
 
@@ -55,7 +55,7 @@ def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
     if len(set(ids)) != len(ids):  # an agent's own file with repeated ids: number the steps in order
         ids = list(range(1, len(steps) + 1))
     with transaction.atomic():
-        Trajectory.objects.filter(trial=trial).delete()
+        _trajectory_remove(trial)
         trajectory = Trajectory.objects.create(
             trial=trial,
             schema_version=str(document.get("schema_version") or "")[:40],
@@ -86,6 +86,25 @@ def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
             ]
         )
     return trajectory
+
+
+def _trajectory_remove(trial: Trial) -> None:
+    """Delete ``trial``'s trajectory, if any, and its steps; annotations
+    anchored to one of its steps keep their note and lose the anchor (the
+    model's SET_NULL). Three statements, where ``QuerySet.delete`` loads every
+    step as an instance to do the same: 7 ms of a 10 ms re-import of 200
+    steps, and far more for a long trajectory."""
+    old = Trajectory.objects.filter(trial=trial).values_list("pk", flat=True).first()
+    if old is None:
+        return
+    Annotation.objects.filter(step__trajectory_id=old).update(step=None)
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        for model, column in ((TrajectoryStep, "trajectory"), (Trajectory, "id")):
+            meta = model._meta
+            cursor.execute(
+                f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.get_field(column).column)} = %s", [old]
+            )
 
 
 _STEP_COLUMNS = ("trajectory", *STEP_FIELDS, "extra")
@@ -132,17 +151,37 @@ def _without_nul(value: Any) -> tuple[Any, str | None]:
         text = json.dumps(value, check_circular=False)
     except (TypeError, ValueError, RecursionError):
         return _nul_replaced(value), None
-    if "\\u0000" not in text and ("\\ud" not in text or not _LONE_SURROGATE_ESCAPE.search(text)):
+    if "\\u0000" not in text and ("\\ud" not in text or not _lone_surrogate_escaped(text)):
         return value, text
     return _nul_replaced(value), None
 
 
-# A surrogate escape that is not half of a pair (a pair is one character
-# beyond the BMP). An escaped backslash before "ud800" matches too, which
-# only costs a walk that changes nothing.
-_LONE_SURROGATE_ESCAPE = re.compile(
-    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
-)
+# Any surrogate escape; JSON writes a character beyond the BMP as a pair of
+# them, high (d800-dbff) then low (dc00-dfff). A literal start, so the scan
+# runs at the speed of a substring search.
+_SURROGATE_ESCAPE = re.compile(r"\\ud[89a-f][0-9a-f]{2}")
+
+
+def _lone_surrogate_escaped(text: str) -> bool:
+    """Whether ``text`` (JSON) escapes a surrogate that is not half of a pair.
+
+    An escaped backslash before "ud800" counts too, which only costs a walk
+    that changes nothing. One regular expression with look-arounds for the
+    unpaired ones took 1.3 ms over a 70 KB document holding one emoji.
+    """
+    high_end = -1  # where the low half of a pending high one must start
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        if match.group()[3] in "89ab":
+            if high_end != -1:
+                return True
+            high_end = match.end()
+        elif match.start() != high_end:
+            return True
+        else:
+            high_end = -1
+    return high_end != -1
+
+
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 

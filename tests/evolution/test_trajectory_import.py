@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import random
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,14 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from evolution.models import Trajectory, TrajectoryStep, Trial
+from evolution.models import Annotation, AnnotationLabel, Trajectory, TrajectoryStep, Trial
 from evolution.services.evaluation import _store_trajectory
-from evolution.services.trajectories import TrajectoryFormatError, trajectory_import, trajectory_store
+from evolution.services.trajectories import (
+    TrajectoryFormatError,
+    _lone_surrogate_escaped,
+    trajectory_import,
+    trajectory_store,
+)
 from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
@@ -95,6 +101,33 @@ def test_import_replaces_the_previous_trajectory(trial: Trial) -> None:
     trajectory_import(trial=trial, document=load(OPENAI))
     assert Trajectory.objects.filter(trial=trial).count() == 1
     assert len(steps_of(trial)) == 4
+
+
+def test_replacing_a_trajectory_keeps_annotations_unanchored_and_other_trials_whole(trial: Trial) -> None:
+    """The old steps go in one statement, not one instance each, with the
+    model's rules kept: an annotation on one of them stays, without its
+    anchor; another trial's trajectory is untouched."""
+    other_experiment = make_tiny_experiment(tasks=1, k=1, split_lists={"train": ["t00"]})
+    evaluate_seed_inline(other_experiment, splits=("train",))
+    other = Trial.objects.filter(candidate=other_experiment.seed_candidate).get()
+    trajectory_import(trial=trial, document=load(ATIF_FILES[0]))
+    trajectory_import(trial=other, document=load(ATIF_FILES[0]))
+    other_steps = [(step.pk, step.message) for step in steps_of(other)]
+    author = User.objects.create_user("annotator")
+    label = AnnotationLabel.objects.filter(experiment=None).first()
+    anchored = Annotation.objects.create(
+        trial=trial, author=author, label=label, note="see here", step=steps_of(trial)[1]
+    )
+    replaced = {step.pk for step in steps_of(trial)}
+
+    trajectory_import(trial=trial, document=load(OPENAI))
+
+    anchored.refresh_from_db()
+    assert (anchored.note, anchored.step) == ("see here", None)
+    assert len(steps_of(trial)) == 4
+    assert not TrajectoryStep.objects.filter(pk__in=replaced).exists()
+    assert Trajectory.objects.filter(trial=trial).count() == 1
+    assert [(step.pk, step.message) for step in steps_of(other)] == other_steps
 
 
 @pytest.mark.parametrize(
@@ -284,6 +317,29 @@ def test_lone_surrogates_are_replaced_and_pairs_kept(trial: Trial) -> None:
     trajectory_import(trial=trial, document=json.loads(text))
     user, _agent = steps_of(trial)
     assert user.message == "a\ufffdb \ufffd \U0001f600"
+
+
+@pytest.mark.parametrize("with_backslashes", [False, True])
+def test_the_lone_surrogate_scan_agrees_with_decoding_the_json(with_backslashes: bool) -> None:
+    """The scan that lets a document skip the walk replacing lone
+    surrogates: compared with what json.loads makes of 3,000 strings built
+    of pairs, lone halves in every order, and other escapes. It may only
+    err towards the walk (an escaped backslash before "ud800"), never miss."""
+    pieces = ["\\ud83d", "\\ude00", "\\udbff", "\\udc00", "\\ud800\\udfff", "a", "\\u00e9", "\\ud7ff", "\\ue000"]
+    if with_backslashes:
+        pieces.append("\\\\")
+    chooser = random.Random(20261130)
+    missed, extra = [], []
+    for _ in range(3000):
+        text = "".join(chooser.choice(pieces) for _ in range(chooser.randint(0, 6)))
+        lone = any("\ud800" <= char <= "\udfff" for char in json.loads(f'"{text}"'))
+        found = _lone_surrogate_escaped(text)
+        (missed if lone and not found else extra if found and not lone else []).append(text)
+    assert missed == []
+    if with_backslashes:
+        assert all("\\\\" in text for text in extra)
+    else:
+        assert extra == []
 
 
 def test_a_lone_surrogate_posted_to_the_api_is_stored_not_a_server_error(trial: Trial) -> None:
