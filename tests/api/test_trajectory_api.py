@@ -135,3 +135,16 @@ def test_sealed_trial_is_404_without_the_sealed_permission(trials: dict[str, Tri
     allowed = client_for("operator", perms=(access.SEALED,))
     assert allowed.post(url(trials["sealed"]), body, format="json").status_code == 201
     assert client_for("operator").post("/api/v1/trials/999999/trajectory/", body, format="json").status_code == 404
+
+
+def test_a_form_posts_the_document_as_json_text(trials: dict[str, Trial]) -> None:
+    """A form (multipart) carries the document as JSON text: it is parsed,
+    then checked like a JSON body's; text that is not JSON is a field error."""
+    client = client_for("operator", perms=(access.OPERATE,))
+    response = client.post(url(trials["train"]), {"format": "atif", "document": json.dumps(HARBOR)})
+    assert response.status_code == 201, response.content
+    assert response.json()["step_count"] == len(HARBOR["steps"])
+    response = client.post(url(trials["train"]), {"format": "atif", "document": "{not json"})
+    assert response.status_code == 400
+    assert "document" in response.json()
+    assert Trajectory.objects.get(trial=trials["train"]).step_count == len(HARBOR["steps"])
