@@ -1,10 +1,16 @@
-"""Import a trial's trajectory: POST /api/v1/trials/<pk>/trajectory/.
+"""Import trajectories: POST /api/v1/trials/<pk>/trajectory/ for one trial,
+POST /api/v1/trajectories/ for a batch.
 
-Body ``{"format": "auto" | "atif" | "mini-swe-agent" | "openai", "document": ...}``.
-The document is validated, converted to ATIF, redacted and stored in place
-of the trial's trajectory (evolution.services.trajectories). Staff or the
-operator permission may import; sealed trials are 404 without the sealed
-permission, as on the screens.
+One: ``{"format": "auto" | "atif" | "mini-swe-agent" | "openai", "document": ...}``.
+A batch: ``{"trajectories": [{"trial": <pk>, "format": ..., "document": ...}, ...]}``,
+up to ``BATCH_MAX`` of them, all or nothing: one invalid item (its position
+names it) and nothing is written. Each document is validated, converted to
+ATIF, redacted and stored in place of its trial's trajectory
+(evolution.services.trajectories); a batch in one transaction, which spares
+each file a request, a commit and its own inserts. Staff or the operator
+permission may import; sealed trials are 404 without the sealed
+permission, as on the screens (in a batch: "no trial", the same words as
+for one that does not exist).
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from rest_framework.views import APIView
 
 from api.permissions import CanView
 from evolution.models import Trial
-from evolution.services.trajectories import TrajectoryFormatError, trajectory_import
+from evolution.services.trajectories import (
+    TrajectoryBatchError,
+    TrajectoryFormatError,
+    trajectories_import,
+    trajectory_import,
+)
 from evolution.trajectory_formats import FORMATS
 from review import access
 
@@ -68,6 +79,16 @@ class TrajectoryImportOutput(serializers.Serializer):
     redactions = serializers.DictField(child=serializers.IntegerField(), help_text="secrets removed, by kind")
 
 
+def _summary(trajectory: Any) -> dict[str, Any]:
+    return {
+        "trial": trajectory.trial_id,
+        "format": trajectory.extra.get("imported_format", ""),
+        "step_count": trajectory.step_count,
+        "redacted": trajectory.redacted,
+        "redactions": trajectory.extra.get("redactions", {}),
+    }
+
+
 class TrajectoryImportView(APIView):
     permission_classes = [CanImportTrajectories]
 
@@ -88,16 +109,67 @@ class TrajectoryImportView(APIView):
             )
         except TrajectoryFormatError as exc:
             raise ValidationError({"document": exc.errors}) from exc
-        body = TrajectoryImportOutput(
-            {
-                "trial": trial.pk,
-                "format": trajectory.extra.get("imported_format", ""),
-                "step_count": trajectory.step_count,
-                "redacted": trajectory.redacted,
-                "redactions": trajectory.extra.get("redactions", {}),
-            }
-        )
+        body = TrajectoryImportOutput(_summary(trajectory))
         return Response(body.data, status=status.HTTP_201_CREATED)
 
 
-urlpatterns = [path("trials/<int:pk>/trajectory/", TrajectoryImportView.as_view(), name="trial-trajectory-import")]
+# Items a batch may hold; the request body's size limit (RSI_MAX_BODY_BYTES) applies too.
+BATCH_MAX = 200
+
+
+class TrajectoryBatchItem(serializers.Serializer):
+    trial = serializers.IntegerField(min_value=1)
+    format = serializers.ChoiceField(choices=("auto", *FORMATS), default="auto", required=False)
+    document = ParsedJSONField(help_text="as for one trial")
+
+
+class TrajectoryBatchInput(serializers.Serializer):
+    trajectories = serializers.ListField(child=TrajectoryBatchItem(), min_length=1, max_length=BATCH_MAX)
+
+
+class TrajectoryBatchOutput(serializers.Serializer):
+    imported = TrajectoryImportOutput(many=True)
+
+
+class TrajectoryBatchImportView(APIView):
+    permission_classes = [CanImportTrajectories]
+
+    @extend_schema(
+        request=TrajectoryBatchInput,
+        responses={201: TrajectoryBatchOutput},
+        summary="Import several trials' trajectories at once, all or nothing (secrets are redacted)",
+    )
+    def post(self, request: Request) -> Response:
+        data = TrajectoryBatchInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        items = data.validated_data["trajectories"]
+        problems: dict[int, dict[str, list[str]]] = {}
+        seen: set[int] = set()
+        for index, item in enumerate(items):
+            if item.get("document") is None:
+                problems[index] = {"document": ["this field is required"]}
+            if item["trial"] in seen:
+                problems.setdefault(index, {})["trial"] = [f"trial {item['trial']} is already in this batch"]
+            seen.add(item["trial"])
+        visible = access.hide_sealed(Trial.objects.all(), request.user).in_bulk(list(seen))
+        for index, item in enumerate(items):
+            if item["trial"] not in visible:
+                problems.setdefault(index, {})["trial"] = [f"no trial {item['trial']}"]
+        if problems:
+            raise ValidationError({"trajectories": problems})
+        try:
+            trajectories = trajectories_import(
+                [(visible[item["trial"]], item["document"], item.get("format", "auto")) for item in items]
+            )
+        except TrajectoryBatchError as exc:
+            raise ValidationError(
+                {"trajectories": {index: {"document": errors} for index, errors in exc.errors.items()}}
+            ) from exc
+        body = TrajectoryBatchOutput({"imported": [_summary(trajectory) for trajectory in trajectories]})
+        return Response(body.data, status=status.HTTP_201_CREATED)
+
+
+urlpatterns = [
+    path("trials/<int:pk>/trajectory/", TrajectoryImportView.as_view(), name="trial-trajectory-import"),
+    path("trajectories/", TrajectoryBatchImportView.as_view(), name="trajectory-batch-import"),
+]

@@ -5,7 +5,9 @@ The files are built from the real ATIF fixtures (the OpenHands hello-world
 trajectory, whose steps are repeated and renumbered up to the size wanted)
 and posted to ``POST /api/v1/trials/<id>/trajectory/`` with an operator's
 token through the whole Django stack: authentication, permissions,
-validation, conversion, redaction, storage.
+validation, conversion, redaction, storage. The verdict is on that, one file
+a request; the same files are then posted to other trials in batches
+(``POST /api/v1/trajectories/``), whose figure is printed beside it.
 """
 
 from __future__ import annotations
@@ -90,11 +92,12 @@ def finished_trials(experiment: Experiment, *, count: int) -> list[int]:
 @benchmark(
     "trajectory-import",
     "1,000 ATIF files of 200 steps imported through the API vs parsed with json alone",
-    quick={"files": 20, "steps": 50},
+    quick={"files": 20, "steps": 50, "batch": 8},
 )
-def trajectory_import_benchmark(*, files: int = 1000, steps: int = 200) -> BenchResult:
+def trajectory_import_benchmark(*, files: int = 1000, steps: int = 200, batch: int = 50) -> BenchResult:
     def body(experiment: Experiment, _scratch: Path) -> BenchResult:
-        warm_up, *trial_ids = finished_trials(experiment, count=files + 1)
+        warm_up, *trial_ids = finished_trials(experiment, count=2 * files + 1)
+        trial_ids, batch_ids = trial_ids[:files], trial_ids[files:]
         texts = [json.dumps(atif_document(steps=steps, number=number)).encode() for number in range(files)]
         bodies = [b'{"format": "atif", "document": ' + text + b"}" for text in texts]
         user = get_user_model().objects.create_user(
@@ -115,11 +118,30 @@ def trajectory_import_benchmark(*, files: int = 1000, steps: int = 200) -> Bench
                         f"/api/v1/trials/{trial_id}/trajectory/", data=request_body, content_type="application/json"
                     )
                     statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            # The same files again, into other trials, ``batch`` to a request.
+            batch_bodies = [
+                b'{"trajectories": ['
+                + b", ".join(
+                    b'{"trial": %d, "format": "atif", "document": %s}' % (trial_id, text)
+                    for trial_id, text in zip(
+                        batch_ids[start : start + batch], texts[start : start + batch], strict=True
+                    )
+                )
+                + b"]}"
+                for start in range(0, files, batch)
+            ]
+            batch_statuses: dict[int, int] = {}
+            with stopwatch() as batched:
+                for request_body in batch_bodies:
+                    response = client.post("/api/v1/trajectories/", data=request_body, content_type="application/json")
+                    batch_statuses[response.status_code] = batch_statuses.get(response.status_code, 0) + 1
         finally:
             Token.objects.filter(user=user).delete()
             user.delete()
         stored = Trajectory.objects.filter(trial_id__in=trial_ids, step_count=steps).count()
         stored_steps = TrajectoryStep.objects.filter(trajectory__trial_id__in=trial_ids).count()
+        batch_stored = Trajectory.objects.filter(trial_id__in=batch_ids, step_count=steps).count()
+        batch_stored_steps = TrajectoryStep.objects.filter(trajectory__trial_id__in=batch_ids).count()
         size = sum(len(text) for text in texts)
         return BenchResult(
             ratio=imported[0] / parsed[0],
@@ -131,8 +153,17 @@ def trajectory_import_benchmark(*, files: int = 1000, steps: int = 200) -> Bench
                 f"API import:  {imported[0]:8.3f} s  ({1000 * imported[0] / files:.1f} ms per file); "
                 f"responses {dict(sorted(statuses.items()))}",
                 f"stored: {stored} trajectories, {stored_steps} steps",
+                f"API import in batches of {batch} (POST /api/v1/trajectories/): {batched[0]:8.3f} s  "
+                f"({1000 * batched[0] / files:.1f} ms per file, ratio {batched[0] / parsed[0]:.3f}); "
+                f"responses {dict(sorted(batch_statuses.items()))}; "
+                f"stored {batch_stored} trajectories, {batch_stored_steps} steps",
             ],
-            checks={"all imported": statuses == {201: files} and stored == files and stored_steps == files * steps},
+            checks={
+                "all imported": statuses == {201: files} and stored == files and stored_steps == files * steps,
+                "all imported in batches": batch_statuses == {201: len(batch_bodies)}
+                and batch_stored == files
+                and batch_stored_steps == files * steps,
+            },
         )
 
     tasks = max(1, min(files, 100))

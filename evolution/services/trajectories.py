@@ -3,15 +3,17 @@
 ``trajectory_store`` stores an ATIF-shaped document (secrets redacted,
 replacing the trial's previous trajectory); the worker calls it for the
 trajectory an agent wrote, and ``trajectory_import`` calls it after
-detecting the format, validating and converting (evolution.trajectory_formats).
-Bad input raises ``TrajectoryFormatError`` before anything is written, so
-the previous trajectory stays.
+detecting the format, validating and converting (evolution.trajectory_formats);
+``trajectories_import`` does the same for a batch, in one transaction.
+Bad input raises ``TrajectoryFormatError`` (``TrajectoryBatchError`` for a
+batch) before anything is written, so the previous trajectories stay.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -20,7 +22,13 @@ from evolution.models import Annotation, Trajectory, TrajectoryStep, Trial
 from evolution.redaction import redact
 from evolution.trajectory_formats import ROOT_FIELDS, STEP_FIELDS, TrajectoryFormatError, parse
 
-__all__ = ["TrajectoryFormatError", "trajectory_import", "trajectory_store"]
+__all__ = [
+    "TrajectoryBatchError",
+    "TrajectoryFormatError",
+    "trajectories_import",
+    "trajectory_import",
+    "trajectory_store",
+]
 
 
 def _message_text(message: Any) -> str:
@@ -42,6 +50,19 @@ def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
     worker stores whatever the agent wrote); validate with
     ``trajectory_formats.parse`` first for strictness.
     """
+    return _store([_prepared(trial, document)])[0]
+
+
+@dataclass
+class _Prepared:
+    """A trajectory ready to store: its row (unsaved) and its steps' rows
+    (``_STEP_COLUMNS`` after the trajectory's id)."""
+
+    trajectory: Trajectory
+    steps: list[tuple[Any, ...]]
+
+
+def _prepared(trial: Trial, document: dict[str, Any]) -> _Prepared:
     document, text = _without_nul(document)
     document, redactions = redact(document, ascii_json=text)
     steps = [step for step in document.get("steps") or [] if isinstance(step, dict)]
@@ -54,56 +75,69 @@ def trajectory_store(*, trial: Trial, document: dict[str, Any]) -> Trajectory:
     ids = [_step_id(step.get("step_id"), position) for position, step in enumerate(steps, start=1)]
     if len(set(ids)) != len(ids):  # an agent's own file with repeated ids: number the steps in order
         ids = list(range(1, len(steps) + 1))
-    with transaction.atomic():
-        _trajectory_remove(trial)
-        trajectory = Trajectory.objects.create(
-            trial=trial,
-            schema_version=str(document.get("schema_version") or "")[:40],
-            session_id=str(document.get("session_id") or "")[:200],
-            agent=document.get("agent") if isinstance(document.get("agent"), dict) else {},
-            final_metrics=document.get("final_metrics") if isinstance(document.get("final_metrics"), dict) else {},
-            notes=str(document.get("notes") or ""),
-            extra=extra,
-            step_count=len(steps),
-            redacted=bool(redactions),
+    trajectory = Trajectory(
+        trial=trial,
+        schema_version=str(document.get("schema_version") or "")[:40],
+        session_id=str(document.get("session_id") or "")[:200],
+        agent=document.get("agent") if isinstance(document.get("agent"), dict) else {},
+        final_metrics=document.get("final_metrics") if isinstance(document.get("final_metrics"), dict) else {},
+        notes=str(document.get("notes") or ""),
+        extra=extra,
+        step_count=len(steps),
+        redacted=bool(redactions),
+    )
+    rows = [
+        (
+            step_id,
+            str(step.get("timestamp") or "")[:64],
+            str(step.get("source") or "")[:20],
+            str(step.get("model_name") or "")[:200],
+            _message_text(step.get("message")),
+            str(step.get("reasoning_content") or ""),
+            _json_or(step.get("tool_calls"), "[]"),
+            _json_or(step.get("observation"), "{}"),
+            _json_or(step.get("metrics"), "{}"),
+            _json_or(_step_extra(step), "{}"),
         )
+        for step_id, step in zip(ids, steps, strict=True)
+    ]
+    return _Prepared(trajectory, rows)
+
+
+def _store(prepared: list[_Prepared]) -> list[Trajectory]:
+    """Replace the trials' trajectories with ``prepared`` in one transaction:
+    one statement removes the old ones, one inserts the new, one COPY their
+    steps, however many there are."""
+    with transaction.atomic():
+        _trajectories_remove([item.trajectory.trial_id for item in prepared])
+        trajectories = Trajectory.objects.bulk_create([item.trajectory for item in prepared])
         _steps_insert(
             [
-                (
-                    trajectory.pk,
-                    step_id,
-                    str(step.get("timestamp") or "")[:64],
-                    str(step.get("source") or "")[:20],
-                    str(step.get("model_name") or "")[:200],
-                    _message_text(step.get("message")),
-                    str(step.get("reasoning_content") or ""),
-                    _json_or(step.get("tool_calls"), "[]"),
-                    _json_or(step.get("observation"), "{}"),
-                    _json_or(step.get("metrics"), "{}"),
-                    _json_or(_step_extra(step), "{}"),
-                )
-                for step_id, step in zip(ids, steps, strict=True)
+                (trajectory.pk, *row)
+                for trajectory, item in zip(trajectories, prepared, strict=True)
+                for row in item.steps
             ]
         )
-    return trajectory
+    return trajectories
 
 
-def _trajectory_remove(trial: Trial) -> None:
-    """Delete ``trial``'s trajectory, if any, and its steps; annotations
-    anchored to one of its steps keep their note and lose the anchor (the
+def _trajectories_remove(trial_ids: list[int]) -> None:
+    """Delete these trials' trajectories and their steps; annotations
+    anchored to one of those steps keep their note and lose the anchor (the
     model's SET_NULL). Three statements, where ``QuerySet.delete`` loads every
     step as an instance to do the same: 7 ms of a 10 ms re-import of 200
     steps, and far more for a long trajectory."""
-    old = Trajectory.objects.filter(trial=trial).values_list("pk", flat=True).first()
-    if old is None:
+    old = list(Trajectory.objects.filter(trial_id__in=trial_ids).values_list("pk", flat=True))
+    if not old:
         return
-    Annotation.objects.filter(step__trajectory_id=old).update(step=None)
+    Annotation.objects.filter(step__trajectory_id__in=old).update(step=None)
     quote = connection.ops.quote_name
+    marks = ", ".join(["%s"] * len(old))
     with connection.cursor() as cursor:
         for model, column in ((TrajectoryStep, "trajectory"), (Trajectory, "id")):
             meta = model._meta
             cursor.execute(
-                f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.get_field(column).column)} = %s", [old]
+                f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.get_field(column).column)} IN ({marks})", old
             )
 
 
@@ -218,7 +252,41 @@ def trajectory_import(*, trial: Trial, document: Any, fmt: str = "auto") -> Traj
     list; ``fmt`` "auto" detects which), redact it and store it as
     ``trial``'s trajectory, replacing any. TrajectoryFormatError, with
     nothing written, when it is not valid."""
+    return _store([_prepared(trial, _normalized(document, fmt))])[0]
+
+
+class TrajectoryBatchError(Exception):
+    """Documents of a batch that are not valid: ``errors`` maps each one's
+    position in the batch to its problems (``TrajectoryFormatError.errors``)."""
+
+    def __init__(self, errors: dict[int, list[str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"#{index}: {problems[0]}" for index, problems in sorted(errors.items())[:5]))
+
+
+def trajectories_import(items: list[tuple[Trial, Any, str]]) -> list[Trajectory]:
+    """``trajectory_import`` of several (trial, document, format), all or
+    nothing: every document is validated first, and TrajectoryBatchError
+    names each invalid one with nothing written; then one transaction
+    replaces every trial's trajectory. Each trial at most once (ValueError).
+    Returns the trajectories in the order given."""
+    trial_ids = [trial.pk for trial, _document, _fmt in items]
+    if len(set(trial_ids)) != len(trial_ids):
+        raise ValueError("a trial appears more than once in the batch")
+    normalized: list[dict[str, Any]] = []
+    errors: dict[int, list[str]] = {}
+    for index, (_trial, document, fmt) in enumerate(items):
+        try:
+            normalized.append(_normalized(document, fmt))
+        except TrajectoryFormatError as exc:
+            errors[index] = exc.errors
+    if errors:
+        raise TrajectoryBatchError(errors)
+    return _store([_prepared(trial, document) for (trial, _d, _f), document in zip(items, normalized, strict=True)])
+
+
+def _normalized(document: Any, fmt: str) -> dict[str, Any]:
     detected, normalized = parse(document, fmt)
     normalized.setdefault("extra", {})
     normalized["extra"] = {**normalized["extra"], "imported_format": detected}
-    return trajectory_store(trial=trial, document=normalized)
+    return normalized

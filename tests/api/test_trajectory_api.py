@@ -148,3 +148,85 @@ def test_a_form_posts_the_document_as_json_text(trials: dict[str, Trial]) -> Non
     assert response.status_code == 400
     assert "document" in response.json()
     assert Trajectory.objects.get(trial=trials["train"]).step_count == len(HARBOR["steps"])
+
+
+BATCH = "/api/v1/trajectories/"
+
+
+def steps_stored(trial: Trial) -> list[tuple[int, str]]:
+    return list(Trajectory.objects.get(trial=trial).steps.order_by("step_id").values_list("step_id", "message"))
+
+
+def test_a_batch_imports_every_trajectory_in_order(trials: dict[str, Trial]) -> None:
+    document = [*OPENAI_MESSAGES, {"role": "user", "content": f"my key is {KEY}"}]
+    items = [
+        {"trial": trials["train"].pk, "document": document},
+        {"trial": trials["sealed"].pk, "format": "atif", "document": HARBOR},
+    ]
+    client = client_for("operator", perms=(access.SEALED,))
+    response = client.post(BATCH, {"trajectories": items}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json() == {
+        "imported": [
+            {
+                "trial": trials["train"].pk,
+                "format": "openai",
+                "step_count": 5,
+                "redacted": True,
+                "redactions": {"anthropic_api_key": 1},
+            },
+            {"trial": trials["sealed"].pk, "format": "atif", "step_count": 6, "redacted": False, "redactions": {}},
+        ]
+    }
+    assert steps_stored(trials["train"])[-1] == (5, "my key is [REDACTED:anthropic_api_key]")
+    assert [step_id for step_id, _ in steps_stored(trials["sealed"])] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_batch_is_all_or_nothing_and_names_each_bad_item(trials: dict[str, Trial]) -> None:
+    """One invalid document, one repeated trial, one unknown trial, one
+    sealed trial the caller may not see: each is named by its position,
+    the last two in the same words, and no trajectory changes."""
+    client = client_for("operator")
+    assert client.post(url(trials["train"]), {"document": HARBOR}, format="json").status_code == 201
+    before = steps_stored(trials["train"])
+    broken = json.loads(json.dumps(HARBOR))
+    broken["steps"][1]["step_id"] = 9
+    items = [
+        {"trial": trials["train"].pk, "document": OPENAI_MESSAGES},
+        {"trial": trials["train"].pk, "document": OPENAI_MESSAGES},
+        {"trial": 999999, "document": OPENAI_MESSAGES},
+        {"trial": trials["sealed"].pk, "document": OPENAI_MESSAGES},
+    ]
+    response = client.post(BATCH, {"trajectories": items}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "trajectories": {
+            "1": {"trial": [f"trial {trials['train'].pk} is already in this batch"]},
+            "2": {"trial": ["no trial 999999"]},
+            "3": {"trial": [f"no trial {trials['sealed'].pk}"]},
+        }
+    }
+    items = [
+        {"trial": trials["sealed"].pk, "document": OPENAI_MESSAGES},
+        {"trial": trials["train"].pk, "format": "atif", "document": broken},
+    ]
+    response = client_for("operator", perms=(access.SEALED,)).post(BATCH, {"trajectories": items}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "trajectories": {"1": {"document": ["steps[1].step_id: expected 2 (step ids are sequential from 1), got 9"]}}
+    }
+    assert steps_stored(trials["train"]) == before
+    assert not Trajectory.objects.filter(trial=trials["sealed"]).exists()
+
+
+def test_a_batch_is_refused_to_viewers_and_bounded(trials: dict[str, Trial]) -> None:
+    body = {"trajectories": [{"trial": trials["train"].pk, "document": OPENAI_MESSAGES}]}
+    assert client_for("viewer").post(BATCH, body, format="json").status_code == 403
+    assert APIClient().post(BATCH, body, format="json").status_code == 401
+    client = client_for("operator")
+    assert client.post(BATCH, {"trajectories": []}, format="json").status_code == 400
+    many = {"trajectories": [{"trial": n, "document": OPENAI_MESSAGES} for n in range(1, trajectories.BATCH_MAX + 2)]}
+    response = client.post(BATCH, many, format="json")
+    assert response.status_code == 400 and "trajectories" in response.json()
+    assert client.post(BATCH, {"trajectories": [{"trial": trials["train"].pk}]}, format="json").status_code == 400
+    assert not Trajectory.objects.filter(trial=trials["train"], extra__has_key="imported_format").exists()

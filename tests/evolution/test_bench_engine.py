@@ -57,6 +57,8 @@ def test_trajectory_import_benchmark_stores_every_file_through_the_api() -> None
     assert_sane(result, target=5.0)
     assert any("responses {201: 20}" in line for line in result.lines)
     assert "stored: 20 trajectories, 1000 steps" in result.lines
+    batched = next(line for line in result.lines if line.startswith("API import in batches of 8"))
+    assert "responses {201: 3}; stored 20 trajectories, 1000 steps" in batched
 
 
 @pytest.mark.worker

@@ -135,6 +135,7 @@ ROUTES: dict[str, Paths] = {
         f"/api/v1/trials/{i.train_trial}/trajectory/",
     ],
     "api:trial-trajectory-import": lambda i: [f"/api/v1/trials/{i.sealed_trial}/trajectory/"],
+    "api:trajectory-batch-import": lambda i: ["/api/v1/trajectories/"],
     "api:ledger-list": lambda i: ["/api/v1/ledger/"],
     "api:ledger-detail": lambda i: ["/api/v1/ledger/1/"],
     "api:flag-list": lambda i: ["/api/v1/flags/", f"/api/v1/flags/?candidate={i.flagged}"],
@@ -353,6 +354,18 @@ def test_posting_to_a_sealed_trial_without_the_permission_is_not_found(
     )
     assert response.status_code == 404
     assert CANARY not in response.content.decode()
+    # In a batch, the same words as for a trial that does not exist.
+    response = annotator.post(
+        "/api/v1/trajectories/",
+        {
+            "trajectories": [
+                {"trial": ids.sealed_trial, "format": "openai", "document": [{"role": "user", "content": "hi"}]}
+            ]
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 400
+    assert response.json() == {"trajectories": {"0": {"trial": [f"no trial {ids.sealed_trial}"]}}}
     assert list(Trajectory.objects.get(trial_id=ids.sealed_trial).steps.values_list("message", flat=True)) == steps
 
 
