@@ -319,9 +319,33 @@ if RSI_SANDBOX not in {"auto", "required", "off"}:
     raise ImproperlyConfigured(f"RSI_SANDBOX={RSI_SANDBOX!r} must be auto, required or off")
 RSI_TRIAL_TIMEOUT = env_int("RSI_TRIAL_TIMEOUT", 60)
 RSI_TRIAL_LEASE_SECONDS = env_int("RSI_TRIAL_LEASE_SECONDS", 300)
+
+
+def scratch_root(mounts: str = "/proc/mounts", shm: str = "/dev/shm", min_bytes: int = 2 << 30) -> Path:
+    """Where trial folders go by default: ``shm`` when it is a writable
+    tmpfs of at least ``min_bytes``, else the temporary directory.
+
+    A trial makes and removes some thirty files and folders in a few
+    milliseconds. On a journalled disk that the database's fsyncs share,
+    that took 14 % of the platform's time in the orchestration benchmark;
+    in memory it costs next to nothing. A small ``/dev/shm`` (64 MB in a
+    container, by default) would fail trials that write more, hence the floor.
+    """
+    try:
+        with open(mounts, encoding="utf-8") as table:
+            tmpfs = any(line.split()[1:3] == [shm, "tmpfs"] for line in table if len(line.split()) > 2)
+        if tmpfs and os.access(shm, os.W_OK | os.X_OK):
+            size = os.statvfs(shm)
+            if size.f_frsize * size.f_blocks >= min_bytes:
+                return Path(shm)
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
 # Trial workspaces. Not under VAR_DIR: an unprivileged trial user must be
 # able to reach its workspace but never the database or the keys.
-RSI_WORK_DIR = Path(env_str("RSI_WORK_DIR", str(Path(tempfile.gettempdir()) / f"rsiweb-work-{os.getuid()}")))
+RSI_WORK_DIR = Path(env_str("RSI_WORK_DIR", str(scratch_root() / f"rsiweb-work-{os.getuid()}")))
 
 # Tests that need PostgreSQL, Redis or a worker fail instead of skipping
 # when this is set (CI sets it).

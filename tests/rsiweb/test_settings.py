@@ -101,3 +101,24 @@ def test_production_settings_start_with_secrets_from_files(tmp_path: Path) -> No
     result = settings_process(env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[2] == "False"
+
+
+def test_trial_folders_go_to_a_roomy_tmpfs_when_there_is_one(tmp_path: Path) -> None:
+    """scratch_root takes the shared-memory folder only when the mount table
+    says it is a tmpfs, it is writable and it holds at least the floor;
+    anything else (another file system, too small, no mount table) is the
+    temporary directory."""
+    import tempfile
+
+    from rsiweb.settings import scratch_root
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    table = tmp_path / "mounts"
+    table.write_text(f"proc /proc proc rw 0 0\ntmpfs {shm} tmpfs rw,nosuid,nodev 0 0\n")
+    elsewhere = Path(tempfile.gettempdir())
+    assert scratch_root(str(table), str(shm), min_bytes=1) == shm
+    assert scratch_root(str(table), str(shm), min_bytes=1 << 60) == elsewhere
+    table.write_text(f"/dev/vda {shm} ext4 rw 0 0\n")
+    assert scratch_root(str(table), str(shm), min_bytes=1) == elsewhere
+    assert scratch_root(str(tmp_path / "no-such-table"), str(shm), min_bytes=1) == elsewhere
