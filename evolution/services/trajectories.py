@@ -111,6 +111,12 @@ def _store(prepared: list[_Prepared]) -> list[Trajectory]:
     with transaction.atomic():
         _trajectories_remove([item.trajectory.trial_id for item in prepared])
         trajectories = Trajectory.objects.bulk_create([item.trajectory for item in prepared])
+        if not connection.features.can_return_rows_from_bulk_insert:  # SQLite before 3.35
+            ids = dict(
+                Trajectory.objects.filter(trial_id__in=[t.trial_id for t in trajectories]).values_list("trial_id", "pk")
+            )
+            for trajectory in trajectories:
+                trajectory.pk = ids[trajectory.trial_id]
         _steps_insert(
             [
                 (trajectory.pk, *row)

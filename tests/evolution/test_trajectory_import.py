@@ -386,3 +386,22 @@ def test_every_step_column_is_stored_as_given_even_with_escapes(trial: Trial) ->
     assert stored.observation == step["observation"]
     assert stored.metrics == {"prompt_tokens": 3, "cost_usd": 0.5}
     assert stored.extra == {"custom": [awkward, None, 1.5]}
+
+
+def test_a_batch_finds_its_new_ids_where_a_bulk_insert_returns_none(
+    trial: Trial, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that returns no ids from a bulk insert (SQLite before
+    3.35): the steps still go to their own trajectories."""
+    from django.db import connection
+
+    from evolution.services.trajectories import trajectories_import
+
+    other_experiment = make_tiny_experiment(tasks=1, k=1, split_lists={"train": ["t00"]})
+    evaluate_seed_inline(other_experiment, splits=("train",))
+    other = Trial.objects.filter(candidate=other_experiment.seed_candidate).get()
+    monkeypatch.setattr(type(connection.features), "can_return_rows_from_bulk_insert", False)
+    stored = trajectories_import([(trial, load(OPENAI), "auto"), (other, load(ATIF_FILES[0]), "atif")])
+    assert [trajectory.trial_id for trajectory in stored] == [trial.pk, other.pk]
+    assert [len(steps_of(trial)), len(steps_of(other))] == [4, len(load(ATIF_FILES[0])["steps"])]
+    assert all(step.trajectory_id == stored[0].pk for step in steps_of(trial))
