@@ -12,6 +12,7 @@ batch) before anything is written, so the previous trajectories stay.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -178,17 +179,20 @@ def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
 
 
 def _without_nul(value: Any) -> tuple[Any, str | None]:
-    """What no database can store replaced by U+FFFD: U+0000 (PostgreSQL
-    text and jsonb cannot hold it) and lone surrogates (not Unicode, so
-    they cannot be encoded as UTF-8 for any database).
+    """What no database can store replaced: U+0000 (PostgreSQL text and
+    jsonb cannot hold it) and lone surrogates (not Unicode, so they cannot
+    be encoded as UTF-8 for any database) by U+FFFD; infinite and NaN
+    numbers (not JSON: jsonb and SQLite's JSON check refuse them; Python's
+    parser reads 1e999 in an agent's file as infinity) by null.
 
-    (``value`` itself, its ASCII JSON text) when that text has neither (JSON
-    escapes them as \\u0000 and \\udXXX); (a copy with U+FFFD, None)
+    (``value`` itself, its ASCII JSON text) when that text has none of them
+    (JSON escapes the characters as \\u0000 and \\udXXX; a number that is
+    not finite fails the dump); (a copy with the replacements, None)
     otherwise. The text serves redaction's look for secrets too: dumping
     70 KB twice was 1 ms.
     """
     try:
-        text = json.dumps(value, check_circular=False)
+        text = json.dumps(value, check_circular=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return _nul_replaced(value), None
     if "\\u0000" not in text and ("\\ud" not in text or not _lone_surrogate_escaped(text)):
@@ -228,6 +232,8 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 def _nul_replaced(value: Any) -> Any:
     if isinstance(value, str):
         return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {_nul_replaced(key): _nul_replaced(child) for key, child in value.items()}
     if isinstance(value, list | tuple):

@@ -230,3 +230,23 @@ def test_a_batch_is_refused_to_viewers_and_bounded(trials: dict[str, Trial]) -> 
     assert response.status_code == 400 and "trajectories" in response.json()
     assert client.post(BATCH, {"trajectories": [{"trial": trials["train"].pk}]}, format="json").status_code == 400
     assert not Trajectory.objects.filter(trial=trials["train"], extra__has_key="imported_format").exists()
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999"])
+def test_a_number_out_of_range_is_a_400_in_a_body_a_batch_and_a_form(trials: dict[str, Trial], number: str) -> None:
+    """Python reads 1e999 as infinity, which no database stores as JSON:
+    refused like NaN, as a bad request, with nothing written."""
+    client = client_for("operator")
+    document = '[{"role": "user", "content": "hi", "n": ' + number + "}]"
+    body = '{"format": "openai", "document": ' + document + "}"
+    response = client.post(url(trials["train"]), data=body, content_type="application/json")
+    assert response.status_code == 400
+    assert "too large for JSON's range" in response.json()["detail"]
+    batch = '{"trajectories": [{"trial": ' + str(trials["train"].pk) + ', "document": ' + document + "}]}"
+    response = client.post(BATCH, data=batch, content_type="application/json")
+    assert response.status_code == 400
+    assert "too large for JSON's range" in response.json()["detail"]
+    response = client.post(url(trials["train"]), {"format": "openai", "document": document})
+    assert response.status_code == 400
+    assert response.json() == {"document": ["Value must be valid JSON."]}
+    assert not Trajectory.objects.filter(trial=trials["train"]).exists()

@@ -405,3 +405,18 @@ def test_a_batch_finds_its_new_ids_where_a_bulk_insert_returns_none(
     assert [trajectory.trial_id for trajectory in stored] == [trial.pk, other.pk]
     assert [len(steps_of(trial)), len(steps_of(other))] == [4, len(load(ATIF_FILES[0])["steps"])]
     assert all(step.trajectory_id == stored[0].pk for step in steps_of(trial))
+
+
+def test_numbers_that_are_not_finite_are_stored_as_null(trial: Trial) -> None:
+    """An agent's own file read by Python may hold infinity (1e999) or NaN,
+    which neither database stores as JSON: the worker's lenient store keeps
+    the trajectory and writes null in their place."""
+    document = json.loads(
+        '{"steps": [{"step_id": 1, "source": "agent", "message": "m", "metrics": {"cost_usd": 1e999},'
+        ' "extra": {"score": NaN, "ok": 0.5}}], "final_metrics": {"total_cost_usd": -1e999}}'
+    )
+    trajectory = trajectory_store(trial=trial, document=document)
+    (step,) = steps_of(trial)
+    assert step.metrics == {"cost_usd": None}
+    assert step.extra == {"extra": {"score": None, "ok": 0.5}}
+    assert Trajectory.objects.get(pk=trajectory.pk).final_metrics == {"total_cost_usd": None}
