@@ -327,7 +327,7 @@ def scratch_root(mounts: str = "/proc/mounts", shm: str = "/dev/shm", min_bytes:
 
     A trial makes and removes some thirty files and folders in a few
     milliseconds. On a journalled disk that the database's fsyncs share,
-    that took 14 % of the platform's time in the orchestration benchmark;
+    that took 15 % of the platform's time in the orchestration benchmark;
     in memory it costs next to nothing. A small ``/dev/shm`` (64 MB in a
     container, by default) would fail trials that write more, hence the floor.
     """
