@@ -63,6 +63,11 @@ def _finite(text: str) -> float:
     return value
 
 
+def _loads(text: str, *, strict: bool = True) -> Any:
+    """JSON text parsed, refusing NaN and Infinity (when ``strict``) and numbers out of range."""
+    return json.loads(text, parse_constant=strict_constant if strict else None, parse_float=_finite)
+
+
 class FiniteJSONParser(JSONParser):
     """DRF's JSON parser, refusing numbers out of a double's range too.
 
@@ -75,11 +80,7 @@ class FiniteJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         encoding = get_encoding(parser_context or {})
         try:
-            return json.loads(
-                codecs.getreader(encoding)(stream).read(),
-                parse_constant=strict_constant if self.strict else None,
-                parse_float=_finite,
-            )
+            return _loads(codecs.getreader(encoding)(stream).read(), strict=self.strict)
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from exc
 
@@ -100,7 +101,7 @@ class ParsedJSONField(serializers.JSONField):
     def to_internal_value(self, data: Any) -> Any:
         if getattr(data, "is_json_string", False):
             try:
-                return json.loads(data, parse_constant=strict_constant, parse_float=_finite)
+                return _loads(data)
             except ValueError:
                 self.fail("invalid")
         return data
