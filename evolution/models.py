@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from evolution.fields import CanonicalJSONField
+
 # --- Vocabularies -------------------------------------------------------------
 
 
@@ -602,17 +604,18 @@ class CertifiedResultQuerySet(models.QuerySet["CertifiedResult"]):
 class CertifiedResult(models.Model):
     """An append-only, hash-chained, HMAC-signed record of one evaluation.
 
-    ``payload`` is what was certified (RFC 8785 canonical JSON of it is
-    hashed); ``record_digest`` = SHA-256 of the canonical payload, which
-    includes ``prev``; ``signature`` = HMAC-SHA-256 of the record digest with
-    the records key. On PostgreSQL a trigger rejects UPDATE and DELETE.
+    ``payload`` is what was certified, stored as its RFC 8785 canonical JSON
+    text (the bytes that are hashed); ``record_digest`` = SHA-256 of that
+    text, whose payload includes ``prev``; ``signature`` = HMAC-SHA-256 of
+    the record digest with the records key. A trigger rejects UPDATE (and
+    DELETE on PostgreSQL).
     """
 
     experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="certified_results")
     seq = models.PositiveIntegerField()
     evaluation = models.OneToOneField(Evaluation, on_delete=models.PROTECT, related_name="certified_result")
     candidate = models.ForeignKey(Candidate, on_delete=models.PROTECT, related_name="certified_results")
-    payload = models.JSONField()
+    payload = CanonicalJSONField()
     prev_digest = models.CharField(max_length=64)
     record_digest = models.CharField(max_length=64, unique=True)
     signature = models.CharField(max_length=64)

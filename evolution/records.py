@@ -55,41 +55,6 @@ class _NotPlain(Exception):
     pass
 
 
-def payload_load(text: str) -> tuple[dict[str, Any], bytes]:
-    """A stored payload (JSON text) and its RFC 8785 canonical bytes.
-
-    Numbers are read in their canonical form as they are parsed (an integral
-    number becomes an int, which RFC 8785 writes the same way, and which
-    compares equal to the float), so the C encoder produces the canonical
-    bytes without a walk over the payload; anything it would write
-    differently (see ``canonical_payload``) takes the slower exact path.
-    """
-    try:
-        payload = json.loads(text, parse_float=_canonical_float, parse_int=_canonical_int)
-        data = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        if data.isascii():  # no key outside the BMP, no lone surrogate
-            return payload, data.encode()
-    except (_NotPlain, ValueError):
-        payload = json.loads(text)
-    return payload, canonical_payload(payload)
-
-
-def _canonical_float(text: str) -> float | int:
-    value = float(text)
-    if value.is_integer() and -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
-        return int(value)
-    if value.is_integer() or "e" in repr(value) or "n" in repr(value):
-        raise _NotPlain
-    return value
-
-
-def _canonical_int(text: str) -> int:
-    value = int(text)
-    if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
-        return value
-    raise _NotPlain
-
-
 def _plain(value: Any) -> Any:
     kind = type(value)
     if kind is str or kind is bool or value is None:
@@ -183,8 +148,8 @@ def verify_record(
     stored predecessor, that the stored digest is the payload's digest, and
     the signature. ``prev`` is the stored digest of the record before it
     (``GENESIS`` for the first); None when unknown skips the link check.
-    ``canonical``: the payload's canonical bytes when already known
-    (``payload_load``).
+    ``canonical``: the bytes the digest is taken over when they are at hand
+    (the stored canonical text); otherwise they are computed from the payload.
     Pure; safe to repeat.
     """
     problems: list[RecordProblem] = []
@@ -192,6 +157,10 @@ def verify_record(
 
     def problem(check: RecordCheck, detail: str) -> None:
         problems.append(RecordProblem(check, detail))
+
+    if not isinstance(payload, dict):
+        problem(RecordCheck.NAMES_RECORD, f"payload is not a JSON object ({str(payload)[:40]!r})")
+        payload = {}
 
     if payload.get("seq") != record.seq:
         problem(RecordCheck.NAMES_RECORD, f"payload seq {payload.get('seq')!r} differs from stored seq")
@@ -207,7 +176,7 @@ def verify_record(
             RecordCheck.LINKS,
             f"does not link to the record before it (stored prev {record.prev_digest[:12]}, its digest {prev[:12]})",
         )
-    recomputed = digests.sha256_hex(canonical) if canonical is not None else record_digest(payload)
+    recomputed = digests.sha256_hex(canonical if canonical is not None else canonical_payload(record.payload))
     if recomputed != record.record_digest:
         problem(RecordCheck.DIGEST, f"payload digest {recomputed[:12]} != stored {record.record_digest[:12]}")
     expected_sig = record_signature(key, experiment_uid=experiment_uid, seq=record.seq, digest=record.record_digest)

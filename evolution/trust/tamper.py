@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from evolution import operators
+from evolution import operators, records
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Task, Tree, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services import loop
@@ -880,7 +880,8 @@ def forged_records(ctx: TrialContext) -> str:
     def edit_score() -> None:
         payload = dict(second.payload)
         payload["trials"] = [{**t, **_flipped(t["outcome"])} for t in payload["trials"]]
-        raw(f"UPDATE {table} SET payload = %s WHERE id = %s", [json.dumps(payload), second.pk])
+        # Stored as the certifier would store it: only the edit differs.
+        raw(f"UPDATE {table} SET payload = %s WHERE id = %s", [records.canonical_payload(payload).decode(), second.pk])
 
     forged("edited score in the record", "record #2", edit_score)
 

@@ -175,7 +175,7 @@ def record_checks(record: CertifiedResult, *, previous_digest: str | None = None
     digest of record seq - 1, also the link to it), plus that the payload
     names the candidate's tree. The whole chain, trees and trial rows are
     checked by ``evolution.services.records.records_verify``. Read-only."""
-    payload = record.payload
+    payload = record.payload if isinstance(record.payload, dict) else {}  # else the checks say it is not
     uid = str(record.experiment.uid)
     failed: dict[str, list[str]] = {}
     for problem in records.verify_record(
@@ -212,6 +212,8 @@ def _visible_payload(payload: dict[str, Any], *, sealed: bool) -> tuple[dict[str
     returns it with the number of rows removed."""
     if sealed:
         return payload, 0
+    if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
+        return {}, 0
     trials = payload.get("trials") or []
     kept = [row for row in trials if not (isinstance(row, dict) and row.get("split") == SplitName.SEALED)]
     shown = dict(payload)
@@ -759,7 +761,8 @@ def record(request: HttpRequest, pk: int) -> HttpResponse:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
     sealed = access.can_see_sealed(request.user)
     payload, hidden = _visible_payload(rec.payload, sealed=sealed)
-    evaluation = rec.payload.get("evaluation") or {}
+    certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not
+    evaluation = certified.get("evaluation") or {}
     return render(
         request,
         "review/candidates/record.html",
@@ -768,15 +771,15 @@ def record(request: HttpRequest, pk: int) -> HttpResponse:
             "experiment": rec.experiment,
             "checks": checks,
             "verified": all(check.ok for check in checks),
-            "counts": _trial_counts(rec.payload),
+            "counts": _trial_counts(certified),
             "hidden_rows": hidden,
             "payload_json": json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False),
             "evaluation_info": evaluation if isinstance(evaluation, dict) else {},
-            "candidate_info": rec.payload.get("candidate") or {},
-            "evaluator_info": rec.payload.get("evaluator") or {},
-            "task_sets": sorted((rec.payload.get("task_sets") or {}).items()),
+            "candidate_info": certified.get("candidate") or {},
+            "evaluator_info": certified.get("evaluator") or {},
+            "task_sets": sorted((certified.get("task_sets") or {}).items()),
             "report": report,
-            "run_settings": json.dumps(rec.payload.get("run_settings"), sort_keys=True, ensure_ascii=False),
+            "run_settings": json.dumps(certified.get("run_settings"), sort_keys=True, ensure_ascii=False),
         },
     )
 

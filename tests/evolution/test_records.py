@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import io
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
+import rfc8785
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
@@ -138,12 +142,47 @@ def test_raw_sql_edit_of_a_record_payload_is_detected(certified: Experiment) -> 
     payload["trials"] = [dict(row, outcome="pass", score=1.0) for row in payload["trials"]]
     with append_only_triggers_dropped(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE evolution_certifiedresult SET payload = {json_param()} WHERE id = %s",
-            [json.dumps(payload), record.pk],
+            "UPDATE evolution_certifiedresult SET payload = %s WHERE id = %s",
+            [records.canonical_payload(payload).decode(), record.pk],
         )
     code, out = run_verify(certified)
     assert code == 1
     assert "payload digest" in out
+
+
+def test_a_record_stores_the_canonical_bytes_its_digest_is_over(certified: Experiment) -> None:
+    record = CertifiedResult.objects.get(experiment=certified)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload FROM evolution_certifiedresult WHERE id = %s", [record.pk])
+        (stored,) = cursor.fetchone()
+    assert stored.encode() == rfc8785.dumps(record.payload)
+    assert hashlib.sha256(stored.encode()).hexdigest() == record.record_digest
+
+
+def test_a_payload_that_is_not_json_is_reported_not_fatal(certified: Experiment) -> None:
+    record = CertifiedResult.objects.get(experiment=certified)
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_certifiedresult SET payload = %s WHERE id = %s", ['{"seq": 1,', record.pk])
+    assert CertifiedResult.objects.get(pk=record.pk).payload == '{"seq": 1,'
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "payload is not a JSON object" in out
+    assert "payload digest" in out
+
+
+def test_the_migration_to_canonical_text_rewrites_every_payload_and_keeps_the_trigger(certified: Experiment) -> None:
+    """0009 changed the column from JSON to text: the rows then hold the
+    database's own JSON text, which ``canonicalize`` rewrites."""
+    migration = importlib.import_module("evolution.migrations.0009_certified_result_canonical_payload")
+    record = CertifiedResult.objects.get(experiment=certified)
+    loose = json.dumps(record.payload, indent=1)  # what a JSON column gives back: same value, other bytes
+    with append_only_triggers_dropped(), connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_certifiedresult SET payload = %s WHERE id = %s", [loose, record.pk])
+    assert run_verify(certified)[0] == 1
+    migration.canonicalize(None, SimpleNamespace(connection=connection))
+    assert run_verify(certified)[0] == 0
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE evolution_certifiedresult SET signature = 'forged'")
 
 
 def test_re_signing_without_the_key_is_detected(certified: Experiment) -> None:
@@ -154,9 +193,8 @@ def test_re_signing_without_the_key_is_detected(certified: Experiment) -> None:
     forged_signature = records.record_signature("guessed-key", experiment_uid=str(certified.uid), seq=1, digest=digest)
     with append_only_triggers_dropped(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE evolution_certifiedresult SET payload = {json_param()}, record_digest = %s, signature = %s "
-            "WHERE id = %s",
-            [json.dumps(payload), digest, forged_signature, record.pk],
+            "UPDATE evolution_certifiedresult SET payload = %s, record_digest = %s, signature = %s WHERE id = %s",
+            [records.canonical_payload(payload).decode(), digest, forged_signature, record.pk],
         )
         cursor.execute("UPDATE evolution_experiment SET chain_head = %s WHERE id = %s", [digest, certified.pk])
     code, out = run_verify(certified)

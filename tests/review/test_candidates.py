@@ -24,7 +24,7 @@ from evolution.models import (
 )
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
-from review import diffs
+from review import access, diffs
 from review.models import ViewedFile
 from review.views.candidates import RULE_WORDS, gate_summary
 from tests.review.world import grow
@@ -183,6 +183,28 @@ def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(exam
     assert re.search(r'<li class="fail"><strong>payload digest</strong>', html)
     assert re.search(r'<li class="fail"><strong>signature</strong>', html)
     assert re.search(r'<li class="fail"><strong>names its predecessor</strong>', html)
+
+
+def test_a_record_whose_payload_is_not_an_object_shows_as_failing(example_world, client_as) -> None:
+    seed = example_world.seed_candidate
+    evaluation = Evaluation.objects.create(
+        experiment=example_world, candidate=seed, purpose=Evaluation.Purpose.NOISE, state=Evaluation.State.CERTIFIED
+    )
+    forged = CertifiedResult.objects.create(
+        experiment=example_world,
+        seq=example_world.chain_length + 1,
+        evaluation=evaluation,
+        candidate=seed,
+        payload=["not", "an", "object"],
+        prev_digest=example_world.chain_head,
+        record_digest="f" * 64,
+        signature="0" * 64,
+    )
+    for client in (client_as("viewer"), client_as("viewer", username="sealer", extra_perms=(access.SEALED,))):
+        html = page(client.get(reverse("review:record", args=[forged.pk])))
+        assert "verification fails ✗" in html
+        assert re.search(r'<li class="fail"><strong>names this record</strong>', html)
+        assert "payload is not a JSON object" in html
 
 
 def test_flagged_candidate_page_lists_its_flags_and_hides_sealed_tasks(example_world, client_as) -> None:
