@@ -238,6 +238,12 @@ class CertifiedResultAdmin(ReadOnlyAdmin):
     list_display = ("experiment", "seq", "candidate", "record_digest", "created_at")
     list_filter = ("experiment",)
     search_fields = ("record_digest",)
+    exclude = ("payload",)
+    readonly_fields = ("canonical_payload",)
+
+    @admin.display(description="payload (the canonical JSON that is hashed)")
+    def canonical_payload(self, obj: models.CertifiedResult) -> str:
+        return models.CertifiedResult._meta.get_field("payload").value_to_string(obj)
 
 
 @admin.register(models.GateDecision)

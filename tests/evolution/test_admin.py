@@ -7,7 +7,9 @@ from django.apps import apps
 from django.contrib import admin
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
+from evolution import records
 from evolution.models import CertifiedResult
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
@@ -32,6 +34,9 @@ def test_certified_results_cannot_be_changed_or_deleted_in_the_admin(admin_clien
     experiment = make_tiny_experiment(tasks=4, k=1)
     evaluate_seed_inline(experiment, splits=("train",))
     record = CertifiedResult.objects.get(experiment=experiment)
+    shown = admin_client.get(reverse("admin:evolution_certifiedresult_change", args=[record.pk]))
+    # The payload as it is stored and hashed: canonical JSON, not a Python repr.
+    assert escape(records.canonical_payload(record.payload).decode()) in shown.content.decode()
     change = admin_client.post(
         reverse("admin:evolution_certifiedresult_change", args=[record.pk]), {"signature": "forged"}
     )
