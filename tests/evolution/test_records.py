@@ -176,11 +176,31 @@ def test_the_migration_to_canonical_text_rewrites_every_payload_and_keeps_the_tr
     migration = importlib.import_module("evolution.migrations.0009_certified_result_canonical_payload")
     record = CertifiedResult.objects.get(experiment=certified)
     loose = json.dumps(record.payload, indent=1)  # what a JSON column gives back: same value, other bytes
+    # A second record no certifier wrote: a number RFC 8785 refuses. It is left for verify to report.
+    unreadable = json.dumps({**record.payload, "seq": 2, "k": 2**60})
+    forged = CertifiedResult(
+        experiment=certified,
+        seq=2,
+        evaluation=Evaluation.objects.create(experiment=certified, candidate=record.candidate),
+        candidate=record.candidate,
+        payload={},
+        prev_digest=record.record_digest,
+        record_digest="f" * 64,
+        signature="0" * 64,
+    )
+    forged.save()
     with append_only_triggers_dropped(), connection.cursor() as cursor:
         cursor.execute("UPDATE evolution_certifiedresult SET payload = %s WHERE id = %s", [loose, record.pk])
-    assert run_verify(certified)[0] == 1
+        cursor.execute("UPDATE evolution_certifiedresult SET payload = %s WHERE id = %s", [unreadable, forged.pk])
+    assert "record #1: payload digest" in run_verify(certified)[1]
     migration.canonicalize(None, SimpleNamespace(connection=connection))
-    assert run_verify(certified)[0] == 0
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "record #1:" not in out
+    assert "record #2: payload digest" in out
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload FROM evolution_certifiedresult WHERE id = %s", [forged.pk])
+        assert cursor.fetchone()[0] == unreadable
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE evolution_certifiedresult SET signature = 'forged'")
 
