@@ -17,6 +17,7 @@ from evolution.models import (
     Candidate,
     CertifiedResult,
     Evaluation,
+    Experiment,
     GateDecision,
     LeakageFlag,
     SplitMembership,
@@ -159,22 +160,29 @@ def test_candidate_page_links_to_its_verified_records(example_world, client_as) 
     assert "certification fails" not in html
 
 
-def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
-    good = CertifiedResult.objects.filter(candidate=seed).order_by("seq").first()
+def forged_record(world: Experiment, payload: object) -> CertifiedResult:
+    """A record appended to ``world``'s chain for its seed, with ``payload``
+    and a digest and signature nobody computed."""
+    seed = world.seed_candidate
     evaluation = Evaluation.objects.create(
-        experiment=example_world, candidate=seed, purpose=Evaluation.Purpose.NOISE, state=Evaluation.State.CERTIFIED
+        experiment=world, candidate=seed, purpose=Evaluation.Purpose.NOISE, state=Evaluation.State.CERTIFIED
     )
-    forged = CertifiedResult.objects.create(
-        experiment=example_world,
-        seq=example_world.chain_length + 1,
+    return CertifiedResult.objects.create(
+        experiment=world,
+        seq=world.chain_length + 1,
         evaluation=evaluation,
         candidate=seed,
-        payload={**good.payload, "seq": example_world.chain_length + 1},
-        prev_digest=example_world.chain_head,
+        payload=payload,
+        prev_digest=world.chain_head,
         record_digest="f" * 64,
         signature="0" * 64,
     )
+
+
+def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(example_world, client_as) -> None:
+    seed = example_world.seed_candidate
+    good = CertifiedResult.objects.filter(candidate=seed).order_by("seq").first()
+    forged = forged_record(example_world, {**good.payload, "seq": example_world.chain_length + 1})
     client = client_as("viewer")
     html = page(client.get(reverse("review:candidate", args=[seed.pk])))
     assert f"certification fails ✗ record #{forged.seq}" in html
@@ -186,20 +194,7 @@ def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(exam
 
 
 def test_a_record_whose_payload_is_not_an_object_shows_as_failing(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
-    evaluation = Evaluation.objects.create(
-        experiment=example_world, candidate=seed, purpose=Evaluation.Purpose.NOISE, state=Evaluation.State.CERTIFIED
-    )
-    forged = CertifiedResult.objects.create(
-        experiment=example_world,
-        seq=example_world.chain_length + 1,
-        evaluation=evaluation,
-        candidate=seed,
-        payload=["not", "an", "object"],
-        prev_digest=example_world.chain_head,
-        record_digest="f" * 64,
-        signature="0" * 64,
-    )
+    forged = forged_record(example_world, ["not", "an", "object"])
     for client in (client_as("viewer"), client_as("viewer", username="sealer", extra_perms=(access.SEALED,))):
         html = page(client.get(reverse("review:record", args=[forged.pk])))
         assert "verification fails ✗" in html
