@@ -363,7 +363,9 @@ code = (
     "        time.sleep(60)\\n"
     "        os._exit(0)\\n"
     "    forked += 1\\n"
-    "open(shared + '/bombed', 'w').write(str(forked))\\n"
+    # Written whole, then renamed: the other run reads it as soon as it exists.
+    "open(shared + '/bombed.part', 'w').write(str(forked))\\n"
+    "os.rename(shared + '/bombed.part', shared + '/bombed')\\n"
     "while not os.path.exists(shared + '/done'): time.sleep(0.02)\\n"
 )
 result = run_sandboxed(
