@@ -791,16 +791,8 @@ def hidden_flags(changes: Sequence[FileChange]) -> list[Flag]:
     number. ``matched`` is the character itself, so the diff marks it. Pure."""
     flags: list[Flag] = []
     for change in changes:
-        if change.binary:
-            continue
-        added: list[tuple[int | None, str]] = [(line.number, line.text) for line in _added_lines(change)]
-        removed = _removed_lines(change)
-        if change.status in ("added", "renamed", "copied"):
-            added.append((None, change.path))
-            if change.old_path is not None:
-                removed.append((None, change.old_path))
         grouped: dict[tuple[int | None, str], list[hidden_chars.Added]] = {}
-        for found in hidden_chars.introduced(added, removed):
+        for found in hidden_chars.introduced_by(change):
             grouped.setdefault((found.line, found.hit.char), []).append(found)
         for (number, char), found in grouped.items():
             first = found[0]
@@ -810,20 +802,6 @@ def hidden_flags(changes: Sequence[FileChange]) -> list[Flag]:
                 evidence = evidence.replace(f"column {first.hit.column}", f"columns {columns}", 1)
             flags.append(Flag("hidden_unicode", change.path, number, first.text, char, None, evidence))
     return flags
-
-
-def _removed_lines(change: FileChange) -> list[tuple[int | None, str]]:
-    lines: list[tuple[int | None, str]] = []
-    for hunk in change.hunks:
-        number = hunk.old_start
-        for line in hunk.lines:
-            kind = line[:1]
-            if kind == "-":
-                lines.append((number, line[1:]))
-                number += 1
-            elif kind == " ":
-                number += 1
-    return lines
 
 
 # --- Entry point ----------------------------------------------------------------

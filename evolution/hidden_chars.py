@@ -47,6 +47,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from evolution.gitdiff import FileChange
+
 BIDI = "bidi"
 ZERO_WIDTH = "zero-width"
 TAG = "tag"
@@ -222,11 +224,14 @@ def _look_alike(char: str) -> str:
     return folded if len(folded) == 1 and folded.isascii() and folded.isalnum() else ""
 
 
-def find(text: str, *, file_start: bool = False) -> list[Hit]:
+def find(text: str, *, file_start: bool = False, fragment: bool = False) -> list[Hit]:
     """Every hidden and look-alike character of ``text``, in order.
 
     ``file_start``: ``text`` begins a file, so a byte order mark at index 0
-    is not hidden. Lines are counted on LF alone (as git counts them).
+    is not hidden. ``fragment``: ``text`` was cut out of a longer line (the
+    text a flag matched), so a word made only of look-alikes ("а" alone)
+    counts as an ASCII word too. Lines are counted on LF alone (as git
+    counts them).
     Linear in the text; the common case (nothing found) is one regular
     expression search, plus a word scan when the text is not ASCII.
     """
@@ -243,7 +248,10 @@ def find(text: str, *, file_start: bool = False) -> list[Hit]:
     if not text.isascii():
         for word in _WORD_RE.finditer(text):
             value = word.group()
-            if value.isascii() or not any("a" <= c <= "z" or "A" <= c <= "Z" for c in value):
+            if value.isascii():
+                continue
+            ascii_word = any("a" <= c <= "z" or "A" <= c <= "Z" for c in value)
+            if not ascii_word and not (fragment and all(c.isascii() or _look_alike(c) for c in value)):
                 continue
             for offset, char in enumerate(value):
                 looks = _look_alike(char)
@@ -268,11 +276,11 @@ def _positioned(text: str, found: list[tuple[int, str, str, str]]) -> list[Hit]:
     return hits
 
 
-def has_hidden(text: str) -> bool:
+def has_hidden(text: str, *, fragment: bool = False) -> bool:
     """Whether :func:`find` would find anything (cheaper when nothing is)."""
     if text.isascii() and not CANDIDATE_RE.search(text):
         return False
-    return bool(find(text))
+    return bool(find(text, fragment=fragment))
 
 
 def bytes_hidden(data: bytes, *, file_start: bool = True) -> list[Hit]:
@@ -385,3 +393,32 @@ def introduced(added: Sequence[tuple[int | None, str]], removed: Sequence[tuple[
     more = Counter(hit.char for _, _, hit in new)
     grown = {char for char, count in more.items() if count > old[char]}
     return [Added(number, text, hit) for number, text, hit in new if hit.char in grown]
+
+
+def introduced_by(change: FileChange) -> list[Added]:
+    """:func:`introduced` for one file of a parsed git diff: its added and
+    removed hunk lines with their line numbers, and a new name (added,
+    renamed or copied file) as a line without a number. A binary change
+    adds no text. Pure."""
+    if change.binary:
+        return []
+    added: list[tuple[int | None, str]] = []
+    removed: list[tuple[int | None, str]] = []
+    for hunk in change.hunks:
+        old_number, new_number = hunk.old_start, hunk.new_start
+        for line in hunk.lines:
+            kind, text = line[:1], line[1:]
+            if kind == "+":
+                added.append((new_number, text))
+                new_number += 1
+            elif kind == "-":
+                removed.append((old_number, text))
+                old_number += 1
+            elif kind == " ":
+                old_number += 1
+                new_number += 1
+    if change.status in ("added", "renamed", "copied"):
+        added.append((None, change.path))
+        if change.old_path is not None:
+            removed.append((None, change.old_path))
+    return introduced(added, removed)
