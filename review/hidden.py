@@ -44,16 +44,17 @@ def escape_marked(text: str, hits: Sequence[Hit], start: int = 0, end: int | Non
     return "".join(out)
 
 
-def reveal(value: object, *, file_start: bool = False) -> object:
+def reveal(value: object, *, fragment: bool = False) -> object:
     """``value`` for a template: unchanged when it holds nothing hidden (the
     template's autoescape handles it), else escaped HTML with markers.
+    ``fragment``: the text was cut out of a line (see ``hidden_chars.find``).
     Already-safe HTML is returned as it is (its markup is not text)."""
     if value is None or isinstance(value, SafeData):
         return value
     text = str(value)
-    if not hidden_chars.has_hidden(text):
+    if not hidden_chars.has_hidden(text, fragment=fragment):
         return value
-    return mark_safe(escape_marked(text, hidden_chars.find(text, file_start=file_start)))  # escaped above
+    return mark_safe(escape_marked(text, hidden_chars.find(text, fragment=fragment)))  # escaped above
 
 
 def reveal_html(text: str) -> SafeString:
