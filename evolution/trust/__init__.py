@@ -28,6 +28,7 @@ SCENARIO_MODULES = (
     "evolution.trust.tamper",
     "evolution.trust.evidence",
     "evolution.trust.sandbox_abuse",
+    "evolution.trust.hidden",
 )
 
 # The two benchmarks every scenario runs on: the bundled example (exact-match
