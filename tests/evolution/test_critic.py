@@ -798,4 +798,5 @@ def test_hidden_characters_the_parent_already_had_are_not_flagged_again() -> Non
 def test_the_hidden_unicode_rule_can_be_switched_off() -> None:
     diff = tree_diff({"tools/check.py": TROJAN_OLD}, {"tools/check.py": TROJAN_NEW})
     rules = frozenset(rule for rule in RULES if rule != "hidden_unicode")
+    assert {flag.rule for flag in critique(diff, INDEX)} == {"hidden_unicode"}
     assert critique(diff, build_index(TASKS, CriticConfig(rules=rules))) == []
