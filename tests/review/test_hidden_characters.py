@@ -9,7 +9,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from evolution.models import AtomicEdit, Candidate, LeakageFlag, ReviewItem
+from evolution.models import AtomicEdit, Candidate, LeakageFlag, LedgerEntry, ReviewItem
 from review import diffs
 from review.views.queue import mark_matches
 from tests.review.test_candidates import HTMX, child, page
@@ -152,3 +152,16 @@ def test_a_flagged_candidate_diff_marks_the_flagged_hidden_character(example_wor
     html = page(client_as("viewer").get(reverse("review:candidate_diff", args=[cand.pk]) + "?layout=unified"))
     assert '<mark class="leak" title="leakage flag: rule hidden_unicode"><span class="cm">' + BIDI_MARK in html
     assert raw_left(html) == []
+
+
+def test_the_dashboard_ledger_marks_hidden_characters_in_hypotheses(example_world, client_as) -> None:
+    entry = LedgerEntry.objects.filter(run__experiment=example_world).order_by("pk").first()
+    LedgerEntry.objects.filter(pk=entry.pk).update(hypothesis="check is\u200bAdmin \u202e first")
+    client = client_as("viewer")
+    for url, headers in (
+        (reverse("review:experiment", args=[example_world.pk]), {}),
+        (reverse("review:experiment_ledger", args=[example_world.pk]), HTMX),
+    ):
+        html = page(client.get(url, **headers))
+        assert raw_left(html) == [], url
+        assert 'check is<span class="uc uc-zero-width"' in html and "&lt;U+202E&gt;</span> first" in html, url
