@@ -84,11 +84,16 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def check_bytes(size: int, *, setting: str, what: str) -> None:
-    """Refuse ``size`` bytes of ``what`` when over the limit ``setting``."""
+def check_size(data: str | bytes | int, *, setting: str, what: str) -> None:
+    """Refuse ``data`` (text, bytes, or a size in bytes) over the byte limit
+    ``setting``; text is measured in UTF-8, and only when its length in
+    characters is not over the limit already."""
     maximum = limit(setting)
+    size = data if isinstance(data, int) else len(data)
+    if isinstance(data, str) and size <= maximum:
+        size = len(data.encode("utf-8", "surrogatepass"))
     if size > maximum:
-        raise InputLimitError(f"{what} is {size} bytes, over the limit of {_size(maximum)} ({setting})")
+        raise InputLimitError(f"{what} is larger than the limit of {_size(maximum)} ({setting})")
 
 
 def check_count(count: int, *, setting: str, what: str) -> None:
@@ -162,7 +167,7 @@ def json_loads(text: str | bytes, *, what: str = "JSON document", setting: str |
     UnicodeDecodeError for bytes that are not UTF-8): all ValueErrors.
     """
     if setting is not None:
-        check_bytes(len(text), setting=setting, what=what)
+        check_size(text, setting=setting, what=what)
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
     check_json_depth(text, what=what)
@@ -170,12 +175,13 @@ def json_loads(text: str | bytes, *, what: str = "JSON document", setting: str |
 
 
 class JSONLineError(ValueError):
-    """A JSONL line that is not JSON or breaks a limit; ``line`` is its number
-    (1-based) and ``detail`` says why, without the line number."""
+    """A JSONL line that is not JSON or breaks a limit (``refused``); ``line``
+    is its number (1-based) and ``detail`` says why, without the line number."""
 
-    def __init__(self, line: int, detail: str) -> None:
+    def __init__(self, line: int, detail: str, *, refused: bool = False) -> None:
         self.line = line
         self.detail = detail
+        self.refused = refused
         super().__init__(f"line {line}: {detail}")
 
 
@@ -194,7 +200,7 @@ def jsonl_loads(text: str, *, what: str = "JSONL file", **options: Any) -> Itera
         try:
             yield number, json_loads(line, what="the line", **options)
         except InputLimitError as exc:
-            raise JSONLineError(number, str(exc)) from None
+            raise JSONLineError(number, str(exc), refused=True) from None
         except json.JSONDecodeError as exc:
             raise JSONLineError(number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
 
@@ -275,7 +281,7 @@ def yaml_load(
     """The plain data of one YAML document, after refusing text over the size
     limit ``setting``; composition is limited by ``loader`` (a
     LimitedSafeLoader). Raises InputLimitError or yaml.YAMLError."""
-    check_bytes(len(text), setting=setting, what=what)
+    check_size(text, setting=setting, what=what)
     instance = loader(text)
     try:
         return instance.get_single_data()
