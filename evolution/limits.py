@@ -192,7 +192,8 @@ def jsonl_loads(text: str, *, what: str = "JSONL file", **options: Any) -> Itera
     limit and the lines are counted against ``RSI_MAX_JSONL_LINES`` up front.
     Raises JSONLineError (a ValueError) for a line that is not JSON or too deep.
     """
-    lines = text.splitlines()
+    # Only "\n" ends a line: JSON strings may hold U+2028 and the other breaks splitlines() knows.
+    lines = text.split("\n")
     check_count(sum(1 for line in lines if line.strip()), setting="RSI_MAX_JSONL_LINES", what=f"lines in {what}")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
