@@ -293,6 +293,9 @@ def yaml_load(
 # --- gzip ---------------------------------------------------------------------------
 
 
+_CHUNK = 1024 * 1024
+
+
 def gunzip(data: bytes, *, setting: str, what: str) -> bytes:
     """The decompressed bytes of gzip ``data``, decompressed as a stream that
     stops one byte past the limit: the size limit ``setting``, or
@@ -304,12 +307,15 @@ def gunzip(data: bytes, *, setting: str, what: str) -> bytes:
     ratio = limit("RSI_MAX_DECOMPRESSION_RATIO")
     by_ratio = max(ratio * len(data), limit("RSI_DECOMPRESSION_RATIO_FLOOR_BYTES"))
     cap = min(maximum, by_ratio)
+    out = bytearray()
     with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as stream:
-        out = stream.read(cap + 1)
+        # In chunks: one read of the whole cap would hold it twice (the pieces and their join).
+        while len(out) <= cap and (chunk := stream.read(min(_CHUNK, cap + 1 - len(out)))):
+            out += chunk
     if len(out) > cap:
         if cap == maximum:
             raise InputLimitError(f"{what} decompresses to more than {_size(maximum)} ({setting})")
         raise InputLimitError(
             f"{what} decompresses to more than {ratio} times its {len(data)} bytes (RSI_MAX_DECOMPRESSION_RATIO)"
         )
-    return out
+    return bytes(out)
