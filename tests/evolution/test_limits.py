@@ -159,15 +159,17 @@ def test_recursive_deep_and_alias_deepened_yaml_is_refused() -> None:
 
 def test_a_recipe_with_a_billion_laughs_is_a_recipe_error_and_a_small_expansion_is_refused_too() -> None:
     params = "\n".join("    " + line for line in billion_laughs().splitlines())
-    recipe = f"base: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n{params}\n"
+    recipe = f"name: laughs\nbase: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n{params}\n"
     with pytest.raises(RecipeError) as refused:
         parse_recipe(recipe)
     assert str(refused.value) == "YAML expands to more than 10000 nodes with its aliases (RSI_MAX_YAML_NODES)"
     # Five levels (59,049 strings): finished on the old code, and its expansion was stored.
-    small = "\n".join(recipe.splitlines()[:9]) + "\n"
+    small = "\n".join(recipe.splitlines()[:10]) + "\n"
     assert small.count("&") == 5
     with pytest.raises(RecipeError, match="RSI_MAX_YAML_NODES"):
         parse_recipe(small)
+    with override_settings(RSI_MAX_YAML_NODES=100_000):
+        assert len(parse_recipe(small).parent_selection.params["e"]) == 9
     with pytest.raises(RecipeError) as deep:
         parse_recipe("{" + '"a": {' * 200 + "}" * 201)
     assert str(deep.value) == f"recipe is {DEPTH}"

@@ -142,7 +142,7 @@ def test_run_experiment_refuses_a_billion_laughs_recipe_and_a_deep_one_and_store
     params = "\n".join("    " + line for line in billion_laughs().splitlines())
     laughs = write(
         tmp_path / "laughs.yaml",
-        f"base: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n{params}\n",
+        f"name: laughs\nbase: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n{params}\n",
     )
     assert laughs.stat().st_size < 600
     deep = write(tmp_path / "deep.json", '{"base": "rrsi", "x": ' + DEEP + "}")
