@@ -2,16 +2,19 @@
 
 A bundle is one JSON document (gzip-compressed when the file name ends in
 ``.gz``) holding everything needed to re-verify the experiment's certified
-records somewhere else: the records and the signed chain head, the
+records somewhere else: the evaluation and decision records and the signed chain head, the
 experiment's benchmark tasks (expected data included: the task-set digests
 the records bind cover it), the splits, the evaluator, the surface, the
 recipe(s), the candidates the records name (with their ancestors) and every
 tree and blob those reference. docs/workspaces.md describes the format.
 
-``bundle_verify`` is pure (no database): it recomputes every blob, tree,
+``bundle_verify`` is pure (no database): it checks the bundle's shape and
+every tree's entries as storing them would, recomputes every blob, tree,
 task, task-set, evaluator and record digest, the chain links and the
-signatures. ``bundle_import`` recreates the experiment in another database,
-after the same verification, so ``verify_records`` passes there.
+signatures, and the candidates' states against the certified decisions.
+``bundle_import`` recreates the experiment in another database after that
+very check (its only other refusals are conflicts with the database), so
+``verify_records`` passes there.
 """
 
 from __future__ import annotations
