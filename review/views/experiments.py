@@ -25,7 +25,7 @@ from django.urls import path, reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import operators, selectors
+from evolution import example, operators, selectors
 from evolution.models import (
     Candidate,
     ComponentKind,
@@ -946,7 +946,7 @@ def lineage(request: HttpRequest, pk: int) -> HttpResponse:
 def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a run of a preset (or of an earlier run's recipe) with the
     form's overrides. Any error is a message and nothing is created."""
-    experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
+    experiment = get_object_or_404(Experiment.objects.select_related("benchmark"), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])
     latest = Run.objects.filter(experiment=experiment).select_related("recipe").order_by("-pk").first()
     form = RunStartForm(request.POST, latest=latest)
@@ -958,6 +958,9 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"The run was not started: {problems}")
         return HttpResponseRedirect(dashboard)
     data = form.cleaned_data
+    proposer = data["proposer"] or None
+    if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
+        proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
     try:
         recipe = start_recipe(name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"])
         run = loop.run_create(
@@ -965,7 +968,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             recipe=recipe,
             rounds=data["rounds"],
             k=data["k"],
-            proposer=data["proposer"] or None,
+            proposer=proposer,
             user=request.user,
         )
     except (RecipeError, loop.LoopError) as exc:
