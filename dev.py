@@ -239,6 +239,17 @@ def start_child(command: list[str], env: dict[str, str], prctl: Callable[..., in
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def web_server_command(host: str, port: str) -> list[str]:
+    """The web server ``run`` starts: Django's development server.
+
+    DEBUG is off unless RSI_DEBUG=1 (so an error never shows settings or URL
+    patterns), and runserver serves the static files (stylesheets, scripts,
+    the admin's) only with DEBUG or ``--insecure``. This is a development
+    server on one machine; a deployment serves STATIC_ROOT from its proxy.
+    """
+    return [str(PYTHON), "manage.py", "runserver", "--noreload", "--insecure", f"{host}:{port}"]
+
+
 def run() -> int:
     env = dict(os.environ)
     host = env.get("RSI_HOST", "127.0.0.1")
@@ -266,8 +277,7 @@ def run() -> int:
         prctl = _libc_prctl()
         worker = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--beat", "--loglevel=INFO", "--concurrency=2"]
         children.append(("worker", start_child(worker, env, prctl)))
-        web = [str(PYTHON), "manage.py", "runserver", "--noreload", f"{host}:{port}"]
-        children.append(("web server", start_child(web, env, prctl)))
+        children.append(("web server", start_child(web_server_command(host, port), env, prctl)))
         # The URL is printed once the server answers on it, not before.
         deadline = time.monotonic() + LISTEN_TIMEOUT_SECONDS
         while not _listening(host, int(port)):
