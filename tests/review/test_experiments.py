@@ -530,6 +530,18 @@ def test_other_staff_roles_do_not_get_the_admin_run_list(role: str, make_user) -
     assert run.status == Run.Status.RUNNING and Run.objects.count() == 1
 
 
+def test_the_admin_start_action_runs_a_preset_on_the_example_with_its_offline_proposer(make_user) -> None:
+    from django.core.management import call_command
+
+    call_command("load_example", verbosity=0)
+    experiment = Experiment.objects.get(name="example-routing")  # no run yet: no proposer to keep
+    client = _staff(make_user, "operator")
+    response = _start_page(client, experiment, recipe="rrsi", rounds="1", start="Start")
+    run = Run.objects.get(experiment=experiment)
+    assert _messages(response) == [f"{experiment.name}: run {run.pk} started (rrsi, 1 round(s), proposer example)"]
+    assert run.recipe.spec["proposal"]["operator"] == "example"
+
+
 def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:
     experiment = make_tiny_experiment()
     first = _active_run(experiment)
