@@ -1,9 +1,10 @@
 """Import an experiment bundle (written by export_experiment) into this database.
 
 Exit codes: 0 imported (or already here), 1 the bundle conflicts with what
-is here, 2 an unreadable file or a bundle that does not verify (the checks
-of ``verify_records --bundle``, which lists every problem). Nothing is
-written unless the import succeeds.
+is here, 2 an unreadable file, one over an input limit (size, decompression
+ratio, depth, counts: docs/security.md), or a bundle that does not verify
+(the checks of ``verify_records --bundle``, which lists every problem).
+Nothing is written unless the import succeeds.
 """
 
 from __future__ import annotations
