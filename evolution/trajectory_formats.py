@@ -161,7 +161,7 @@ def detect_format(document: Any) -> str:
             if "traj" in first:
                 kind = "tau-bench runs"
             raise TrajectoryListError(len(document), kind)
-        if document and any(isinstance(item, dict) and "role" in item for item in document[:20]):
+        if not document or any(isinstance(item, dict) and "role" in item for item in document[:20]):
             return "mini-swe-agent" if _is_mini_messages(document) else "openai"
         raise _unsupported(document)
     if isinstance(document, dict):
@@ -169,7 +169,7 @@ def detect_format(document: Any) -> str:
             return "atif"
         if isinstance(document.get("traj"), list):
             return "openai"
-        if isinstance(document.get("messages"), list) and _looks_like(document) != "a gemini-cli session":
+        if "messages" in document and _looks_like(document) != "a gemini-cli session":
             marker = str(document.get("trajectory_format") or "")
             if marker.startswith("mini-swe-agent") or "info" in document:
                 return "mini-swe-agent"
@@ -668,7 +668,10 @@ def _messages_to_steps(
         if role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in owner:
-                off_spec(message, f"{path}.tool_call_id: {call_id!r} does not name a tool call of an earlier message")
+                off_spec(
+                    message,
+                    f"{path}.tool_call_id: {call_id!r} does not name a tool call of an earlier assistant message",
+                )
                 continue
             result = {"source_call_id": call_id, "content": _text(message.get("content"))}
             if extra:
