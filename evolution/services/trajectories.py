@@ -323,7 +323,7 @@ def trajectories_import(items: list[tuple[Trial, Any, str]], *, lenient: bool = 
 def _normalized(
     document: Any, fmt: str, *, lenient: bool = False, files: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    files = files or {}
+    files = {} if files is None else files  # a folder read on demand is empty until asked
     deviations: list[str] = []
     if fmt in ("auto", "atif") and isinstance(document, dict) and document.get("continued_trajectory_ref"):
         try:
