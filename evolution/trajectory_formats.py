@@ -618,6 +618,12 @@ def _text_action(message: dict[str, Any], text: str) -> str | None:
     return found[0].strip() if len(found) == 1 else None
 
 
+def _result_extra(message: dict[str, Any]) -> dict[str, Any]:
+    """What an observation's message holds beside its text (a tool's
+    ``name``, mini-swe-agent's ``extra`` and 1.x's ``timestamp``)."""
+    return {key: value for key, value in message.items() if key not in ("role", "content", "tool_call_id")}
+
+
 def _messages_to_steps(
     messages: Any, *, where: str, text_actions: bool = False, deviations: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -674,15 +680,15 @@ def _messages_to_steps(
                 )
                 continue
             result = {"source_call_id": call_id, "content": _text(message.get("content"))}
-            if extra:
-                result["extra"] = extra
+            if result_extra := _result_extra(message):
+                result["extra"] = result_extra
             owner[call_id].setdefault("observation", {"results": []})["results"].append(result)
             continue
         if role == "user" and pending_text_action is not None:
             call_id = pending_text_action["tool_calls"][0]["tool_call_id"]
             result = {"source_call_id": call_id, "content": _text(message.get("content"))}
-            if extra:
-                result["extra"] = extra
+            if result_extra := _result_extra(message):
+                result["extra"] = result_extra
             pending_text_action["observation"] = {"results": [result]}
             pending_text_action = None
             continue

@@ -474,3 +474,27 @@ def test_atif_1_7_trajectory_id_and_embedded_subagents() -> None:
     _fmt, normalized = parse(document)
     assert normalized["session_id"] == "t-1"
     assert len(normalized["extra"]["subagent_trajectories"]) == 1
+
+
+def test_jsonl_of_whole_trajectories_is_a_list() -> None:
+    line = (FIXTURES / "atif" / "hello-world.trajectory.json").read_text().replace("\n", "")
+    document = loads_text(f"{line}\n{line}\n")
+    with pytest.raises(TrajectoryListError, match="a list of 2 ATIF trajectories"):
+        parse(document)
+
+
+def test_mini_swe_agent_1_message_timestamps() -> None:
+    # mini-swe-agent 1.x's add_message stamps each message with time.time() at the top level.
+    messages = [
+        {"role": "system", "content": "s", "timestamp": 1760000000.25},
+        {"role": "user", "content": "task", "timestamp": 1760000001.0},
+        {"role": "assistant", "content": "ok\n```bash\nls\n```", "timestamp": 1760000002.5},
+        {"role": "user", "content": "<returncode>0</returncode>", "timestamp": 1760000003.0},
+    ]
+    _fmt, document = parse({"info": {"mini_version": "1.17.5"}, "messages": messages})
+    assert [step.get("timestamp") for step in document["steps"]] == [
+        "2025-10-09T08:53:20.250000Z",
+        "2025-10-09T08:53:21Z",
+        "2025-10-09T08:53:22.500000Z",
+    ]
+    assert document["steps"][2]["observation"]["results"][0]["extra"] == {"timestamp": 1760000003.0}
