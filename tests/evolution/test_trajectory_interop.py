@@ -288,3 +288,12 @@ def test_api_lenient_flag(trial: Trial, operator: Client) -> None:
         "messages[1].role: must be system, developer, user, assistant or tool, got 'function'"
     ]
     assert [step.message for step in stored(trial)] == ["hi", "old style"]
+
+
+def test_jsonl_over_the_line_limit_is_refused_and_stores_nothing(trial: Trial, settings: Any) -> None:
+    settings.RSI_MAX_JSONL_LINES = 5
+    path = HARBOR / "openhands-hello-world.trajectory.jsonl"
+    code, out, err = command("--trial", str(trial.pk), str(path))
+    assert (code, out) == (2, "")
+    assert err == f"7 lines in {path}, over the limit of 5 (RSI_MAX_JSONL_LINES); nothing was imported"
+    assert not Trajectory.objects.exists()

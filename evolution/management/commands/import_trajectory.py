@@ -9,7 +9,9 @@ there too. A file holding a list of trajectories is imported with
 Exit codes: 0 imported, 1 invalid document (each error names the field, or
 the line and column of a JSON syntax error; a list of trajectories without
 ``--trials``), 2 unusable input (unknown trial, unreadable file, trials not
-matching the list).
+matching the list, a file over ``RSI_MAX_TRAJECTORY_BYTES``, nested deeper
+than ``RSI_MAX_INPUT_DEPTH`` or, as JSONL, longer than
+``RSI_MAX_JSONL_LINES``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from evolution import limits
 from evolution.models import Trajectory, Trial
 from evolution.services.trajectories import (
     TrajectoryBatchError,
@@ -36,8 +39,15 @@ UNUSABLE = 2
 
 
 def _read(path: Path) -> Any:
-    """The JSON value of the file at ``path``: OSError, UnicodeDecodeError or JSONDecodeError."""
-    return loads_text(path.read_text(encoding="utf-8"))
+    """The JSON value of the file at ``path`` (JSON or JSONL), read within
+    the input limits: OSError, UnicodeDecodeError, JSONDecodeError or
+    InputLimitError."""
+    text = limits.read_bytes(path, setting="RSI_MAX_TRAJECTORY_BYTES", what=str(path)).decode("utf-8")
+    if text.count("\n") > limits.limit("RSI_MAX_JSONL_LINES"):  # counted before a JSONL parse line by line
+        limits.check_count(
+            sum(1 for line in text.split("\n") if line.strip()), setting="RSI_MAX_JSONL_LINES", what=f"lines in {path}"
+        )
+    return loads_text(text, loads=lambda part: limits.json_loads(part, what=str(path)))
 
 
 class FolderFiles(dict[str, Any]):
@@ -98,6 +108,8 @@ class Command(BaseCommand):
         trials = self._trials(options)
         try:
             document = _read(path)
+        except limits.InputLimitError as exc:
+            raise CommandError(f"{exc}; nothing was imported", returncode=UNUSABLE) from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"cannot read {path}: {exc}", returncode=UNUSABLE) from exc
         except json.JSONDecodeError as exc:
@@ -124,6 +136,8 @@ class Command(BaseCommand):
             ) from exc
         except TrajectoryFormatError as exc:
             self._fail(path, exc.errors)
+        except limits.InputLimitError as exc:  # a continuation or subagent file beside it
+            raise CommandError(f"{exc}; nothing was imported", returncode=UNUSABLE) from exc
         self._report([trajectory])
 
     def _trials(self, options: dict[str, Any]) -> list[Trial]:
