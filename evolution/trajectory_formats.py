@@ -201,12 +201,16 @@ def parse(document: Any, fmt: str = "auto", *, lenient: bool = False) -> tuple[s
     return fmt, normalized
 
 
-def loads_text(text: str, *, loads: Callable[[str], Any] = json.loads) -> Any:
+def loads_text(
+    text: str, *, loads: Callable[[str], Any] = json.loads, count_lines: Callable[[int], None] | None = None
+) -> Any:
     """The JSON value of a trajectory file's ``text``: one JSON document, or
     streaming ATIF JSONL (a first line without ``steps``, then one step per
     line) joined into one document. A JSONL file whose every line is a
     whole trajectory is a list of them. ``json.JSONDecodeError`` for text
-    that is neither, with the line of the fault."""
+    that is neither, with the line of the fault. ``loads`` parses each
+    piece; ``count_lines`` is given the number of JSONL lines before they are
+    parsed (to refuse too many)."""
     try:
         return loads(text)
     except json.JSONDecodeError as exc:
@@ -214,6 +218,8 @@ def loads_text(text: str, *, loads: Callable[[str], Any] = json.loads) -> Any:
             raise
         first_error = exc
     lines = [(number, line) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if count_lines is not None:
+        count_lines(len(lines))
     values = []
     for number, line in lines:
         try:

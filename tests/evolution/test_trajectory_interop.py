@@ -297,3 +297,12 @@ def test_jsonl_over_the_line_limit_is_refused_and_stores_nothing(trial: Trial, s
     assert (code, out) == (2, "")
     assert err == f"7 lines in {path}, over the limit of 5 (RSI_MAX_JSONL_LINES); nothing was imported"
     assert not Trajectory.objects.exists()
+
+
+def test_an_indented_json_file_longer_than_the_jsonl_limit_imports(trial: Trial, settings: Any) -> None:
+    # The line limit is JSONL's; an ordinary indented JSON file has many more lines than steps.
+    settings.RSI_MAX_JSONL_LINES = 5
+    path = FIXTURES / "atif" / "hello-world.trajectory.json"
+    assert path.read_text().count("\n") > 5
+    code, out, _ = command("--trial", str(trial.pk), str(path))
+    assert (code, out) == (0, f"imported 6 steps (atif) into trial {trial.pk}; redacted: none\n")

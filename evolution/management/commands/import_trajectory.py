@@ -43,11 +43,11 @@ def _read(path: Path) -> Any:
     the input limits: OSError, UnicodeDecodeError, JSONDecodeError or
     InputLimitError."""
     text = limits.read_bytes(path, setting="RSI_MAX_TRAJECTORY_BYTES", what=str(path)).decode("utf-8")
-    if text.count("\n") > limits.limit("RSI_MAX_JSONL_LINES"):  # counted before a JSONL parse line by line
-        limits.check_count(
-            sum(1 for line in text.split("\n") if line.strip()), setting="RSI_MAX_JSONL_LINES", what=f"lines in {path}"
-        )
-    return loads_text(text, loads=lambda part: limits.json_loads(part, what=str(path)))
+    return loads_text(
+        text,
+        loads=lambda part: limits.json_loads(part, what=str(path)),
+        count_lines=lambda count: limits.check_count(count, setting="RSI_MAX_JSONL_LINES", what=f"lines in {path}"),
+    )
 
 
 class FolderFiles(dict[str, Any]):
