@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from evolution import models, operators
+from evolution import example, models, operators
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
 
@@ -190,6 +190,8 @@ class ExperimentAdmin(admin.ModelAdmin):
             # Keep the proposer that worked last time, whichever recipe is chosen.
             latest = experiment.runs.select_related("recipe").order_by("-pk").first()
             proposer = latest.recipe.spec.get("proposal", {}).get("operator") if latest else None
+        if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
+            proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
         try:
             recipe = _start_recipe(experiment, data["recipe"])
             run = loop.run_create(
@@ -315,6 +317,19 @@ class CertifiedResultAdmin(ReadOnlyAdmin):
     @admin.display(description="payload (the canonical JSON that is hashed)")
     def canonical_payload(self, obj: models.CertifiedResult) -> str:
         return models.CertifiedResult._meta.get_field("payload").value_to_string(obj)
+
+
+@admin.register(models.CertifiedDecision)
+class CertifiedDecisionAdmin(ReadOnlyAdmin):
+    list_display = ("experiment", "seq", "kind", "candidate", "record_digest", "created_at")
+    list_filter = ("experiment", "kind")
+    search_fields = ("record_digest",)
+    exclude = ("payload",)
+    readonly_fields = ("canonical_payload",)
+
+    @admin.display(description="payload (the canonical JSON that is hashed)")
+    def canonical_payload(self, obj: models.CertifiedDecision) -> str:
+        return models.CertifiedDecision._meta.get_field("payload").value_to_string(obj)
 
 
 @admin.register(models.GateDecision)
