@@ -114,8 +114,19 @@ def _reward(where: str, rewards: Any) -> float | None:
 
 
 def _trial(folder: Path) -> HarborTrial:
+    """One trial folder: its result.json and, when there, agent/trajectory.json."""
     where = f"{folder.name}/result.json"
     result = _json(folder / "result.json", what=where)
+    trajectory_path = folder / "agent" / "trajectory.json"
+    document = None
+    if trajectory_path.is_file():
+        what = f"{folder.name}/agent/trajectory.json"
+        document = _json(trajectory_path, setting="RSI_MAX_TRAJECTORY_BYTES", what=what)
+    return _trial_from(where, result, document, trajectory_where=f"{folder.name}/agent/trajectory.json")
+
+
+def _trial_from(where: str, result: Any, document: Any, *, trajectory_where: str) -> HarborTrial:
+    """A trial from Harbor's TrialResult and the agent's ATIF trajectory (or None). Pure."""
     if not isinstance(result, dict):
         raise HarborJobError(f"{where}: must be a JSON object (Harbor's TrialResult)")
     task, name = result.get("task_name"), result.get("trial_name")
@@ -141,14 +152,11 @@ def _trial(folder: Path) -> HarborTrial:
                 if _count(context.get(key)) is not None:
                     tokens = (tokens or 0) + context[key]
     trajectory = None
-    trajectory_path = folder / "agent" / "trajectory.json"
-    if trajectory_path.is_file():
-        what = f"{folder.name}/agent/trajectory.json"
-        document = _json(trajectory_path, setting="RSI_MAX_TRAJECTORY_BYTES", what=what)
+    if document is not None:
         try:
             trajectory = parse(document, "atif")[1]
         except TrajectoryFormatError as exc:
-            raise HarborJobError(f"{what}: {exc}") from None
+            raise HarborJobError(f"{trajectory_where}: {exc}") from None
     return HarborTrial(
         name=name,
         task=task,
@@ -189,15 +197,39 @@ def harbor_job_read(path: Path) -> HarborJob:
     if not isinstance(config, dict) or not isinstance(result, dict) or "stats" not in result:
         raise HarborJobError(f"{path}: config.json and result.json must be Harbor's JobConfig and JobResult objects")
     folders = sorted(child for child in path.iterdir() if child.is_dir() and (child / "result.json").is_file())
+    _check_trial_count(len(folders))
+    if not folders:
+        raise HarborJobError(f"{path}: no trial folder with a result.json")
+    return _job(path, config, result, [_trial(folder) for folder in folders])
+
+
+def _check_trial_count(count: int) -> None:
     try:
-        limits.check_count(len(folders), setting="RSI_MAX_TASKS", what="trial folders in the job")
+        limits.check_count(count, setting="RSI_MAX_TASKS", what="trials in the job")
     except limits.InputLimitError as exc:
         raise HarborJobRefused(str(exc)) from None
-    if len(folders) > MAX_RESULTS:
-        raise HarborJobRefused(f"{len(folders)} trial folders, over the limit of {MAX_RESULTS}")
-    trials = [_trial(folder) for folder in folders]
+    if count > MAX_RESULTS:
+        raise HarborJobRefused(f"{count} trials, over the limit of {MAX_RESULTS}")
+
+
+def harbor_job_from_documents(*, config: Any, result: Any, trials: list[tuple[Any, Any]], label: str) -> HarborJob:
+    """A job from its documents, as the API receives them: the job's
+    config.json and result.json, and per trial its result.json and
+    agent/trajectory.json (or None). Checked as ``harbor_job_read`` checks a
+    folder; ``label`` names the job's origin in messages and its source."""
+    if not isinstance(config, dict) or not isinstance(result, dict) or "stats" not in result:
+        raise HarborJobError("config and result must be Harbor's JobConfig and JobResult objects")
+    _check_trial_count(len(trials))
     if not trials:
-        raise HarborJobError(f"{path}: no trial folder with a result.json")
+        raise HarborJobError("trials: at least one trial is needed")
+    built = [
+        _trial_from(f"trials[{i}].result", raw, document, trajectory_where=f"trials[{i}].trajectory")
+        for i, (raw, document) in enumerate(trials)
+    ]
+    return _job(Path(label), config, result, built)
+
+
+def _job(path: Path, config: dict[str, Any], result: dict[str, Any], trials: list[HarborTrial]) -> HarborJob:
     listed = _job_rewards(result)
     for trial in trials:
         if trial.name in listed and listed[trial.name] != trial.reward:
@@ -238,7 +270,7 @@ def _experiment_for(name: str, job: HarborJob) -> tuple[Experiment, bool]:
     )
     experiment = Experiment.objects.create(
         name=name,
-        description=f"Imported from Harbor job folders (first: {job.path.resolve()}); nothing here was run by us.",
+        description=f"Imported from Harbor jobs (first: {job.path}); nothing here was run by us.",
         benchmark=benchmark,
         evaluator=evaluator,
         surface=surface_create(name=f"harbor {name}"[:200], spec=SURFACE_SPEC),
@@ -280,7 +312,12 @@ def harbor_job_import(*, path: Path, experiment: str | None = None) -> HarborImp
     checked first, the writes are one transaction. Safe to repeat: a job
     imported before (same job id) returns its candidate and adds nothing.
     """
-    job = harbor_job_read(Path(path))
+    return harbor_job_store(job=harbor_job_read(Path(path)), experiment=experiment)
+
+
+def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> HarborImportReport:
+    """Store a job read by ``harbor_job_read`` or ``harbor_job_from_documents``;
+    see ``harbor_job_import``."""
     name = experiment or job.name
     notes: list[str] = []
     with transaction.atomic():
@@ -325,7 +362,7 @@ def _ingest(candidate: Candidate, job: HarborJob) -> Evaluation:
         "format": FORMAT,
         "job_name": job.name,
         "job_id": job.job_id,
-        "path": str(job.path.resolve()),
+        "path": str(job.path.resolve()) if job.path.is_absolute() or job.path.exists() else str(job.path),
         "agents": agents if isinstance(agents, list) else None,
         "n_total_trials": job.result.get("n_total_trials"),
         **{
