@@ -33,7 +33,7 @@ from evolution.services.external import MAX_RESULTS, ExternalResultsError, exter
 from evolution.services.snapshots import tree_store
 from evolution.services.trajectories import trajectory_store
 from evolution.services.workspaces import PLACEHOLDER_CODE, SURFACE_SPEC
-from evolution.trajectory_formats import TrajectoryFormatError, parse
+from evolution.trajectory_formats import TrajectoryFormatError, join_continuations, parse
 from evolution.trees import MODE_FILE, FileEntry
 
 FORMAT = "harbor-job"
@@ -122,6 +122,19 @@ def _trial(folder: Path) -> HarborTrial:
     if trajectory_path.is_file():
         what = f"{folder.name}/agent/trajectory.json"
         document = _json(trajectory_path, setting="RSI_MAX_TRAJECTORY_BYTES", what=what)
+        if isinstance(document, dict) and document.get("continued_trajectory_ref"):
+            # Harbor's terminus-2 continues a long run in trajectory.cont-N.json beside it.
+            def fetch(ref: str) -> Any:
+                if not (folder / "agent" / ref).is_file():
+                    raise KeyError(ref)
+                return _json(
+                    folder / "agent" / ref, setting="RSI_MAX_TRAJECTORY_BYTES", what=f"{folder.name}/agent/{ref}"
+                )
+
+            try:
+                document = join_continuations(document, fetch, name=what)[0]
+            except TrajectoryFormatError as exc:
+                raise HarborJobError(f"{what}: {exc}") from None
     return _trial_from(where, result, document, trajectory_where=f"{folder.name}/agent/trajectory.json")
 
 

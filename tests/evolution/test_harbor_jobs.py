@@ -154,3 +154,17 @@ def test_not_a_harbor_job_folder_is_one_line(tmp_path: Path) -> None:
         1,
         f"{tmp_path}: no config.json and result.json (is this a Harbor job folder?); nothing was imported",
     )
+
+
+@pytest.mark.django_db
+def test_harbor_trial_trajectory_continued_in_another_file_is_joined(tmp_path: Path) -> None:
+    # Harbor's own terminus-2 continuation pair (tests/fixtures/harbor/linear-history, 5 + 8 steps) in a trial folder.
+    job = shutil.copytree(CARELESS, tmp_path / "job")
+    agent = next(job.glob("task-0__*")) / "agent"
+    shutil.copyfile(FIXTURES / "linear-history" / "trajectory.json", agent / "trajectory.json")
+    shutil.copyfile(FIXTURES / "linear-history" / "trajectory.cont-1.json", agent / "trajectory.cont-1.json")
+    call_command("import_harbor_job", str(job))
+    trajectory = Trajectory.objects.get(trial__task__external_id="task-0")
+    assert trajectory.step_count == 13
+    assert trajectory.extra["continuation_files"] == ["trajectory.cont-1.json"]
+    assert Trial.objects.get(task__external_id="task-0").steps == 13
