@@ -127,6 +127,7 @@ INSTALLED_APPS = [
     "evolution",
     "review",
     "api",
+    "lab",
 ]
 
 MIDDLEWARE = [

@@ -45,7 +45,7 @@ from django.db import connection, transaction
 
 from evolution import digests
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
-from evolution.trust import BENCHMARKS, TrialContext, TrustFailure
+from lab.trust import BENCHMARKS, TrialContext, TrustFailure
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Short leases and a fast reaper so a killed worker's work is sent again in
@@ -207,7 +207,7 @@ def worker_spawn(
     ready_timeout: float = 60.0,
     hold: bool = False,
 ) -> WorkerProcess:
-    """Start ``python -m evolution.trust.worker`` (Celery's worker of rsiweb,
+    """Start ``python -m lab.trust.worker`` (Celery's worker of rsiweb,
     on ``RSI_TRUST_QUEUE`` when set) and wait until it is ready. Raises
     RuntimeError, with the log's tail, when it exits or is not ready in time.
     With ``hold`` it returns at once and the worker loads everything but
@@ -215,7 +215,7 @@ def worker_spawn(
     argv = [
         sys.executable,
         "-m",
-        "evolution.trust.worker",
+        "lab.trust.worker",
         "--loglevel=INFO",
         f"--concurrency={concurrency}",
         f"--hostname={hostname}@%h",

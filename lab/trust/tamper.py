@@ -37,8 +37,8 @@ from evolution.services.records import records_verify, result_certify
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.surfaces import check_diff, component_for, in_surface, parse_surface
 from evolution.trees import FileEntry
-from evolution.trust import TrialContext, TrustFailure, expect, scenario
-from evolution.trust.context import proposer_python
+from lab.trust import TrialContext, TrustFailure, expect, scenario
+from lab.trust.context import proposer_python
 
 INLINE_OWNER = "trust-suite-inline"
 SPLITS = ("train", "gate", "sealed")
