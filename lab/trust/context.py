@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from evolution import digests
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
@@ -884,52 +884,16 @@ def experiment_benchmark(experiment: Experiment) -> str:
 
 def _create_base(benchmark: str, *, name: str) -> Experiment:
     if benchmark == "example":
-        return _create_example_base(name)
+        # The bundled example as ``load_example`` creates it, on its first
+        # ``EXAMPLE_TASKS`` tasks so a run takes seconds.
+        from evolution.example.setup import example_experiment_create
+
+        return example_experiment_create(name=name, task_limit=EXAMPLE_TASKS)
     if benchmark == "harbor":
-        from evolution.management.commands.load_harbor_example import EXAMPLE_DIR, harbor_experiment_create
+        from evolution.agents.setup import EXAMPLE_DIR, harbor_experiment_create
 
         return harbor_experiment_create(folder=EXAMPLE_DIR, name=name)
     raise ValueError(f"unknown benchmark {benchmark!r} (known: {', '.join(BENCHMARKS)})")
-
-
-def _create_example_base(name: str) -> Experiment:
-    """The bundled example as ``load_example`` creates it (evaluator, surface,
-    seed harness, split seed and ratios, run settings), on its first
-    ``EXAMPLE_TASKS`` tasks so a run takes seconds (a benchmark of its own
-    name, never mixed with the full one)."""
-    import tomllib
-
-    from evolution.management.commands.load_example import EXAMPLE_DIR, read_tasks
-    from evolution.services.experiments import (
-        benchmark_from_config,
-        evaluator_from_config,
-        experiment_create,
-        surface_create,
-    )
-    from evolution.services.snapshots import tree_import_directory
-
-    config = tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())
-    bench, evaluator_config = config["benchmark"], config["evaluator"]
-    tasks = read_tasks(EXAMPLE_DIR / bench["tasks"])[:EXAMPLE_TASKS]
-    seed_dir = EXAMPLE_DIR / bench["seed_harness"]
-    harness_config = tomllib.loads((seed_dir / "config.toml").read_text())
-    with transaction.atomic():
-        return experiment_create(
-            name=name,
-            description=bench.get("description", ""),
-            benchmark=benchmark_from_config(
-                config={**bench, "name": f"{bench['name']}-first-{len(tasks)}"}, tasks=tasks
-            ),
-            evaluator=evaluator_from_config(
-                config=evaluator_config, files=tree_import_directory(path=EXAMPLE_DIR / evaluator_config["files"])
-            ),
-            surface=surface_create(name=f"{bench['name']} surface", spec=(EXAMPLE_DIR / bench["surface"]).read_text()),
-            seed_tree=tree_import_directory(path=seed_dir),
-            split_seed=int(config["splits"]["seed"]),
-            split_ratios=config["splits"]["ratios"],
-            trials_per_task=int(config["trials"]["k"]),
-            run_settings={"model": harness_config.get("model", ""), "seed": 0},
-        )
 
 
 def proposer_python() -> str:

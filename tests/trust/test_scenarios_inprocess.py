@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from evolution.management.commands.load_example import Command as LoadExample
-from evolution.management.commands.load_harbor_example import EXAMPLE_DIR as HARBOR_DIR
-from evolution.management.commands.load_harbor_example import harbor_experiment_create
+from evolution.agents.setup import EXAMPLE_DIR as HARBOR_DIR
+from evolution.agents.setup import harbor_experiment_create
+from evolution.example.setup import example_experiment_create
 from lab.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, TrustFailure
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +29,7 @@ MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "11")
 def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
     number = next(_numbers)
     if benchmark == "example":
-        experiment = LoadExample(stdout=open("/dev/null", "w")).create(f"trust-example-{number}")  # noqa: SIM115
+        experiment = example_experiment_create(name=f"trust-example-{number}")
     else:
         experiment = harbor_experiment_create(folder=HARBOR_DIR, name=f"trust-harbor-{number}")
     folder = workdir / f"trial-{number}"
