@@ -53,8 +53,7 @@ from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
 from review import access
 from review.flags import flag_task_visible
-from review.views.candidates import _visible_payload as visible_payload
-from review.views.experiments import start_recipe
+from review.selectors import recipe_for_start
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="field-level messages, or {'detail': ...}")
 TEXT = {(200, "text/plain"): OpenApiTypes.STR}
@@ -138,7 +137,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         data = form.validated_data
         experiment = data["experiment"]
         try:
-            recipe = start_recipe(
+            recipe = recipe_for_start(
                 name=data["recipe"], experiment=experiment, candidates_per_round=data.get("candidates_per_round")
             )
         except (RecipeError, loop.LoopError) as exc:
@@ -263,7 +262,7 @@ class CertifiedResultViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
         sealed = access.can_see_sealed(self.request.user)
         return {
             **super().get_serializer_context(),
-            "visible_payload": lambda record: visible_payload(record.payload, sealed=sealed),
+            "visible_payload": lambda record: access.record_payload_visible(record.payload, sealed=sealed),
         }
 
 

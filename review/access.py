@@ -64,6 +64,20 @@ def hide_sealed(queryset: QuerySet[Any], user: Any, *, split_field: str = "split
     return queryset.exclude(**{split_field: SplitName.SEALED})
 
 
+def record_payload_visible(payload: Any, *, sealed: bool) -> tuple[dict[str, Any], int]:
+    """A certified record's payload as a user sees it: its sealed per-task rows removed unless ``sealed`` (the user
+    may see them); returns it with the number of rows removed. The screens and the API both show it so."""
+    if sealed:
+        return payload, 0
+    if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
+        return {}, 0
+    trials = payload.get("trials") or []
+    kept = [row for row in trials if not (isinstance(row, dict) and row.get("split") == SplitName.SEALED)]
+    shown = dict(payload)
+    shown["trials"] = kept
+    return shown, len(trials) - len(kept)
+
+
 View = Callable[..., HttpResponse]
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from django.utils.safestring import SafeString
+
+from review.lineage import Layout
 
 # One colour per split, shared with the dashboard's tables (dashboard.css).
 SPLIT_COLOURS: dict[str, str] = {
@@ -703,3 +705,80 @@ def thin_rounds(rounds: Sequence[RoundScores], limit: int) -> list[RoundScores]:
     """At most ``limit`` rounds to plot, evenly sampled (the first and the
     last kept), so the lines keep their shape over thousands of rounds."""
     return _evenly(rounds, limit)
+
+
+# --- Lineage tree ---------------------------------------------------------------------
+
+LIGHT_CATEGORIES = frozenset({"flagged", "other"})  # dark text on these node colours
+
+
+def lineage_svg(
+    tree: Layout, *, reasons: dict[int, str], href: Callable[[int], str], highlight: int | None
+) -> tuple[SafeString, SafeString]:
+    """The nodes and the edges of a ``review.lineage.layout`` as SVG (the template wraps them in ``<svg>``).
+
+    Written here with ``format_html``, not by a template loop: hundreds of nodes with a dozen attributes each cost
+    more in a template loop than the rest of the page. ``reasons``: candidate id -> why it is in its state;
+    ``href``: candidate id -> its page."""
+    node_width, node_height = f"{tree.node_width:.0f}", f"{tree.node_height:.0f}"
+    nodes = []
+    for node in tree.nodes:
+        score = f"{node.score:.3f}" if node.score is not None else ""
+        reason = reasons.get(node.id, "")
+        label = node.label if len(node.label) <= 12 else node.label[:11] + "…"
+        title = (
+            f"#{node.id} {node.label} · {node.state} · round {node.round}"
+            + (f" · S {score}" if score else "")
+            + (f" · {reason}" if reason else "")
+        )
+        ink = "#1d2330" if node.category in LIGHT_CATEGORIES else "#fff"
+        text_y = f"{node.y + tree.node_height / 2 + 4:.1f}"
+        score_text = (
+            format_html(
+                '<text x="{}" y="{}" font-size="10.5" fill="{}" text-anchor="end">{}</text>',
+                f"{node.x + tree.node_width - 6:.1f}",
+                text_y,
+                ink,
+                score,
+            )
+            if score
+            else ""
+        )
+        nodes.append(
+            format_html(
+                '<a href="{}" class="node cat-{}{}" aria-label="candidate {} {}, {}"><title>{}</title>'
+                '<rect x="{}" y="{}" width="{}" height="{}" rx="4" fill="{}" stroke="{}" stroke-width="2"/>'
+                '<text x="{}" y="{}" font-size="11" fill="{}" font-weight="600">#{} '
+                '<tspan font-weight="400">{}</tspan></text>{}</a>',
+                href(node.id),
+                node.category,
+                " main" if node.on_path else "",
+                node.id,
+                node.label,
+                node.state,
+                title,
+                f"{node.x:.1f}",
+                f"{node.y:.1f}",
+                node_width,
+                node_height,
+                CATEGORY_COLOURS.get(node.category, CATEGORY_COLOURS["other"]),
+                "#1d2330" if node.id == highlight else "none",
+                f"{node.x + 6:.1f}",
+                text_y,
+                ink,
+                node.id,
+                label,
+                score_text,
+            )
+        )
+    edges = [
+        format_html(
+            '<path d="{}" class="edge{}" stroke="{}" stroke-width="{}"/>',
+            edge.path,
+            " main" if edge.on_path else "",
+            "#1a7f37" if edge.on_path else "#afb8c1",
+            "2.5" if edge.on_path else "1.2",
+        )
+        for edge in tree.edges
+    ]
+    return _join(nodes), _join(edges)

@@ -184,7 +184,7 @@ def paused_run(experiment: Experiment, *, proposer: str = "example", params: Map
     it by hand, and no worker advances it."""
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 
-    loop._load_operators()
+    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data["proposal"] = {"operator": proposer, "params": dict(params or {})}
     recipe = parse_recipe(data, known_operators=operators.known_operators())

@@ -207,20 +207,6 @@ def record_checks(record: CertifiedResult, *, previous_digest: str | None = None
     return checks
 
 
-def _visible_payload(payload: dict[str, Any], *, sealed: bool) -> tuple[dict[str, Any], int]:
-    """The payload as shown: sealed per-task rows removed unless ``sealed``;
-    returns it with the number of rows removed."""
-    if sealed:
-        return payload, 0
-    if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
-        return {}, 0
-    trials = payload.get("trials") or []
-    kept = [row for row in trials if not (isinstance(row, dict) and row.get("split") == SplitName.SEALED)]
-    shown = dict(payload)
-    shown["trials"] = kept
-    return shown, len(trials) - len(kept)
-
-
 @dataclass(frozen=True)
 class TrialCount:
     split: str
@@ -760,7 +746,7 @@ def record(request: HttpRequest, pk: int) -> HttpResponse:
     if report is not None and request.htmx:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
     sealed = access.can_see_sealed(request.user)
-    payload, hidden = _visible_payload(rec.payload, sealed=sealed)
+    payload, hidden = access.record_payload_visible(rec.payload, sealed=sealed)
     certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not
     evaluation = certified.get("evaluation") or {}
     return render(

@@ -62,7 +62,7 @@ class Command(BaseCommand):
             raise CommandError(f"no experiment with id {options['experiment']}", returncode=2)
         name = options["recipe"]
         try:
-            loop._load_operators()
+            operators.operators_load()
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
             elif Path(name).is_file():
