@@ -717,11 +717,13 @@ def lineage_svg(
 ) -> tuple[SafeString, SafeString]:
     """The nodes and the edges of a ``review.lineage.layout`` as SVG (the template wraps them in ``<svg>``).
 
-    Written here with ``format_html``, not by a template loop: hundreds of nodes with a dozen attributes each cost
-    more in a template loop than the rest of the page. ``reasons``: candidate id -> why it is in its state;
-    ``href``: candidate id -> its page."""
+    Written here, not by a template loop: hundreds of nodes with a dozen attributes each cost more in a template
+    loop than the rest of the page; nor through ``format_html``, which took 2.3 times as long (33 against 15 ms
+    for 400 nodes). Labels, states, reasons and links are escaped; the rest are numbers formatted here and this
+    module's colours. ``reasons``: candidate id -> why it is in its state; ``href``: candidate id -> its page."""
+    escape = html.escape
     node_width, node_height = f"{tree.node_width:.0f}", f"{tree.node_height:.0f}"
-    nodes = []
+    parts = []
     for node in tree.nodes:
         score = f"{node.score:.3f}" if node.score is not None else ""
         reason = reasons.get(node.id, "")
@@ -731,54 +733,29 @@ def lineage_svg(
             + (f" · S {score}" if score else "")
             + (f" · {reason}" if reason else "")
         )
+        colour = CATEGORY_COLOURS.get(node.category, CATEGORY_COLOURS["other"])
         ink = "#1d2330" if node.category in LIGHT_CATEGORIES else "#fff"
+        stroke = "#1d2330" if node.id == highlight else "none"
         text_y = f"{node.y + tree.node_height / 2 + 4:.1f}"
-        score_text = (
-            format_html(
-                '<text x="{}" y="{}" font-size="10.5" fill="{}" text-anchor="end">{}</text>',
-                f"{node.x + tree.node_width - 6:.1f}",
-                text_y,
-                ink,
-                score,
+        parts.append(
+            f'<a href="{escape(href(node.id))}" class="node cat-{escape(node.category)}'
+            f'{" main" if node.on_path else ""}" aria-label="candidate {node.id} {escape(node.label)}, '
+            f'{escape(node.state)}"><title>{escape(title)}</title>'
+            f'<rect x="{node.x:.1f}" y="{node.y:.1f}" width="{node_width}" height="{node_height}" rx="4" '
+            f'fill="{colour}" stroke="{stroke}" stroke-width="2"/>'
+            f'<text x="{node.x + 6:.1f}" y="{text_y}" font-size="11" fill="{ink}" font-weight="600">#{node.id} '
+            f'<tspan font-weight="400">{escape(label)}</tspan></text>'
+            + (
+                f'<text x="{node.x + tree.node_width - 6:.1f}" y="{text_y}" font-size="10.5" fill="{ink}" '
+                f'text-anchor="end">{score}</text>'
+                if score
+                else ""
             )
-            if score
-            else ""
+            + "</a>"
         )
-        nodes.append(
-            format_html(
-                '<a href="{}" class="node cat-{}{}" aria-label="candidate {} {}, {}"><title>{}</title>'
-                '<rect x="{}" y="{}" width="{}" height="{}" rx="4" fill="{}" stroke="{}" stroke-width="2"/>'
-                '<text x="{}" y="{}" font-size="11" fill="{}" font-weight="600">#{} '
-                '<tspan font-weight="400">{}</tspan></text>{}</a>',
-                href(node.id),
-                node.category,
-                " main" if node.on_path else "",
-                node.id,
-                node.label,
-                node.state,
-                title,
-                f"{node.x:.1f}",
-                f"{node.y:.1f}",
-                node_width,
-                node_height,
-                CATEGORY_COLOURS.get(node.category, CATEGORY_COLOURS["other"]),
-                "#1d2330" if node.id == highlight else "none",
-                f"{node.x + 6:.1f}",
-                text_y,
-                ink,
-                node.id,
-                label,
-                score_text,
-            )
-        )
-    edges = [
-        format_html(
-            '<path d="{}" class="edge{}" stroke="{}" stroke-width="{}"/>',
-            edge.path,
-            " main" if edge.on_path else "",
-            "#1a7f37" if edge.on_path else "#afb8c1",
-            "2.5" if edge.on_path else "1.2",
-        )
+    edges = "".join(
+        f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
+        f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
         for edge in tree.edges
-    ]
-    return _join(nodes), _join(edges)
+    )
+    return SafeString("".join(parts)), SafeString(edges)  # every string from a candidate went through escape
