@@ -173,6 +173,19 @@ def private_reads(root: Path, packages: tuple[str, ...] = PROJECT_PACKAGES) -> l
     return found
 
 
+def markup_in_views(root: Path) -> list[str]:
+    """Views that mark text safe themselves (``mark_safe`` or ``SafeString(...)``): markup is built in
+    ``review.charts``, ``review.matrix``, ``review.diffs`` or a template, never in a view."""
+    found = []
+    for path in sorted((root / "review" / "views").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                if name in {"mark_safe", "SafeString"}:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} calls {name}")
+    return found
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name
@@ -193,6 +206,10 @@ def test_no_module_reads_another_modules_private_names() -> None:
     assert private_reads(REPO_ROOT) == []
 
 
+def test_views_mark_nothing_safe_themselves() -> None:
+    assert markup_in_views(REPO_ROOT) == []
+
+
 def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
     root = write_tree(
         tmp_path,
@@ -208,6 +225,7 @@ def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
             "evolution/management/commands/load.py": "from lab import trust\n",
             "review/__init__.py": "",
             "review/access.py": "from evolution.a import _hidden\nfrom evolution import d as dee\n\ndee._step()\n",
+            "review/views/page.py": "from django.utils import safestring\n\nsafestring.mark_safe('<b>')\n",
         },
     )
 
@@ -222,3 +240,4 @@ def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
         "review/access.py:1 imports evolution.a._hidden",
         "review/access.py:4 reads evolution.d._step",
     ]
+    assert markup_in_views(root) == ["review/views/page.py:3 calls mark_safe"]
