@@ -47,8 +47,8 @@ from evolution.services.snapshots import tree_materialize, tree_store
 from evolution.trees import FileEntry
 from evolution.trials import parse_verdict
 from lab.bench import BenchResult, benchmark, stopwatch
-from lab.trust.context import WorkerProcess as Worker
-from lab.trust.context import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
+from lab.processes import WorkerProcess as Worker
+from lab.processes import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
 
 # A fixed trivial agent: answers from the harness, reports its usage.
 BENCH_AGENT = textwrap.dedent(

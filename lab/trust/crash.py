@@ -23,16 +23,10 @@ from pathlib import Path
 
 from evolution import faults
 from evolution.models import Evaluation, Run, Trial
+from lab.processes import REPO_ROOT, process_argv, process_state
+from lab.records import record_contents, records_difference, records_digest
 from lab.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
-from lab.trust.context import (
-    REPO_ROOT,
-    no_half_made_parent,
-    process_argv,
-    process_state,
-    record_contents,
-    records_difference,
-    records_digest,
-)
+from lab.trust.context import no_half_made_parent
 
 FAULT_TIMEOUT = 120.0
 
@@ -376,7 +370,7 @@ if os.environ.get(INNER_PG):
     def db_restart_inner(ctx: TrialContext) -> str:
         from django.db import connection
 
-        from lab.trust.context import PrivatePostgres
+        from lab.processes import PrivatePostgres
 
         facts = json.loads(os.environ[INNER_PG])
         cluster = PrivatePostgres.__new__(PrivatePostgres)
