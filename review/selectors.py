@@ -244,14 +244,14 @@ FINISHED = (Trial.State.DONE, Trial.State.ERROR)
 UNFINISHED = (Trial.State.PENDING, Trial.State.RUNNING)
 
 
-def reported_trials(user: Any) -> QuerySet[Trial]:
+def reported_trials(user: Any | None) -> QuerySet[Trial]:
     """Trials shown per task: every evaluation we ran but the seed's noise
-    repeats, sealed ones only for users who may see them. External results
-    are left out: we did not run them, so they must not sit in a cell as if
-    we had (the candidate page shows them apart, labelled external)."""
-    return access.hide_sealed(
-        Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False), user
-    )
+    repeats, sealed ones only for users who may see them (``user`` None:
+    all of them, for aggregates). External results are left out: we did not
+    run them, so they must not sit in a cell as if we had (the candidate page
+    shows them apart, labelled external)."""
+    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False)
+    return trials if user is None else access.hide_sealed(trials, user)
 
 
 def split_counts(*, experiment: Experiment) -> dict[str, int]:
@@ -282,6 +282,11 @@ def matrix_candidates(*, experiment: Experiment, selected: list[int]) -> QuerySe
     )
 
 
+def visible_task_count(*, experiment: Experiment, user: Any) -> int:
+    """How many of the experiment's tasks ``user`` may see per task (every split)."""
+    return access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), user).count()
+
+
 def visible_tasks(*, experiment: Experiment, user: Any, split: str) -> list[tuple[int, str, str]]:
     """(task id, external id, split) of the tasks ``user`` may see, of one split or all (unsorted)."""
     memberships = access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), user)
@@ -290,9 +295,9 @@ def visible_tasks(*, experiment: Experiment, user: Any, split: str) -> list[tupl
     return list(memberships.values_list("task_id", "task__external_id", "split"))
 
 
-def matrix_cells(*, user: Any, candidate_ids: list[int]) -> QuerySet[Trial, dict[str, Any]]:
+def matrix_cells(*, user: Any | None, candidate_ids: list[int]) -> QuerySet[Trial, dict[str, Any]]:
     """Per candidate, task and split: finished trials, passes, errors, pending, score sum and first trial id (the
-    whole grid of the shown candidates and their parents in one aggregated query)."""
+    whole grid of the shown candidates and their parents in one aggregated query; ``user`` None: every task)."""
     return (
         reported_trials(user)
         .filter(candidate_id__in=candidate_ids)

@@ -16,7 +16,6 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
@@ -32,7 +31,6 @@ from evolution.models import (
     CertifiedResult,
     GateDecision,
     LeakageFlag,
-    SplitMembership,
     SplitName,
     TreeEntry,
 )
@@ -41,7 +39,7 @@ from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import access, diffs
-from review.flags import flag_task_visible
+from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.models import ViewedFile
 from review.views.results import external_source_text
 
@@ -316,18 +314,15 @@ def _evolve_splits(candidate: Candidate) -> tuple[str, ...]:
 def _flags(candidate: Candidate, user: Any) -> list[LeakageFlag]:
     """The candidate's leakage flags; each gets ``task_visible``: its task's
     name and the critic's evidence may be shown (``review.flags``)."""
-    split = SplitMembership.objects.filter(experiment_id=candidate.experiment_id, task_id=OuterRef("task_id")).values(
-        "split"
-    )[:1]
     flags = list(
-        LeakageFlag.objects.filter(candidate=candidate)
+        with_task_access(LeakageFlag.objects.filter(candidate=candidate))
         .select_related("task", "edit")
-        .annotate(task_split=Subquery(split))
         .order_by("path", "pk")
     )
     for flag in flags:
         flag.anchor = diffs.file_anchor(flag.path) if flag.path else ""
-        flag.task_visible = flag_task_visible(flag, user, flag.task_split)
+        flag.task_visible = flag_task_visible(flag, user)
+        flag.shown_matched = flag_matched(flag, user) or ""
         flag.line_number = (flag.evidence or {}).get("line_number") if isinstance(flag.evidence, dict) else None
         flag.evidence_text = (flag.evidence or {}).get("evidence", "") if isinstance(flag.evidence, dict) else ""
     return flags
@@ -483,8 +478,8 @@ def _leak_marks(cand: Candidate, user: Any) -> tuple[list[LeakageFlag], dict[str
     flags = _flags(cand, user)
     marks: dict[str, list[diffs.LeakMark]] = {}
     for flag in flags:
-        if flag.path and flag.matched:
-            marks.setdefault(flag.path, []).append(diffs.LeakMark(flag.path, flag.matched, _flag_title(flag)))
+        if flag.path and flag.shown_matched:
+            marks.setdefault(flag.path, []).append(diffs.LeakMark(flag.path, flag.shown_matched, _flag_title(flag)))
     return flags, marks
 
 
@@ -593,7 +588,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
         "files": files,
         "summary": diffs.DiffSummary(files),
         "flags": flags,
-        "marked_flags": sum(1 for flag in flags if flag.path and flag.matched),
+        "marked_flags": sum(1 for flag in flags if flag.path and flag.shown_matched),
         "collapse_lines": diffs.COLLAPSE_LINES,
         "page_budget": diffs.PAGE_BUDGET,
         "against_param": query.get("against", ""),
@@ -746,7 +741,9 @@ def record(request: HttpRequest, pk: int) -> HttpResponse:
     if report is not None and request.htmx:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
     sealed = access.can_see_sealed(request.user)
-    payload, hidden = access.record_payload_visible(rec.payload, sealed=sealed)
+    payload, hidden = access.record_payload_visible(
+        rec.payload, sealed=sealed, sealed_tasks=None if sealed else access.sealed_task_names(rec.experiment_id)
+    )
     certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not
     evaluation = certified.get("evaluation") or {}
     return render(

@@ -152,14 +152,23 @@ def _matrix_query(request: HttpRequest) -> MatrixQuery:
     )
 
 
-def _grid(user: Any, columns: list[Column], *, evolve: tuple[str, ...], metric: str) -> dict[tuple[int, int], Cell]:
-    """The cells of the shown candidates and of their parents on every task ``user`` may see (one aggregated
-    query); sets each column's evolve score S, from the same trials as its cells."""
+def _grid(
+    columns: list[Column], *, shown_tasks: set[int], evolve: tuple[str, ...], metric: str
+) -> dict[tuple[int, int], Cell]:
+    """The cells of the shown candidates and of their parents on the ``shown_tasks`` (one aggregated query); sets
+    each column's evolve score S. Scores are aggregates, which every user may see: they count every trial (a task
+    sealed in another experiment is still scored here), while cells are made for the visible tasks only."""
     parent_ids = {column.parent_id for column in columns if column.parent_id is not None}
     grid: dict[tuple[int, int], Cell] = {}
     score_parts: dict[int, list[float]] = {}
     trial_href = _url_maker("review:trial")
-    for row in review_selectors.matrix_cells(user=user, candidate_ids=[*(c.pk for c in columns), *parent_ids]):
+    for row in review_selectors.matrix_cells(user=None, candidate_ids=[*(c.pk for c in columns), *parent_ids]):
+        if row["split"] in evolve and row["n"]:
+            parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
+            parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
+            parts[1] += row["n"]
+        if row["task_id"] not in shown_tasks:
+            continue
         key = (row["candidate_id"], row["task_id"])
         grid[key] = Cell(
             candidate_id=row["candidate_id"],
@@ -171,10 +180,6 @@ def _grid(user: Any, columns: list[Column], *, evolve: tuple[str, ...], metric: 
             first_trial=row["first_trial"],
             first_href=trial_href(row["first_trial"]),
         )
-        if row["split"] in evolve and row["n"]:
-            parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
-            parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
-            parts[1] += row["n"]
     for column in columns:
         value, trials = score_parts.get(column.pk, (0.0, 0))
         column.score = value / trials if trials else None
@@ -228,7 +233,13 @@ def _fill_page(user: Any, page_rows: list[Row], columns: list[Column], grid: dic
 
 
 def _filter_links(
-    base: str, query: MatrixQuery, split_counts: dict[str, int], change_counts: dict[str, int], *, can_sealed: bool
+    base: str,
+    query: MatrixQuery,
+    split_counts: dict[str, int],
+    change_counts: dict[str, int],
+    *,
+    can_sealed: bool,
+    sealed_hidden: int,
 ) -> dict[str, Any]:
     """The split and change filters as plain links, each with its count."""
     keep = {"split": query.split, "change": query.change, "candidates": query.raw_candidates}
@@ -243,7 +254,6 @@ def _filter_links(
         for value, label in [("", "all"), *((split, split) for split in SPLIT_ORDER)]
         if value == "" or split_counts.get(value)
     ]
-    sealed_hidden = 0 if can_sealed else split_counts.get(SplitName.SEALED, 0)
     split_links[0]["count"] = sum(split_counts.values()) - sealed_hidden
     change_links = [
         {"value": "", "label": "any", "count": None, "url": _query(base, **{**keep, "change": ""})},
@@ -296,12 +306,16 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     candidate_page = min(query.candidate_page, candidate_pages.num_pages)
     shown = candidate_pages.page(candidate_page)
     columns = [Column(**row) for row in shown]  # the values() are exactly Column's leading fields
+    can_sealed = access.can_see_sealed(request.user)
+    # Tasks of this experiment sealed here or in another experiment (the sealed rule).
+    visible = review_selectors.visible_task_count(experiment=experiment, user=request.user)
+    sealed_hidden = 0 if can_sealed else sum(split_counts.values()) - visible
     tasks = sorted(
         review_selectors.visible_tasks(experiment=experiment, user=request.user, split=query.split),
         key=lambda row: (SPLIT_ORDER.index(row[2]) if row[2] in SPLIT_ORDER else 9, row[1]),
     )
     evolve, metric = _evolve_splits(experiment), _score_metric(experiment)
-    grid = _grid(request.user, columns, evolve=evolve, metric=metric)
+    grid = _grid(columns, shown_tasks={task_id for task_id, _, _ in tasks}, evolve=evolve, metric=metric)
     rows, change_counts = _rows(tasks, columns, grid, query.change)
     task_pages = Paginator(rows, TASKS_PER_PAGE)
     task_page = min(query.task_page, task_pages.num_pages)
@@ -324,7 +338,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         "evolve_splits": " + ".join(evolve),
         "score_metric": "mean score" if metric == "mean_score" else "pass@1",
         "clear_selection_url": _query(base, split=query.split, change=query.change),
-        **_filter_links(base, query, split_counts, change_counts, can_sealed=access.can_see_sealed(request.user)),
+        **_filter_links(base, query, split_counts, change_counts, can_sealed=can_sealed, sealed_hidden=sealed_hidden),
         **_pager_links(base, query, candidate_pages, candidate_page, task_pages),
     }
     return render(request, "review/results/matrix.html", context)
