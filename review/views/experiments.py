@@ -327,27 +327,25 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     every labelled point and the Pareto front, the others evenly spaced)."""
     shown = review_selectors.chart_candidates(experiment=experiment, run=run)
     evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
-    measured = selectors.measured_candidates(
+    # Thousands may be measured: the database keeps the front, the seed and
+    # an even sample of the rest, and the chart draws COST_CHART_POINTS or so
+    # of those, with their links and tooltips.
+    sample = selectors.measured_candidates_sample(
         experiment_id=experiment.pk,
         splits=evolve,
         purposes=MEASURED_PURPOSES,
         mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
+        limit=COST_CHART_POINTS,
         candidate_ids=shown.values("pk"),
     )
-    # Thinned as light tuples, drawn as CostPoints with their links and
-    # tooltips: thousands are measured, COST_CHART_POINTS or so are drawn.
     points = []
-    for candidate in measured:
-        if candidate.tokens is None:
-            continue
+    for candidate in sample.candidates:
         category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
         points.append(
-            _Measured(
-                candidate.pk, float(candidate.tokens), candidate.score, category, category in {"seed", "accepted"}
-            )
+            _Measured(candidate.pk, candidate.tokens, candidate.score, category, category in {"seed", "accepted"})
         )
     href = url_maker("review:candidate")
-    facts = {candidate.pk: candidate for candidate in measured}
+    facts = {candidate.pk: candidate for candidate in sample.candidates}
     drawn = []
     for point in charts.thin_cost_points(points, COST_CHART_POINTS):
         candidate = facts[point.candidate_id]
@@ -363,7 +361,7 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
                 detail=f"{candidate.state}, round {candidate.round}",
             )
         )
-    return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), len(points)
+    return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), sample.measured
 
 
 def _component_table(run: Run, recipe: Recipe | None, last_round: int) -> list[dict[str, Any]]:

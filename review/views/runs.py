@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from evolution import operators
+from evolution import example, operators
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError
 from evolution.services import loop
@@ -72,7 +72,7 @@ def start_form_initial(latest: Run | None) -> dict[str, Any]:
 def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a run of a preset (or of an earlier run's recipe) with the
     form's overrides. Any error is a message and nothing is created."""
-    experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
+    experiment = get_object_or_404(Experiment.objects.select_related("benchmark"), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])
     latest = Run.objects.filter(experiment=experiment).select_related("recipe").order_by("-pk").first()
     form = RunStartForm(request.POST, latest=latest)
@@ -84,6 +84,9 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"The run was not started: {problems}")
         return HttpResponseRedirect(dashboard)
     data = form.cleaned_data
+    proposer = data["proposer"] or None
+    if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
+        proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
     try:
         recipe = review_selectors.recipe_for_start(
             name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"]
@@ -93,7 +96,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             recipe=recipe,
             rounds=data["rounds"],
             k=data["k"],
-            proposer=data["proposer"] or None,
+            proposer=proposer,
             user=request.user,
         )
     except (RecipeError, loop.LoopError) as exc:

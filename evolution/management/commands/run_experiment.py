@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution import operators
+from evolution import example, limits, operators
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
@@ -44,6 +44,16 @@ def summary_table(run: Run) -> list[str]:
     return lines
 
 
+def _recipe_file(path: Path) -> bytes:
+    """The recipe file's bytes, refused past ``RSI_MAX_RECIPE_BYTES`` before it is read whole."""
+    try:
+        return limits.read_bytes(path, setting="RSI_MAX_RECIPE_BYTES", what=f"recipe {path}")
+    except limits.InputLimitError as exc:
+        raise CommandError(str(exc), returncode=2) from exc
+    except OSError as exc:
+        raise CommandError(f"cannot read recipe {path}: {exc}", returncode=2) from exc
+
+
 class Command(BaseCommand):
     help = "Run an evolution loop on an experiment (through the Celery workers)."
 
@@ -61,12 +71,19 @@ class Command(BaseCommand):
         if experiment is None:
             raise CommandError(f"no experiment with id {options['experiment']}", returncode=2)
         name = options["recipe"]
+        proposer = options["proposer"]
         try:
             operators.operators_load()
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
+                if proposer is None:  # the bundled example runs presets with its own offline proposer
+                    proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
+                    if proposer is not None:
+                        self.stdout.write(
+                            f"proposer {proposer}: the example's offline proposer (--proposer llm for the preset's own)"
+                        )
             elif Path(name).is_file():
-                recipe = parse_recipe(Path(name).read_text(), known_operators=operators.known_operators())
+                recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
             else:
                 raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
             run = loop.run_create(
@@ -74,7 +91,7 @@ class Command(BaseCommand):
                 recipe=recipe,
                 rounds=options["rounds"],
                 k=options["k"],
-                proposer=options["proposer"],
+                proposer=proposer,
             )
         except (RecipeError, loop.LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
