@@ -990,7 +990,7 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     from evolution.services.inline import run_drive
     from evolution.services.review import review_decide
 
-    loop._load_operators()
+    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=1, candidates_per_round=3)
     data["proposal"] = {"operator": "trust-decisions", "params": {}}
