@@ -127,7 +127,7 @@ class RunStartAdminForm(forms.Form):
             choices.insert(0, (OWN_RECIPE, "the experiment's own recipe"))
         self.fields["recipe"].choices = choices
         self.fields["recipe"].initial = choices[0][0]
-        loop._load_operators()
+        operators.operators_load()
         proposers = sorted(operators.known_operators().get("proposal", set()))
         # The preset's own proposer may not be installed here (the llm one needs an endpoint).
         self.fields["proposer"].choices = [

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from review.views import annotations, candidates, experiments, queue, results
+from review.views import annotations, candidates, experiments, lineage, queue, results, runs
 
 app_name = "review"
 
 urlpatterns = [
     *experiments.urlpatterns,
+    *lineage.urlpatterns,
+    *runs.urlpatterns,
     *candidates.urlpatterns,
     *results.urlpatterns,
     *queue.urlpatterns,

@@ -138,6 +138,7 @@ INSTALLED_APPS = [
     "evolution",
     "review",
     "api",
+    "lab",
 ]
 
 MIDDLEWARE = [

@@ -26,8 +26,8 @@ from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import experiment_create, surface_create
 from evolution.services.proposals import candidate_critique
 from evolution.services.snapshots import tree_entries
-from evolution.trust import TrialContext, TrustFailure, expect, scenario
-from evolution.trust.tamper import _freeze, _proposal, _surface_paths, accepted_seed, paused_run, probe_experiment
+from lab.trust import TrialContext, TrustFailure, expect, scenario
+from lab.trust.tamper import _freeze, _proposal, _surface_paths, accepted_seed, paused_run, probe_experiment
 
 # label -> (text appended to a harness file, the code points it must be flagged and marked for)
 HIDDEN_EDITS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -15,10 +15,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.orchestration import SPLITS, Worker, wait_certified, with_bench_experiment, worker_start
 from evolution.models import Evaluation, Experiment, Trial
 from evolution.services import evaluation as evaluation_services
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.orchestration import SPLITS, Worker, wait_certified, with_bench_experiment, worker_start
 
 
 def rss_kib(pid: int) -> int:
