@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from django.utils.safestring import SafeData, SafeString, mark_safe
 
@@ -42,6 +42,20 @@ def escape_marked(text: str, hits: Sequence[Hit], start: int = 0, end: int | Non
         cursor = hit.index + 1
     out.append(html.escape(text[cursor:end]))
     return "".join(out)
+
+
+def marked_spans(text: str, spans: Iterable[tuple[int, int]]) -> SafeString:
+    """``text`` escaped, each of the ``spans`` (sorted, not overlapping) in
+    ``<mark>``, and hidden characters (found in the whole text) as markers."""
+    hits = hidden_chars.find(text) if hidden_chars.has_hidden(text) else []
+    out: list[str] = []
+    position = 0
+    for start, end in spans:
+        out.append(escape_marked(text, hits, position, start))
+        out.append(f"<mark>{escape_marked(text, hits, start, end)}</mark>")
+        position = end
+    out.append(escape_marked(text, hits, position))
+    return mark_safe("".join(out))  # every piece of the text went through html.escape
 
 
 def reveal(value: object, *, fragment: bool = False) -> object:

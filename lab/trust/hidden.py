@@ -27,7 +27,7 @@ from evolution.services.experiments import experiment_create, surface_create
 from evolution.services.proposals import candidate_critique
 from evolution.services.snapshots import tree_entries
 from lab.trust import TrialContext, TrustFailure, expect, scenario
-from lab.trust.tamper import _freeze, _proposal, _surface_paths, accepted_seed, paused_run, probe_experiment
+from lab.trust.tamper import accepted_seed, paused_run, probe_experiment, proposal_freeze, proposal_of, surface_paths
 
 # label -> (text appended to a harness file, the code points it must be flagged and marked for)
 HIDDEN_EDITS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -43,7 +43,7 @@ RAW = ("\u202e", "\u2066", "\u2069", "\u200b", "\u0430", "\U000e0069")
 
 
 def _text_target(experiment: Experiment, files: Mapping[str, bytes]) -> str:
-    for path in _surface_paths(experiment, files):
+    for path in surface_paths(experiment, files):
         try:
             files[path].decode("utf-8")
         except UnicodeDecodeError:
@@ -130,10 +130,10 @@ def hidden_characters(ctx: TrialContext) -> str:
     target = _text_target(experiment, parent_files)
 
     def proposal(text: str) -> Any:
-        return _proposal(experiment, parent_files, {**parent_files, target: parent_files[target] + text.encode()})
+        return proposal_of(experiment, parent_files, {**parent_files, target: parent_files[target] + text.encode()})
 
     for slot, (label, (text, codes)) in enumerate(HIDDEN_EDITS.items(), start=1):
-        state, reason, candidate = _freeze(run, parent, proposal(text), slot)
+        state, reason, candidate = proposal_freeze(run, parent, proposal(text), slot)
         expect(candidate is not None and state == Candidate.State.FROZEN, f"{label}: not frozen ({state}: {reason})")
         assert candidate is not None
         outcome = candidate_critique(run=run, candidate=candidate, policy="review")
@@ -142,7 +142,7 @@ def hidden_characters(ctx: TrialContext) -> str:
 
     # The reject policy rejects it outright.
     text, _codes = HIDDEN_EDITS["bidi controls (Trojan Source)"]
-    state, reason, rejected = _freeze(run, parent, proposal(text + "\n"), 50)
+    state, reason, rejected = proposal_freeze(run, parent, proposal(text + "\n"), 50)
     assert rejected is not None, f"{state}: {reason}"
     outcome = candidate_critique(run=run, candidate=rejected, policy="reject")
     expect(outcome == Candidate.State.REJECTED_CRITIC, f"reject policy: {outcome}")
@@ -154,7 +154,9 @@ def hidden_characters(ctx: TrialContext) -> str:
     strict_files = {e.path: e.data for e in tree_entries(tree=strict_parent.tree)}
     for slot, (label, (text, codes)) in enumerate(HIDDEN_EDITS.items(), start=1):
         files = {**strict_files, target: strict_files[target] + text.encode()}
-        state, reason, candidate = _freeze(strict_run, strict_parent, _proposal(strict, strict_files, files), slot)
+        state, reason, candidate = proposal_freeze(
+            strict_run, strict_parent, proposal_of(strict, strict_files, files), slot
+        )
         expect(state == Candidate.State.REJECTED_SURFACE, f"strict surface, {label}: not refused ({state})")
         expect(
             "refuse_hidden_characters" in reason and all(code in reason for code in codes),
@@ -169,7 +171,7 @@ def hidden_characters(ctx: TrialContext) -> str:
             raise TrustFailure(f"strict surface, {label}: a refused candidate could be evaluated")
     # The same file with plain text passes that surface: the refusal is about the characters.
     plain = {**strict_files, target: strict_files[target] + b"\nBe brief.\n"}
-    state, reason, _plain = _freeze(strict_run, strict_parent, _proposal(strict, strict_files, plain), 99)
+    state, reason, _plain = proposal_freeze(strict_run, strict_parent, proposal_of(strict, strict_files, plain), 99)
     expect(state == Candidate.State.FROZEN, f"strict surface refused a plain edit: {state} {reason}")
     return (
         f"{len(HIDDEN_EDITS)} hidden-character edits flagged (code point and line), marked on the diff and review "

@@ -250,7 +250,7 @@ def refused_by_trigger(sql: str, params: Sequence[Any] = ()) -> bool:
     return False
 
 
-def _surface_paths(experiment: Experiment, files: Mapping[str, bytes]) -> list[str]:
+def surface_paths(experiment: Experiment, files: Mapping[str, bytes]) -> list[str]:
     spec = parse_surface(experiment.surface.spec)
     return sorted(path for path in files if in_surface(spec, path))
 
@@ -264,7 +264,7 @@ def crippled_files(experiment: Experiment, files: Mapping[str, bytes]) -> dict[s
     from evolution.surfaces import match_pattern
 
     result = dict(files)
-    for path in _surface_paths(experiment, files):
+    for path in surface_paths(experiment, files):
         if not any(match_pattern(pattern, path) for pattern in protected):
             result[path] = b""
     return result
@@ -317,7 +317,7 @@ def _surface_tamper_files(experiment: Experiment, parent_files: Mapping[str, byt
     return found
 
 
-def _proposal(experiment: Experiment, parent_files: Mapping[str, bytes], files: dict[str, bytes]) -> Any:
+def proposal_of(experiment: Experiment, parent_files: Mapping[str, bytes], files: dict[str, bytes]) -> Any:
     spec = parse_surface(experiment.surface.spec)
     changed = sorted(p for p in set(files) | set(parent_files) if files.get(p) != parent_files.get(p))
     by_kind: dict[str, list[str]] = {}
@@ -330,7 +330,7 @@ def _proposal(experiment: Experiment, parent_files: Mapping[str, bytes], files: 
     return operators.Proposal(files=files, edits=edits, note="trust suite")
 
 
-def _freeze(run: Run, parent: Candidate, proposal: Any, slot: int) -> tuple[str, str, Candidate | None]:
+def proposal_freeze(run: Run, parent: Candidate, proposal: Any, slot: int) -> tuple[str, str, Candidate | None]:
     """(state, reason, candidate) of freezing ``proposal``; state "refused" on ProposalRejected."""
     try:
         outcome = candidate_freeze(run=run, parent=parent, proposal=proposal, round=1, slot=slot, edit_budget=None)
@@ -361,8 +361,8 @@ def tamper_via_proposal(ctx: TrialContext) -> str:
 
     refused = 0
     for slot, (path, data) in enumerate(sorted(TAMPER_FILES.items()), start=1):
-        state, reason, candidate = _freeze(
-            run, parent, _proposal(experiment, parent_files, {**crippled, path: data}), slot
+        state, reason, candidate = proposal_freeze(
+            run, parent, proposal_of(experiment, parent_files, {**crippled, path: data}), slot
         )
         expect(
             state in ("refused", Candidate.State.REJECTED_SURFACE) and path in reason,
@@ -373,12 +373,14 @@ def tamper_via_proposal(ctx: TrialContext) -> str:
 
     # The honest counterpart (crippled harness alone) must fail, or the check below proves nothing.
     inside = _surface_tamper_files(experiment, parent_files)
-    honest_state, reason, honest = _freeze(run, parent, _proposal(experiment, parent_files, crippled), 100)
+    honest_state, reason, honest = proposal_freeze(run, parent, proposal_of(experiment, parent_files, crippled), 100)
     expect(honest is not None and honest_state == Candidate.State.FROZEN, f"crippled harness: {honest_state} {reason}")
     assert honest is not None
     candidate_transition(candidate=honest, to=Candidate.State.APPROVED, reason="trust suite")
     _no_pass(evaluate_inline(honest, ["gate"]), "the crippled honest harness")
-    state, reason, tampered = _freeze(run, parent, _proposal(experiment, parent_files, {**crippled, **inside}), 101)
+    state, reason, tampered = proposal_freeze(
+        run, parent, proposal_of(experiment, parent_files, {**crippled, **inside}), 101
+    )
     if tampered is None or state != Candidate.State.FROZEN:
         return f"{refused} out-of-surface tamper files refused; in-surface ones refused too ({state}: {reason[:80]})"
     candidate_transition(candidate=tampered, to=Candidate.State.APPROVED, reason="trust suite")
@@ -708,13 +710,15 @@ def out_of_surface(ctx: TrialContext) -> str:
     run = paused_run(experiment)
     spec = parse_surface(experiment.surface.spec)
     parent_files = {e.path: e.data for e in tree_entries(tree=parent.tree)}
-    surface_files = _surface_paths(experiment, parent_files)
+    surface_files = surface_paths(experiment, parent_files)
     expect(bool(surface_files), "the seed has no file on the surface")
     target = next((p for p in surface_files if "/" in p), surface_files[0])
     checked: list[str] = []
 
     def refused(label: str, files: dict[str, bytes], must_name: str | None) -> None:
-        state, reason, candidate = _freeze(run, parent, _proposal(experiment, parent_files, files), len(checked) + 1)
+        state, reason, candidate = proposal_freeze(
+            run, parent, proposal_of(experiment, parent_files, files), len(checked) + 1
+        )
         expect(
             state in ("refused", Candidate.State.REJECTED_SURFACE, "invalid"),
             f"{label}: not refused ({state}) {sorted(set(files) - set(parent_files))}",

@@ -23,11 +23,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils.html import format_html
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import hidden_chars
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -47,7 +46,7 @@ from evolution.services.review import (
 )
 from review import access
 from review.flags import flag_matched, flag_task_visible, with_task_access
-from review.hidden import escape_marked, reveal_html
+from review.hidden import marked_spans, reveal_html
 
 PAGE_SIZE = 25
 WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED)
@@ -105,15 +104,7 @@ def _spans(text: str, needles: Iterable[str]) -> list[tuple[int, int]]:
 def mark_matches(text: str, needles: Iterable[str]) -> SafeString:
     """``text`` escaped, with each occurrence of a needle in ``<mark>`` and
     hidden characters (found in the whole text) shown as markers."""
-    hits = hidden_chars.find(text) if hidden_chars.has_hidden(text) else []
-    out: list[str] = []
-    position = 0
-    for start, end in _spans(text, needles):
-        out.append(escape_marked(text, hits, position, start))
-        out.append(f"<mark>{escape_marked(text, hits, start, end)}</mark>")
-        position = end
-    out.append(escape_marked(text, hits, position))
-    return mark_safe("".join(out))  # every piece of the text went through html.escape
+    return marked_spans(text, _spans(text, needles))
 
 
 # --- Reads -------------------------------------------------------------------------
