@@ -19,7 +19,7 @@ def json_or_text(text: str) -> Any:
         return text
 
 
-class CanonicalJSONField(models.TextField):
+class CanonicalJSONField(models.TextField):  # type: ignore[type-arg]  # stubs' generic types; values are any JSON
     """A JSON value stored as its RFC 8785 canonical text: the exact bytes a
     certified record's digest is taken over, so verifying a record hashes
     what is stored instead of re-encoding it.

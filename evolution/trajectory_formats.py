@@ -344,14 +344,14 @@ def _messages_to_steps(
             continue
         role = message.get("role")
         known = {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content", "usage", "timestamp"}
-        extra = {key: value for key, value in message.items() if key not in known}
+        extra: dict[str, Any] = {key: value for key, value in message.items() if key not in known}
         if role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in owner:
                 message_text = "does not name a tool call of an earlier assistant message"
                 errors.append(f"{path}.tool_call_id: {call_id!r} {message_text}")
                 continue
-            result = {"source_call_id": call_id, "content": _text(message.get("content"))}
+            result: dict[str, Any] = {"source_call_id": call_id, "content": _text(message.get("content"))}
             if extra:
                 result["extra"] = extra
             owner[call_id].setdefault("observation", {"results": []})["results"].append(result)
@@ -391,7 +391,7 @@ def _messages_to_steps(
                 if not isinstance(call, dict):
                     errors.append(f"{at}: must be an object, got {_type_name(call)}")
                     continue
-                function = call.get("function") if isinstance(call.get("function"), dict) else {}
+                function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
                 call_id = call.get("id")
                 name = function.get("name")
                 if not isinstance(call_id, str) or not call_id:
@@ -466,8 +466,8 @@ def from_mini_swe_agent(document: Any) -> dict[str, Any]:
     steps, errors = _messages_to_steps(document.get("messages"), where="messages", text_actions=True)
     if errors:
         raise TrajectoryFormatError(errors)
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
-    model_config = config.get("model") if isinstance(config.get("model"), dict) else {}
+    config: dict[str, Any] = info["config"] if isinstance(info.get("config"), dict) else {}
+    model_config: dict[str, Any] = config["model"] if isinstance(config.get("model"), dict) else {}
     model = model_config.get("model_name") if isinstance(model_config.get("model_name"), str) else None
     agent: dict[str, Any] = {"name": "mini-swe-agent", "version": str(info.get("mini_version") or "unknown")}
     if model:
@@ -476,7 +476,7 @@ def from_mini_swe_agent(document: Any) -> dict[str, Any]:
             if step["source"] == "agent":
                 step["model_name"] = model
     final: dict[str, Any] = {"total_steps": len(steps)}
-    stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    stats: dict[str, Any] = info["model_stats"] if isinstance(info.get("model_stats"), dict) else {}
     if _is_number(stats.get("instance_cost")):
         final["total_cost_usd"] = stats["instance_cost"]
     extra: dict[str, Any] = {"converted_from": "mini-swe-agent", "info": info}
