@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.db import transaction
 from django.utils import timezone
@@ -36,7 +36,7 @@ class ExternalResultsError(ValueError):
         super().__init__("; ".join(f"{path}: {message}" for path, message in self.errors.items()))
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
