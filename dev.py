@@ -53,6 +53,17 @@ def manage(*args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([str(PYTHON), "manage.py", *args], cwd=ROOT, check=True, env=env)
 
 
+def web_server_command(host: str, port: str) -> list[str]:
+    """The web server ``run`` starts: Django's development server.
+
+    DEBUG is off unless RSI_DEBUG=1 (so an error never shows settings or URL
+    patterns), and runserver serves the static files (stylesheets, scripts,
+    the admin's) only with DEBUG or ``--insecure``. This is a development
+    server on one machine; a deployment serves STATIC_ROOT from its proxy.
+    """
+    return [str(PYTHON), "manage.py", "runserver", "--noreload", "--insecure", f"{host}:{port}"]
+
+
 def run() -> int:
     ensure_venv("requirements.txt")
     env = dict(os.environ)
@@ -83,7 +94,7 @@ def run() -> int:
         start_new_session=True,
     )
     web = subprocess.Popen(
-        [str(PYTHON), "manage.py", "runserver", "--noreload", f"{host}:{port}"],
+        web_server_command(host, port),
         cwd=ROOT,
         env=env,
         start_new_session=True,

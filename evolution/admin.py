@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
-from evolution import models
-from evolution.recipes import RecipeError, load_preset
+from evolution import models, operators
+from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
 
 
@@ -103,6 +106,45 @@ class SplitMembershipInline(ReadOnlyInline, admin.TabularInline):
     readonly_fields = fields
 
 
+# The start form's choice for "each selected experiment's own recipe" (no preset has this name).
+OWN_RECIPE = "own"
+
+
+class RunStartAdminForm(forms.Form):
+    """The admin's start action: a recipe (a preset or the experiment's own),
+    the rounds and the proposer, for every selected experiment."""
+
+    recipe = forms.ChoiceField(label="recipe")
+    rounds = forms.IntegerField(
+        required=False, min_value=1, max_value=500, label="rounds", help_text="blank: the recipe's own"
+    )
+    proposer = forms.ChoiceField(required=False, label="proposer")
+
+    def __init__(self, *args: Any, experiments: list[models.Experiment], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
+        if any(experiment.recipe_id for experiment in experiments):
+            choices.insert(0, (OWN_RECIPE, "the experiment's own recipe"))
+        self.fields["recipe"].choices = choices
+        self.fields["recipe"].initial = choices[0][0]
+        loop._load_operators()
+        proposers = sorted(operators.known_operators().get("proposal", set()))
+        # The preset's own proposer may not be installed here (the llm one needs an endpoint).
+        self.fields["proposer"].choices = [
+            ("", "the last run's, else the recipe's own"),
+            *((name, name) for name in proposers),
+        ]
+
+
+def _start_recipe(experiment: models.Experiment, choice: str) -> Recipe:
+    """The recipe ``choice`` names for ``experiment``. Raises RecipeError or LoopError."""
+    if choice != OWN_RECIPE:
+        return load_preset(choice)
+    if experiment.recipe is None:
+        raise loop.LoopError("it has no recipe of its own yet (its first run sets one): choose a preset")
+    return parse_recipe(experiment.recipe.spec)
+
+
 @admin.register(models.Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
     list_display = ("name", "benchmark", "status", "trials_per_task", "chain_length", "created_at")
@@ -111,7 +153,7 @@ class ExperimentAdmin(admin.ModelAdmin):
     fields = ("name", "description", "status")
     readonly_fields = ("status",)
 
-    actions = ("start_rrsi_run",)
+    actions = ("start_run",)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Experiments are created by services (splits, seed, digests), not by a bare form.
@@ -120,20 +162,49 @@ class ExperimentAdmin(admin.ModelAdmin):
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return _can_operate(request)
 
-    @admin.action(description="Start a run with the rrsi preset", permissions=["operate"])
-    def start_rrsi_run(self, request: HttpRequest, queryset: QuerySet[models.Experiment]) -> None:
-        for experiment in queryset.order_by("pk"):
-            # The preset's own proposer may not be installed here: keep the one the last run used.
+    @admin.action(description="Start a run (choose the recipe and rounds)", permissions=["operate"])
+    def start_run(self, request: HttpRequest, queryset: QuerySet[models.Experiment]) -> TemplateResponse | None:
+        """First a page to choose the recipe, rounds and proposer; its submit
+        (``start``) starts one run per selected experiment. A refusal is a
+        message per experiment; an invalid form shows the page again and
+        starts nothing."""
+        experiments = list(queryset.select_related("recipe").order_by("pk"))
+        form = RunStartAdminForm(request.POST if "start" in request.POST else None, experiments=experiments)
+        if form.is_bound and form.is_valid():
+            for experiment in experiments:
+                self._start_one(request, experiment, form.cleaned_data)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Start a run",
+            "opts": self.model._meta,
+            "experiments": experiments,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/evolution/experiment/start_run.html", context)
+
+    def _start_one(self, request: HttpRequest, experiment: models.Experiment, data: dict[str, Any]) -> None:
+        proposer = data["proposer"] or None
+        if proposer is None:
+            # Keep the proposer that worked last time, whichever recipe is chosen.
             latest = experiment.runs.select_related("recipe").order_by("-pk").first()
             proposer = latest.recipe.spec.get("proposal", {}).get("operator") if latest else None
-            try:
-                run = loop.run_create(
-                    experiment=experiment, recipe=load_preset("rrsi"), proposer=proposer, user=request.user
-                )
-            except (RecipeError, loop.LoopError) as exc:
-                self.message_user(request, f"{experiment.name}: no run started: {exc}", messages.ERROR)
-            else:
-                self.message_user(request, f"{experiment.name}: run {run.pk} started (rrsi)", messages.SUCCESS)
+        try:
+            recipe = _start_recipe(experiment, data["recipe"])
+            run = loop.run_create(
+                experiment=experiment, recipe=recipe, rounds=data["rounds"], proposer=proposer, user=request.user
+            )
+        except (RecipeError, loop.LoopError) as exc:
+            self.message_user(request, f"{experiment.name}: no run started: {exc}", messages.ERROR)
+            return
+        spec = run.recipe.spec
+        self.message_user(
+            request,
+            f"{experiment.name}: run {run.pk} started ({run.recipe.name}, {run.rounds} round(s), "
+            f"proposer {spec['proposal']['operator']})",
+            messages.SUCCESS,
+        )
 
 
 @admin.register(models.SplitMembership)

@@ -24,13 +24,16 @@ SEALED = "evolution.view_sealed_details"
 REVIEW = "evolution.review_leakage"
 OPERATE = "evolution.operate_runs"
 ANNOTATE = "evolution.annotate_trials"
+# The admin's run list, where operators pause, resume and cancel runs (staff users only).
+VIEW_RUNS = "evolution.view_run"
 
+# Granted to existing groups by review/migrations/0003_operators_view_runs.py as well.
 ROLES: dict[str, tuple[str, ...]] = {
     "viewer": (VIEW,),
     "annotator": (VIEW, ANNOTATE),
     "reviewer": (VIEW, REVIEW),
-    "operator": (VIEW, OPERATE),
-    "admin": (VIEW, ANNOTATE, REVIEW, OPERATE, SEALED),
+    "operator": (VIEW, OPERATE, VIEW_RUNS),
+    "admin": (VIEW, ANNOTATE, REVIEW, OPERATE, SEALED, VIEW_RUNS),
 }
 
 

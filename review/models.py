@@ -32,7 +32,7 @@ class ViewedFile(models.Model):
 
 
 class LoginFailure(models.Model):
-    """One failed login, counted against a username and against a client address.
+    """One failed login, counted against an account and against a client address.
 
     In the database rather than a per-process cache so that every web process
     (and every web machine) sees the same count: a throttle that each of
@@ -45,7 +45,8 @@ class LoginFailure(models.Model):
         ADDRESS = "address"
 
     scope = models.CharField(max_length=16, choices=Scope.choices)
-    key = models.CharField(max_length=255)  # the username as typed (case-folded) or the client address
+    # The account the posted name resolves to (review.throttle.account_key) or the client address.
+    key = models.CharField(max_length=255)
     failed_at = models.DateTimeField()
 
     class Meta:

@@ -1,12 +1,18 @@
-"""Login throttling: too many failed logins lock a username and an address.
+"""Login throttling: too many failed logins lock an account and an address.
 
-After ``RSI_LOGIN_FAILURES`` failed logins for one username, or
+After ``RSI_LOGIN_FAILURES`` failed logins for one account, or
 ``RSI_LOGIN_ADDRESS_FAILURES`` from one client address, within
 ``RSI_LOGIN_WINDOW_SECONDS``, every further attempt (even with the right
 password) gets HTTP 429 with a message saying how long to wait, and the
-password is not even checked. A successful login clears the username's count
+password is not even checked. A successful login clears the account's count
 (not the address's: an attacker holding one valid account must not be able
 to reset the counter of the address they guess other accounts from).
+
+Failures are counted against the account the posted name resolves to, not
+the name as typed: Django's login form strips the name and NFKC-normalizes
+it before its backend looks the user up, so ``"vera "``, ``" vera"`` and a
+fullwidth ``"ｖera"`` all log in as ``vera``, and each must spend the same
+budget (``account_key``).
 
 The failures are rows in the database (``review.models.LoginFailure``), not a
 local-memory cache: several web processes on several machines share one
@@ -16,6 +22,7 @@ login both are (rsiweb/urls.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from datetime import timedelta
@@ -23,6 +30,8 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -43,10 +52,33 @@ def client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR", ""))[:255]
 
 
+def account_key(username: str) -> str:
+    """The key a login attempt with the posted ``username`` is counted under:
+    the account it logs in to, whatever its spelling; "" for an empty name.
+
+    The name goes through exactly what the login form and the backend do with
+    it: the form's username field (strip, then NFKC, as
+    ``AbstractBaseUser.normalize_username``), then the user model's own
+    lookup (``get_by_natural_key``, whose case handling is the database's).
+    A name that resolves to an account is counted under that account's
+    stored name; one that resolves to none under the normalized name. Both
+    are case-folded, so ``VERA`` and ``vera`` share one count even where the
+    lookup tells them apart (an over-count, never a fresh budget).
+    """
+    name = AuthenticationForm().fields["username"].to_python(username)
+    if not name:
+        return ""
+    user_model = get_user_model()
+    with contextlib.suppress(user_model.DoesNotExist, user_model.MultipleObjectsReturned):
+        name = user_model._default_manager.get_by_natural_key(name).get_username()
+    return name.casefold()[:255]
+
+
 def _keys(username: str, address: str) -> list[tuple[str, str, int]]:
     keys = [(LoginFailure.Scope.ADDRESS, address, settings.RSI_LOGIN_ADDRESS_FAILURES)]
-    if username:
-        keys.insert(0, (LoginFailure.Scope.USERNAME, username.casefold()[:255], settings.RSI_LOGIN_FAILURES))
+    account = account_key(username)
+    if account:
+        keys.insert(0, (LoginFailure.Scope.USERNAME, account, settings.RSI_LOGIN_FAILURES))
     return keys
 
 
@@ -77,7 +109,7 @@ def login_failed(*, username: str, address: str) -> None:
 
 
 def login_succeeded(*, username: str) -> None:
-    LoginFailure.objects.filter(scope=LoginFailure.Scope.USERNAME, key=username.casefold()[:255]).delete()
+    LoginFailure.objects.filter(scope=LoginFailure.Scope.USERNAME, key=account_key(username)).delete()
 
 
 def lockout_message(wait: int) -> str:

@@ -5,7 +5,9 @@ and a file-system Celery broker, both under the git-ignored ``var/`` folder,
 with a secret key and a records key generated once into ``var/``.
 
 Production (``DEBUG=0``) refuses to start on a missing secret, host list or
-records key instead of falling back to something unsafe.
+records key instead of falling back to something unsafe. Django's own debug
+pages (a traceback with the settings, every URL pattern on a 404) are off in
+both, unless asked for with ``RSI_DEBUG=1`` on a development set-up.
 """
 
 from __future__ import annotations
@@ -56,7 +58,16 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-DEBUG = env_bool("DEBUG", True)
+# The laptop set-up (keys generated into var/, local hosts, plain HTTP) unless
+# DEBUG=0, which is production: secrets and hosts required, HTTPS, secure
+# cookies. The variable keeps its name so existing deployments stay production.
+RSI_DEVELOPMENT = env_bool("DEBUG", True)
+# Django's debug pages show the settings (a DATABASE_URL with its password)
+# on a 500 and every URL pattern on a 404: only when asked for, never in
+# production. Without them errors get the app's pages (templates/4xx.html, 500.html).
+DEBUG = env_bool("RSI_DEBUG", False)
+if DEBUG and not RSI_DEVELOPMENT:
+    raise ImproperlyConfigured("RSI_DEBUG=1 shows settings on error pages; it is refused with DEBUG=0 (production)")
 
 # Everything the embedded setup writes lives here; production may point it
 # elsewhere, but never relies on it for the database or the broker.
@@ -93,7 +104,7 @@ def _required_secret(name: str, file_name: str) -> str:
             return Path(file_var).read_text().strip()
         except OSError as exc:
             raise ImproperlyConfigured(f"{name}_FILE={file_var!r} cannot be read: {exc}") from exc
-    if DEBUG:
+    if RSI_DEVELOPMENT:
         return _key_from_file(VAR_DIR / file_name)
     raise ImproperlyConfigured(
         f"{name} (or {name}_FILE) must be set when DEBUG is off; "
@@ -106,8 +117,8 @@ SECRET_KEY = _required_secret("SECRET_KEY", "secret_key")
 # purpose: someone who can rewrite tables cannot re-sign the chain.
 RSI_RECORDS_KEY = _required_secret("RSI_RECORDS_KEY", "records_key")
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
-if not DEBUG and not ALLOWED_HOSTS:
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if RSI_DEVELOPMENT else [])
+if not RSI_DEVELOPMENT and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -242,14 +253,14 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 
-SESSION_COOKIE_SECURE = not DEBUG
-CSRF_COOKIE_SECURE = not DEBUG
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SESSION_COOKIE_SECURE = not RSI_DEVELOPMENT
+CSRF_COOKIE_SECURE = not RSI_DEVELOPMENT
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not RSI_DEVELOPMENT)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if RSI_DEVELOPMENT else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not RSI_DEVELOPMENT
 # Preload is on in production so `check --deploy` passes clean; it only asks
 # browsers to accept inclusion, the domain owner still submits it (or sets 0).
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not RSI_DEVELOPMENT)
 # Behind a TLS proxy that sets X-Forwarded-Proto and appends X-Forwarded-For.
 RSI_BEHIND_PROXY = env_bool("RSI_BEHIND_PROXY", False)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if RSI_BEHIND_PROXY else None
@@ -285,7 +296,7 @@ if _broker_scheme == "filesystem":
     }
 elif _broker_scheme in {"redis", "rediss", "amqp", "amqps", "pyamqp"}:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("RSI_BROKER_VISIBILITY_TIMEOUT", 3600)}
-elif not DEBUG or _broker_scheme != "memory":
+elif not RSI_DEVELOPMENT or _broker_scheme != "memory":
     raise ImproperlyConfigured(f"CELERY_BROKER_URL scheme {_broker_scheme!r} is not supported")
 
 CELERY_TASK_IGNORE_RESULT = True

@@ -84,3 +84,30 @@ def test_only_the_sealed_permission_opens_sealed_details(make_user) -> None:
     assert not can_see_sealed(make_user("viewer", "reviewer", "annotator", "operator", username="all-but"))
     assert can_see_sealed(make_user("admin", username="boss"))
     assert can_see_sealed(make_user("viewer", username="trusted", extra_perms=(SEALED,)))
+
+
+def _group_perms(name: str) -> set[str]:
+    group = Group.objects.get(name=name)
+    return {f"{p.content_type.app_label}.{p.codename}" for p in group.permissions.select_related("content_type")}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_upgrade_gives_the_existing_operator_and_admin_groups_the_run_list() -> None:
+    """review 0003 grants evolution.view_run to the groups a database already
+    has (the admin's run list and its actions need it), and takes it back
+    when migrated back; the other roles do not get it."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    roles_ensure()
+    MigrationExecutor(connection).migrate([("review", "0002_login_failure")])
+    # As the previous release left them: no role may see the run list.
+    assert all("evolution.view_run" not in _group_perms(name) for name in ROLES)
+    assert _group_perms("operator") == {"evolution.view_experiment", "evolution.operate_runs"}
+
+    MigrationExecutor(connection).migrate([("review", "0003_operators_view_runs")])
+    assert _group_perms("operator") == {"evolution.view_experiment", "evolution.operate_runs", "evolution.view_run"}
+    assert "evolution.view_run" in _group_perms("admin")
+    for name in ("viewer", "annotator", "reviewer"):
+        assert "evolution.view_run" not in _group_perms(name)
+    assert {name: _group_perms(name) for name in ROLES} == {name: set(perms) for name, perms in ROLES.items()}

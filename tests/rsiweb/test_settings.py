@@ -32,10 +32,21 @@ def settings_process(env: dict[str, str], tmp_path: Path) -> subprocess.Complete
 def test_embedded_defaults_need_no_variables(tmp_path: Path) -> None:
     result = settings_process({}, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["django.db.backends.sqlite3", "filesystem://", "True"]
+    # Django's debug pages (settings on a 500, URL patterns on a 404) are off unless asked for.
+    assert result.stdout.split() == ["django.db.backends.sqlite3", "filesystem://", "False"]
     assert (tmp_path / "var" / "secret_key").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "var" / "records_key").exists()
     assert (tmp_path / "var").stat().st_mode & 0o777 == 0o700
+
+
+def test_debug_pages_only_when_asked_for(tmp_path: Path) -> None:
+    result = settings_process({"RSI_DEBUG": "1"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[2] == "True"
+    # DEBUG=1 is the laptop set-up (its default), not a request for debug pages.
+    result = settings_process({"DEBUG": "1"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[2] == "False"
 
 
 @pytest.mark.parametrize(
@@ -48,6 +59,11 @@ def test_embedded_defaults_need_no_variables(tmp_path: Path) -> None:
             "ALLOWED_HOSTS must be set when DEBUG is off",
         ),
         ({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean"),
+        ({"RSI_DEBUG": "maybe"}, "RSI_DEBUG='maybe' is not a boolean"),
+        (
+            {"DEBUG": "0", "RSI_DEBUG": "1", "SECRET_KEY": "x" * 50, "RSI_RECORDS_KEY": "k" * 40},
+            "RSI_DEBUG=1 shows settings on error pages; it is refused with DEBUG=0 (production)",
+        ),
         ({"DATABASE_URL": "mysql://root@localhost/db"}, "is not supported (use sqlite or postgres)"),
         ({"DATABASE_URL": "nonsense"}, "DATABASE_URL is not usable"),
         ({"CELERY_BROKER_URL": "sqs://queue"}, "CELERY_BROKER_URL scheme 'sqs' is not supported"),

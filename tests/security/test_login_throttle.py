@@ -173,3 +173,57 @@ def test_failures_in_two_other_web_processes_add_up(make_user: Callable[..., Use
     assert statuses == [["200", "200", "200"], ["200", "200", "429"]]
     assert LoginFailure.objects.filter(scope="username", key="vera").count() == 5
     assert attempt("vera", "pw-vera", address="192.0.2.3").status_code == 429
+
+
+# Spellings the login form and backend turn into "throttleuser": padded, and with a fullwidth t (NFKC).
+SPELLINGS = ("throttleuser", "throttleuser ", " throttleuser", "\uff54hrottleuser", "\u3000throttleuser\t")
+
+
+@override_settings(**THROTTLE)
+def test_every_spelling_of_a_name_logs_in_to_the_same_account(make_user: Callable[..., User]) -> None:
+    """The premise of the lock tests below: Django strips and NFKC-normalizes
+    the name, so each spelling, with the right password, is the same user."""
+    user = make_user("viewer", username="throttleuser")
+    for number, spelling in enumerate(SPELLINGS):
+        client = Client(REMOTE_ADDR=f"192.0.2.{number + 1}")
+        response = client.post("/login/", {"username": spelling, "password": "pw-throttleuser"})
+        assert response.status_code == 302, spelling
+        assert client.session["_auth_user_id"] == str(user.pk)
+    assert not LoginFailure.objects.exists()
+
+
+@override_settings(**THROTTLE)
+@pytest.mark.parametrize("spelling", SPELLINGS[1:])
+def test_no_spelling_of_a_locked_name_logs_in(spelling: str, make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="throttleuser")
+    for _ in range(LIMIT):
+        assert attempt("throttleuser", "wrong", address="198.51.100.1").status_code == 200
+    client = Client(REMOTE_ADDR="198.51.100.2")
+    response = client.post("/login/", {"username": spelling, "password": "pw-throttleuser"})
+    assert response.status_code == 429
+    assert "_auth_user_id" not in client.session
+    assert attempt(spelling, "pw-throttleuser", address="198.51.100.3", path="/admin/login/").status_code == 429
+    assert LoginFailure.objects.filter(scope="username").count() == LIMIT  # refusals are not counted
+
+
+@override_settings(**THROTTLE)
+def test_each_spelling_spends_the_same_budget(make_user: Callable[..., User]) -> None:
+    """Failures with different spellings, each from its own address, add up
+    to one account's count: no spelling gets a fresh budget of guesses."""
+    make_user("viewer", username="throttleuser")
+    for number, spelling in enumerate(SPELLINGS[1 : LIMIT + 1]):
+        assert attempt(spelling, "wrong", address=f"203.0.113.{number + 1}").status_code == 200
+    assert list(LoginFailure.objects.filter(scope="username").values_list("key", flat=True)) == ["throttleuser"] * LIMIT
+    for number, spelling in enumerate(SPELLINGS):
+        assert attempt(spelling, "pw-throttleuser", address=f"203.0.113.{number + 10}").status_code == 429, spelling
+    assert attempt("THROTTLEUSER", "pw-throttleuser", address="203.0.113.20").status_code == 429
+
+
+@override_settings(**THROTTLE)
+def test_a_success_with_another_spelling_clears_the_account_s_count(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="throttleuser")
+    for _ in range(LIMIT - 1):
+        attempt("throttleuser", "wrong")
+    assert attempt("\uff54hrottleuser ", "pw-throttleuser").status_code == 302
+    assert not LoginFailure.objects.filter(scope="username").exists()
+    assert LoginFailure.objects.filter(scope="address").count() == LIMIT - 1
