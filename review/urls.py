@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from review.views import annotations, candidates, experiments, queue, results
+# Aliased: the name ``annotations`` is taken by the __future__ import.
+from review.views import annotations as annotation_views
+from review.views import candidates, experiments, queue, results
 
 app_name = "review"
 
@@ -11,5 +13,5 @@ urlpatterns = [
     *candidates.urlpatterns,
     *results.urlpatterns,
     *queue.urlpatterns,
-    *annotations.urlpatterns,
+    *annotation_views.urlpatterns,
 ]

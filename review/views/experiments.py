@@ -42,6 +42,7 @@ from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, pa
 from evolution.services import loop
 from review import access, charts
 from review import lineage as lineage_layout
+from review.http import HtmxHttpRequest
 
 _escape = html.escape  # django.utils.html.escape without its lazy-string wrapper
 # A run that may still change on its own: the progress section polls while one is shown.
@@ -768,7 +769,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def experiment_progress(request: HttpRequest, pk: int) -> HttpResponse:
+def experiment_progress(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The live progress section. It polls itself while the run moves; the
     answer for a run that stopped has no trigger, so polling ends, and when
     the poller saw it moving (``was=moving``) the page reloads to show the
@@ -788,7 +789,7 @@ def experiment_progress(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def experiment_ledger(request: HttpRequest, pk: int) -> HttpResponse:
+def experiment_ledger(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The ledger table (htmx swaps it in); a plain request goes to the dashboard."""
     experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])

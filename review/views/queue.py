@@ -14,7 +14,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import messages
 from django.core.paginator import Page, Paginator
@@ -48,6 +48,9 @@ from evolution.services.review import (
 from review import access
 from review.flags import flag_task_visible
 
+if TYPE_CHECKING:
+    from review.display import ShownFlag
+
 PAGE_SIZE = 25
 WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED)
 INSTRUCTION_EXCERPT = 280
@@ -55,12 +58,12 @@ INSTRUCTION_EXCERPT = 280
 EDIT_DIFF_LINES = 200
 MATCHED_PREVIEW = 3
 
-VERDICT_WORDS = {
+VERDICT_WORDS: dict[str, str] = {
     ReviewDecision.Verdict.APPROVE: "the edits are generic",
     ReviewDecision.Verdict.REJECT: "it leaks",
     ReviewDecision.Verdict.REJECT_EDITS: "some edits leak; the rest were kept in a derived candidate",
 }
-VERDICT_SHORT = {
+VERDICT_SHORT: dict[str, str] = {
     ReviewDecision.Verdict.APPROVE: "approved",
     ReviewDecision.Verdict.REJECT: "rejected",
     ReviewDecision.Verdict.REJECT_EDITS: "partly rejected",
@@ -321,7 +324,7 @@ class EvidenceLine:
         return mark_matches(self.line, [flag.matched for flag in self.flags])
 
 
-def _evidence(flags: list[LeakageFlag], user: Any, experiment_id: int) -> None:
+def _evidence(flags: list[ShownFlag], user: Any, experiment_id: int) -> None:
     """Annotate each flag with what the reader may see of its task and evidence."""
     task_ids = {flag.task_id for flag in flags if flag.task_id is not None}
     splits = dict(
@@ -352,7 +355,7 @@ def _evidence(flags: list[LeakageFlag], user: Any, experiment_id: int) -> None:
         )
 
 
-def _evidence_lines(flags: list[LeakageFlag]) -> list[EvidenceLine]:
+def _evidence_lines(flags: list[ShownFlag]) -> list[EvidenceLine]:
     lines: dict[tuple[str, int | None, str], EvidenceLine] = {}
     for flag in flags:
         key = (flag.path, flag.line_number, flag.line)
@@ -371,7 +374,7 @@ class EditView:
     hidden_diff_lines: int
 
 
-def _edit_diff(edit: AtomicEdit, flags: list[LeakageFlag]) -> tuple[list[SafeString], int]:
+def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
     """The edit's own diff, added lines with the flagged text marked; long
     diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
     needles = [flag.matched for flag in flags]
@@ -400,9 +403,12 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         .first()
     )
     edits = list(AtomicEdit.objects.filter(candidate=candidate).order_by("index"))
-    flags = list(LeakageFlag.objects.filter(candidate=candidate).select_related("task").order_by("path", "pk"))
+    flags = cast(
+        "list[ShownFlag]",
+        list(LeakageFlag.objects.filter(candidate=candidate).select_related("task").order_by("path", "pk")),
+    )
     _evidence(flags, request.user, candidate.experiment_id)
-    by_edit: dict[int | None, list[LeakageFlag]] = defaultdict(list)
+    by_edit: dict[int | None, list[ShownFlag]] = defaultdict(list)
     for flag in flags:
         by_edit[flag.edit_id].append(flag)
     edit_views = []
