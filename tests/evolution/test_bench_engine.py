@@ -100,6 +100,7 @@ def test_canonical_payload_is_exactly_rfc8785(value: object) -> None:
     # What a certified record stores, and what it reads back.
     field = CanonicalJSONField()
     stored = field.get_prep_value(value)
+    assert stored is not None
     assert stored.encode() == rfc8785.dumps(value)
     assert field.from_db_value(stored, None, None) == value
 

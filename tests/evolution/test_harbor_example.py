@@ -18,7 +18,7 @@ from evolution.models import CertifiedResult, Evaluation, Experiment, Trajectory
 from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import in_surface, parse_surface
-from tests.factories import evaluate_seed_inline
+from tests.factories import evaluate_seed_inline, seed_of
 
 EXAMPLE = Path(cli_runner.__file__).parent / "harbor_example"
 
@@ -52,7 +52,7 @@ def test_load_creates_the_experiment_once_with_tests_kept_private() -> None:
     evaluator_files = {entry.path for entry in tree_entries(tree=experiment.evaluator.files)}
     assert evaluator_files == {"cli_runner.py", "harbor_verify.py"}
     surface = parse_surface(experiment.surface.spec)
-    seed_files = [entry.path for entry in tree_entries(tree=experiment.seed_candidate.tree)]
+    seed_files = [entry.path for entry in tree_entries(tree=seed_of(experiment).tree)]
     assert [path for path in seed_files if in_surface(surface, path)] == ["agent.toml", "prompts/system.md"]
 
 

@@ -46,6 +46,7 @@ def example(name: str) -> Experiment:
 
 def leaky(run: Run, candidate: Candidate) -> bool:
     index = build_index(evolve_tasks_for_critic(run=run))
+    assert candidate.parent is not None
     return bool(critique(tree_diff(old=candidate.parent.tree, new=candidate.tree), index))
 
 

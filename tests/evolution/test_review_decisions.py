@@ -209,6 +209,7 @@ def test_rejecting_the_leaky_edits_derives_a_clean_candidate_that_the_loop_evalu
     item.refresh_from_db()
     flagged.refresh_from_db()
     derived = decision.derived_candidate
+    assert derived is not None
     assert item.state == ReviewItem.State.PARTIAL
     assert decision.verdict == ReviewDecision.Verdict.REJECT_EDITS
     assert decision.reviewer == alice and decision.reason == "the answers are hard-coded"
@@ -244,6 +245,7 @@ def test_a_derived_candidate_that_still_leaks_is_flagged_again_and_waits_for_rev
     first_leak = item.candidate.edits.get(index=0)
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[first_leak.pk], reason="one leak")
     derived = decision.derived_candidate
+    assert derived is not None
     assert derived.state == Candidate.State.FLAGGED
     assert derived.origin == Candidate.Origin.DERIVED
     assert set(files_of(derived)) >= {"notes/generic.md", item.candidate.edits.get(index=1).paths[0]}
@@ -256,7 +258,10 @@ def test_a_derived_candidate_that_still_leaks_is_flagged_again_and_waits_for_rev
     # The new item is reviewed like any other: approve the rest.
     second = derived.edits.get(paths=[item.candidate.edits.get(index=1).paths[0]])
     final = review_decide_partial(item=again, user=alice, rejected_edits=[second.pk], reason="the other leak")
+    assert final.derived_candidate is not None
     assert final.derived_candidate.state == Candidate.State.EVALUATING
+    assert final.derived_candidate is not None
+    assert item.candidate is not None
     assert final.derived_candidate.parent_id == item.candidate.parent_id
 
 
@@ -267,6 +272,7 @@ def test_a_derived_candidate_is_held_for_the_critic_even_when_the_run_is_over(
     loop.run_cancel(run=run)
     leaky = item.candidate.edits.filter(paths__0__startswith="answers/")
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[e.pk for e in leaky], reason="leaks")
+    assert decision.derived_candidate is not None
     assert decision.derived_candidate.state == Candidate.State.APPROVED
     assert not Evaluation.objects.filter(candidate=decision.derived_candidate).exists()
 
@@ -276,6 +282,7 @@ def test_partial_decisions_need_a_reason_and_a_proper_selection(mixed: tuple[Run
     before = Candidate.objects.count()
     edits = list(item.candidate.edits.order_by("index"))
     other = AtomicEdit.objects.exclude(candidate=item.candidate).first()
+    assert other is not None
     cases = [
         ({"rejected_edits": [edits[0].pk], "reason": " "}, "reason is required"),
         ({"rejected_edits": [], "reason": "leaks"}, "select at least one"),
@@ -365,6 +372,7 @@ def test_derive_files_restores_the_parent_content_of_rejected_paths() -> None:
 def test_two_reviewers_deciding_at_once_make_one_decision_on_postgresql(postgres: None) -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
     seed = experiment.seed_candidate
+    assert seed is not None
     tree = tree_store(entries=[*tree_entries(tree=seed.tree), FileEntry("notes/race.md", "100644", b"race\n")])
     candidate = Candidate.objects.create(
         experiment=experiment, parent=seed, tree=tree, origin=Candidate.Origin.PROPOSED, state=Candidate.State.FLAGGED

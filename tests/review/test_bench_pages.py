@@ -17,7 +17,7 @@ import pytest
 from evolution.bench import REGISTRY, BenchResult
 from evolution.bench import diffs as diff_bench
 from evolution.bench import pages as pages_bench
-from evolution.models import Annotation, Candidate, TrajectoryStep, Trial
+from evolution.models import Annotation, Candidate, Experiment, TrajectoryStep, Trial
 from review import diffs
 
 
@@ -70,7 +70,9 @@ def test_pages_benchmark_keeps_query_counts_constant() -> None:
     pages = [line for line in result.lines if re.search(r"median .* ms .* queries", line)]
     assert len(pages) == 6
     for line in pages:
-        small, large = re.search(r"queries (\d+) small / (\d+) large", line).groups()
+        found = re.search(r"queries (\d+) small / (\d+) large", line)
+        assert found is not None
+        small, large = found.groups()
         assert small == large
 
 
@@ -118,7 +120,7 @@ def small_bench_world() -> tuple[int, dict[str, Any]]:
 
     sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
     pages_bench.run(**sizes, scratch=False)
-    experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
+    experiment_id = Experiment.objects.get(name="bench-pages").pk
     return experiment_id, {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
 
 

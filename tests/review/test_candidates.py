@@ -79,6 +79,7 @@ def test_candidate_page_explains_the_gate_in_words_and_numbers(example_world, cl
         .select_related("candidate")
         .first()
     )
+    assert decision is not None
     cand = decision.candidate
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
 
@@ -102,6 +103,7 @@ def test_candidate_page_shows_identity_edits_and_links(example_world, client_as)
         .order_by("pk")
         .first()
     )
+    assert cand is not None
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
     assert cand.tree_id in html and f'data-copy="{cand.tree_id}"' in html
     assert reverse("review:candidate", args=[cand.parent_id]) in html
@@ -126,6 +128,7 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
         .order_by("pk")
         .first()
     )
+    assert cand is not None
     result = selectors.candidate_metrics(candidate=cand)
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
 
@@ -182,6 +185,7 @@ def forged_record(world: Experiment, payload: object) -> CertifiedResult:
 def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(example_world, client_as) -> None:
     seed = example_world.seed_candidate
     good = CertifiedResult.objects.filter(candidate=seed).order_by("seq").first()
+    assert good is not None
     forged = forged_record(example_world, {**good.payload, "seq": example_world.chain_length + 1})
     client = client_as("viewer")
     html = page(client.get(reverse("review:candidate", args=[seed.pk])))
@@ -204,15 +208,17 @@ def test_a_record_whose_payload_is_not_an_object_shows_as_failing(example_world,
 
 def test_flagged_candidate_page_lists_its_flags_and_hides_sealed_tasks(example_world, client_as) -> None:
     flag = LeakageFlag.objects.filter(candidate__experiment=example_world, task__isnull=False).first()
+    assert flag is not None
     cand = flag.candidate
     viewer = client_as("viewer")
     html = page(viewer.get(reverse("review:candidate", args=[cand.pk])))
     assert f"Leakage flags ({cand.leakage_flags.count()})" in html
+    assert flag.task is not None
     assert flag.rule in html and flag.task.external_id in html  # an evolve task: visible
 
     # The same flag pointing at a sealed task hides the task from a plain viewer.
     sealed = SplitMembership.objects.filter(experiment=example_world, split=SplitName.SEALED).select_related("task")
-    sealed_task = sealed.first().task
+    sealed_task = sealed.order_by("pk")[0].task
     LeakageFlag.objects.filter(pk=flag.pk).update(task=sealed_task, matched="sealed-needle-text")
     html = page(viewer.get(reverse("review:candidate", args=[cand.pk])))
     assert "sealed-needle-text" in html and "sealed task (hidden)" in html
@@ -544,6 +550,7 @@ def test_pages_need_a_login_and_the_viewer_permission(example_world, client, mak
 
 def test_record_page_shows_the_chain_payload_and_checks(example_world, client_as) -> None:
     record = CertifiedResult.objects.filter(experiment=example_world, seq=2).first()
+    assert record is not None
     html = page(client_as("viewer").get(reverse("review:record", args=[record.pk])))
     assert "Certified record #2" in html and "record checks out ✓" in html
     assert record.record_digest in html and record.prev_digest in html and record.signature in html
@@ -591,6 +598,7 @@ def test_record_page_hides_sealed_rows_without_the_permission(example_world, cli
 
 def test_record_page_runs_the_full_verification_on_request(example_world, client_as) -> None:
     record = CertifiedResult.objects.filter(experiment=example_world).first()
+    assert record is not None
     client = client_as("viewer")
     url = reverse("review:record", args=[record.pk])
     assert "Verify the whole chain" in page(client.get(url))
@@ -612,7 +620,9 @@ def _queries(client, url: str) -> int:
 def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, django_assert_max_num_queries) -> None:
     seed = example_world.seed_candidate
     flagged = Candidate.objects.filter(experiment=example_world, state=Candidate.State.FLAGGED).first()
+    assert flagged is not None
     accepted = Candidate.objects.filter(experiment=example_world, state="accepted", origin="proposed").first()
+    assert accepted is not None
     client = client_as("viewer")
     urls = [
         reverse("review:candidate", args=[seed.pk]),
@@ -621,7 +631,7 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, 
         reverse("review:candidate_diff", args=[seed.pk]),
         reverse("review:candidate_diff", args=[accepted.pk]) + "?layout=unified",
         reverse("review:candidate_diff", args=[flagged.pk]) + "?partial=1",
-        reverse("review:record", args=[CertifiedResult.objects.filter(candidate=seed).last().pk]),
+        reverse("review:record", args=[CertifiedResult.objects.filter(candidate=seed).latest("seq").pk]),
     ]
     small = [_queries(client, url) for url in urls]
     grow(example_world, candidates=40)

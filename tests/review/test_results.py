@@ -580,6 +580,7 @@ def test_compare_with_any_trial_of_the_same_task(example_world, client_as) -> No
     assert f'Compared with: <a href="{reverse("review:trial", args=[other.pk])}">trial #{other.pk}</a>' in html
     assert f'<option value="{other.pk}" selected>' in html
     elsewhere = Trial.objects.exclude(task=trial.task).filter(split=SplitName.TRAIN).first()
+    assert elsewhere is not None
     response = client.get(f"{url}?with={elsewhere.pk}")
     assert response.status_code == 400
     assert "is of another task" in response.content.decode()
@@ -589,6 +590,7 @@ def test_compare_with_any_trial_of_the_same_task(example_world, client_as) -> No
 
 def test_compare_of_the_seed_offers_other_trials(example_world, client_as) -> None:
     seed_trial = Trial.objects.filter(candidate=example_world.seed_candidate, split=SplitName.TRAIN).first()
+    assert seed_trial is not None
     html = _html(client_as("viewer").get(reverse("review:trial_compare", args=[seed_trial.pk])))
     assert "This is the seed: it has no parent." in html
     assert '<select name="with">' in html

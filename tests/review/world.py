@@ -35,6 +35,7 @@ def grow(experiment: Experiment, *, candidates: int = 40, steps: int = 0) -> Non
     run's last) with their rows; with ``steps``, one more trial of the last
     candidate carries a trajectory of that many steps."""
     seed = experiment.seed_candidate
+    assert seed is not None
     run = experiment.runs.order_by("-pk").first()
     seed_files = tree_entries(tree=seed.tree)
     memberships = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))

@@ -38,6 +38,7 @@ class XssWorld:
 def plant_xss(world: World, author: Any) -> XssWorld:
     trial = world.train_trial
     seed = world.experiment.seed_candidate
+    assert seed is not None
     tree = tree_store(
         entries=[
             *tree_entries(tree=seed.tree),
