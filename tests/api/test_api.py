@@ -332,7 +332,7 @@ def test_ledger_filters(api_world: World, api_as: Any) -> None:
 
 
 def _label() -> AnnotationLabel:
-    return AnnotationLabel.objects.filter(experiment__isnull=True).order_by("pk").first()
+    return AnnotationLabel.objects.filter(experiment__isnull=True).order_by("pk")[0]
 
 
 def test_annotator_creates_updates_and_deletes_own(api_world: World, api_as: Any) -> None:

@@ -56,6 +56,7 @@ def test_child_metrics_carry_ds_dc_and_a_bootstrap_interval() -> None:
     result = selectors.candidate_metrics(candidate=Candidate.objects.get(pk=child.pk))
     assert result.splits["train"].rate == 1.0
     assert result.delta_score == pytest.approx(1.0 - 0.5)
+    assert result.delta_ci is not None
     mean, low, high = result.delta_ci
     assert mean == pytest.approx(0.5)
     assert 0.0 <= low <= mean <= high <= 1.0

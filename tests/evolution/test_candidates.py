@@ -32,8 +32,7 @@ def a_tree(text: str) -> Tree:
 )
 def test_only_an_accepted_candidate_can_be_a_parent(state: str) -> None:
     experiment = make_tiny_experiment(tasks=2)
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = seed_of(experiment)
     Candidate.objects.filter(pk=seed.pk).update(state=state)
     with pytest.raises(CandidateError, match="only a certified, accepted candidate can be a parent"):
         candidate_create(parent=seed, tree=a_tree("no\n"), edits=[EDIT])
@@ -54,8 +53,7 @@ def test_a_certified_and_accepted_seed_becomes_a_parent() -> None:
 
 def test_accepting_an_uncertified_candidate_does_nothing() -> None:
     experiment = make_tiny_experiment(tasks=2)
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = seed_of(experiment)
     assert candidate_accept(candidate=seed) is False
     assert Candidate.objects.get(pk=seed.pk).state == Candidate.State.APPROVED
 
@@ -85,7 +83,7 @@ def test_unknown_component_kind_is_refused() -> None:
 
 def test_transitions_follow_the_state_machine() -> None:
     experiment = make_tiny_experiment(tasks=2)
-    seed = experiment.seed_candidate  # approved
+    seed = seed_of(experiment)  # approved
     assert seed is not None
     assert candidate_transition(candidate=seed, to=Candidate.State.CERTIFIED) is False
     assert candidate_transition(candidate=seed, to=Candidate.State.EVALUATING) is True

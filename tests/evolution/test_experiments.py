@@ -25,8 +25,7 @@ def test_experiment_has_a_seed_and_frozen_split_digests() -> None:
     assert {m.split for m in memberships} == {"train", "gate", "sealed"}
     assert sorted(experiment.split_digests) == ["gate", "sealed", "train"]
     assert experiment.split_digests == split_digests_compute(experiment=experiment)
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = seed_of(experiment)
     assert seed.origin == Candidate.Origin.SEED and seed.parent is None
     assert seed.state == Candidate.State.APPROVED
 

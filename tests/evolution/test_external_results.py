@@ -31,8 +31,7 @@ def results_for(experiment: Experiment, *, k: int = 1) -> list[dict[str, Any]]:
 
 def test_ingest_stores_an_external_evaluation_with_done_trials() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = seed_of(experiment)
     results = results_for(experiment, k=2)
     results[0]["score"] = 0.25
     results[1]["split"] = tasks_by_split(experiment)[results[1]["task"]]
@@ -126,7 +125,7 @@ def test_source_must_be_small_plain_json(source: dict[str, Any], message: str) -
 
 def test_external_results_are_never_certified_nor_counted_as_certified() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     certified = evaluate_seed_inline(experiment)
     assert certified.state == Evaluation.State.CERTIFIED
     records_before = candidate_trial_records(candidate=seed)

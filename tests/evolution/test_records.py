@@ -65,8 +65,7 @@ def certified() -> Experiment:
 def test_certified_record_binds_what_was_measured(certified: Experiment) -> None:
     record = CertifiedResult.objects.get(experiment=certified)
     payload = record.payload
-    seed = certified.seed_candidate
-    assert seed is not None
+    seed = seed_of(certified)
     assert record.seq == 1
     assert record.prev_digest == records.GENESIS
     assert payload["candidate"]["tree"] == seed.tree_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -33,7 +34,7 @@ from evolution.services.review import (
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from tests.evolution.test_loop import start
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
 from tests.operators import tiny_proposer
 
@@ -218,6 +219,7 @@ def test_rejecting_the_leaky_edits_derives_a_clean_candidate_that_the_loop_evalu
     assert derived.origin == Candidate.Origin.DERIVED
     assert (derived.parent_id, derived.run_id, derived.round) == (flagged.parent_id, run.pk, flagged.round)
     # The tree: the parent's files plus the kept note, none of the rejected answers.
+    assert flagged.parent is not None
     parent_files = files_of(flagged.parent)
     assert files_of(derived) == {**parent_files, "notes/generic.md": GENERIC_NOTE}
     assert not any(path.startswith("answers/") for path in files_of(derived))
@@ -283,7 +285,7 @@ def test_partial_decisions_need_a_reason_and_a_proper_selection(mixed: tuple[Run
     edits = list(item.candidate.edits.order_by("index"))
     other = AtomicEdit.objects.exclude(candidate=item.candidate).first()
     assert other is not None
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"rejected_edits": [edits[0].pk], "reason": " "}, "reason is required"),
         ({"rejected_edits": [], "reason": "leaks"}, "select at least one"),
         ({"rejected_edits": [e.pk for e in edits], "reason": "leaks"}, "reject the whole candidate"),
@@ -371,8 +373,7 @@ def test_derive_files_restores_the_parent_content_of_rejected_paths() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_two_reviewers_deciding_at_once_make_one_decision_on_postgresql(postgres: None) -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = seed_of(experiment)
     tree = tree_store(entries=[*tree_entries(tree=seed.tree), FileEntry("notes/race.md", "100644", b"race\n")])
     candidate = Candidate.objects.create(
         experiment=experiment, parent=seed, tree=tree, origin=Candidate.Origin.PROPOSED, state=Candidate.State.FLAGGED

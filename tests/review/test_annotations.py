@@ -301,8 +301,8 @@ def test_the_step_anchor_must_belong_to_the_trials_trajectory(
         assert "Not saved: " in html and "step" in html
     assert not Annotation.objects.exists()
     _post(client, url, {"label": _label("other").pk, "step": last}, htmx=True)
-    step = Annotation.objects.get().step
-    assert step is not None and step.trajectory.trial_id == trial.pk
+    anchor = Annotation.objects.get().step
+    assert anchor is not None and anchor.trajectory.trial_id == trial.pk
 
 
 def test_a_sealed_trials_panel_needs_the_sealed_permission(
@@ -628,13 +628,13 @@ def test_query_counts_do_not_grow_with_the_experiment(
 ) -> None:
     client = client_as("annotator", username="ann")
     _labelled_world(example_world)
-    pages = [
+    pages: list[tuple[str, dict[str, Any]]] = [
         (reverse("review:annotate_queue"), {"experiment": example_world.pk}),
         (reverse("review:annotate_queue"), {}),
         (reverse("review:annotation_stats", args=[example_world.pk]), {}),
     ]
     trial = _with_steps(example_world)
-    panel: tuple[str, dict[str, str]] = (reverse("review:trial_annotations", args=[trial.pk]), {})
+    panel: tuple[str, dict[str, Any]] = (reverse("review:trial_annotations", args=[trial.pk]), {})
     client.get(pages[0][0])  # warm the session and permission caches alike
     small = [_count_queries(client, url, params) for url, params in [*pages, panel]]
 

@@ -25,7 +25,7 @@ def test_generated_diff_has_the_asked_size_and_languages() -> None:
     old, new = diff_bench.make_trees(50, 400)
     files = diffs.build_file_diffs(old, new)
     assert len(files) == 50
-    assert sum(fd.changed for fd in files) == 20_000
+    assert sum(fd.changed or 0 for fd in files) == 20_000
     assert all(fd.added == fd.removed == 200 for fd in files)
     extensions = {fd.path.rsplit(".", 1)[1] for fd in files}
     assert extensions == {"py", "js", "ts", "go", "rs", "c", "yaml", "md", "toml", "json"}
@@ -163,7 +163,7 @@ def test_measured_candidates_match_the_trials_with_or_without_stored_totals() ->
     ).values_list("candidate_id", "outcome", "tokens"):
         counted[candidate_id][0] += outcome == Trial.Outcome.PASS
         counted[candidate_id][1] += 1
-        counted[candidate_id][2] += tokens
+        counted[candidate_id][2] += tokens or 0
     facts = {
         pk: (state, origin, round_)
         for pk, state, origin, round_ in Candidate.objects.filter(experiment_id=experiment_id).values_list(

@@ -34,6 +34,7 @@ from evolution.models import (
 from review import diffs
 from review.models import ViewedFile
 from tests.conftest import REPO_ROOT
+from tests.factories import seed_of
 from tests.review.test_candidates import child
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -254,8 +255,7 @@ def test_a_large_diff_fills_in_the_counts_of_its_collapsed_files(
     browser: Any, live_server: Any, example_world: Experiment, make_user: Any
 ) -> None:
     make_user("viewer", username="vera")
-    seed = example_world.seed_candidate
-    assert seed is not None
+    seed = seed_of(example_world)
     # Eight files of 150 changed pairs (301 diff lines): six fit the 2,000-line budget.
     old = {f"big/f{n}.txt": "".join(f"old {n} {i}\n" for i in range(150)) for n in range(8)}
     parent = child(seed, old, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from html import unescape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -42,7 +42,7 @@ def _messages(response: TestResponse) -> list[str]:
     return [str(m) for m in response.context["messages"]] if response.context else []
 
 
-def _active_run(experiment: Experiment, **kwargs: object) -> Run:
+def _active_run(experiment: Experiment, **kwargs: Any) -> Run:
     """A run created like the dashboard creates one, never driven (no worker)."""
     return loop.run_create(experiment=experiment, recipe=load_preset("rrsi"), proposer="example", **kwargs)
 
@@ -237,6 +237,7 @@ def test_ledger_filters_by_component_accepted_and_text(example_world, client_as)
     run = example_world.runs.get()
     client = client_as("viewer")
     component = LedgerEntry.objects.filter(run=run).values_list("component", flat=True).first()
+    assert component is not None
     response = _ledger(client, example_world, run=str(run.pk), component=component)
     assert response.status_code == 200
     assert "<html" not in response.content.decode()  # the partial only
@@ -611,6 +612,7 @@ def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_worl
     ancestry, cursor = [], Candidate.objects.get(pk=run.current_candidate_id)
     while cursor.parent_id:
         ancestry.append(cursor.parent_id)
+        assert cursor.parent is not None
         cursor = cursor.parent
     assert len(ancestry) >= 2 and html.count('class="edge main"') == len(ancestry)
     assert 'flagged, awaiting review <span class="muted">' + str(len(flagged)) in html
@@ -619,7 +621,7 @@ def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_worl
 # --- Query counts ------------------------------------------------------------------------
 
 
-def _count(client: Client, url: str, **headers: str) -> int:
+def _count(client: Client, url: str, **headers: Any) -> int:
     client.get(url, **headers)  # warm per-process caches (content types, templates)
     with CaptureQueriesContext(connection) as queries:
         response = client.get(url, **headers)

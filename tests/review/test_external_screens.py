@@ -92,6 +92,7 @@ def test_matrix_cells_and_columns_are_unchanged_by_external_results(
     before_improved = _matrix_table(client, example_world, change="improved")
     assert f'data-candidate="{never_ran.pk}"' not in before
 
+    assert child.parent is not None
     ingested = [_ingest(child), _ingest(child.parent), _ingest(never_ran)]
     external_trials = Trial.objects.filter(evaluation__in=ingested)
     assert (
@@ -219,6 +220,7 @@ def test_parent_comparison_never_picks_an_external_trial(
     client = client_as("viewer")
     child = _child_with_parent(example_world)
     # Index 5 exists only in the external submissions: the parent has no trial of ours there.
+    assert child.parent is not None
     _ingest(child.parent, index=5)
     evaluation = _ingest(child, index=5)
     trial = Trial.objects.filter(evaluation=evaluation).exclude(split=SplitName.SEALED).order_by("pk").first()
@@ -233,7 +235,7 @@ def test_parent_comparison_never_picks_an_external_trial(
 
     # A trial we ran still finds the parent's trial of ours, not the parent's external one.
     ours = Trial.objects.filter(candidate=child, evaluation__external=False, split=SplitName.TRAIN).first()
-    assert ours is not None
+    assert ours is not None and child.parent is not None
     _ingest(child.parent, index=ours.index)
     parent = client.get(reverse("review:trial", args=[ours.pk])).context["parent_trial"]
     assert parent is not None

@@ -142,12 +142,13 @@ def test_the_item_page_shows_edits_evidence_marked_and_the_task_to_a_reviewer(ex
 
 def seal_a_flag_task(item: ReviewItem) -> tuple[LeakageFlag, Any]:
     """Point one flag at a sealed task of the experiment (as a critic reading sealed text would)."""
-    sealed = (
+    membership = (
         SplitMembership.objects.filter(experiment_id=item.candidate.experiment_id, split=SplitName.SEALED)
         .select_related("task")
         .first()
-        .task
     )
+    assert membership is not None, "the experiment has a sealed task"
+    sealed = membership.task
     sealed.instruction = "SEALED-INSTRUCTION-TEXT " + sealed.instruction
     sealed.save(update_fields=["instruction"])
     flag = LeakageFlag.objects.filter(candidate=item.candidate).order_by("pk").first()
@@ -368,12 +369,13 @@ def test_viewers_read_but_every_post_is_403_and_no_buttons_are_shown(example_wor
     assert reverse("review:review_claim", args=[item.pk]) not in queue
     edit = item.candidate.edits.first()
     assert edit is not None
-    for name, data in [
+    posts: list[tuple[str, dict[str, Any]]] = [
         ("review:review_claim", {}),
         ("review:review_release", {}),
         ("review:review_decide", {"verdict": "approve", "reason": "x"}),
         ("review:review_decide", {"verdict": "reject_edits", "reason": "x", "edits": [edit.pk]}),
-    ]:
+    ]
+    for name, data in posts:
         assert post(client, name, item.pk, data).status_code == 403
     item.refresh_from_db()
     assert item.state == ReviewItem.State.OPEN and not ReviewDecision.objects.exists()
@@ -523,7 +525,7 @@ ITEM_QUERIES = 12
 
 
 def page_query_counts(client: Client, experiment: Experiment, item: ReviewItem, decided: ReviewItem) -> list[int]:
-    urls = [
+    urls: list[tuple[str, dict[str, Any]]] = [
         (reverse("review:queue"), {}),
         (reverse("review:queue"), {"tab": "decided"}),
         (reverse("review:queue"), {"experiment": experiment.pk}),

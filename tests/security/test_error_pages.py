@@ -166,7 +166,7 @@ def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, ma
 
     status, page, headers = fetch(port, "/login/")
     assert status == 200
-    found = re.search(r"csrftoken=([^;]+)", " ".join(headers.get_all("Set-Cookie")))
+    found = re.search(r"csrftoken=([^;]+)", " ".join(headers.get_all("Set-Cookie") or []))
     assert found is not None
     csrf = found.group(1)
     found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
@@ -180,7 +180,7 @@ def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, ma
         body=f"username=olga&password=pw-olga&csrfmiddlewaretoken={form_token}",
     )
     assert status == 302 and headers["Location"] == "/"
-    found = re.search(r"sessionid=([^;]+)", " ".join(headers.get_all("Set-Cookie")))
+    found = re.search(r"sessionid=([^;]+)", " ".join(headers.get_all("Set-Cookie") or []))
     assert found is not None
     session = found.group(1)
     cookies = {"Cookie": f"csrftoken={csrf}; sessionid={session}"}

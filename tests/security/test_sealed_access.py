@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.http import StreamingHttpResponse
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.authtoken.models import Token
@@ -29,6 +30,7 @@ from rest_framework.authtoken.models import Token
 from evolution.models import Annotation, AnnotationLabel, LeakageFlag, ReviewItem, SplitName, Task, Trajectory, Trial
 from review.access import SEALED
 from tests.api.conftest import CANARY, World
+from tests.factories import seed_id
 
 pytestmark = pytest.mark.django_db
 
@@ -228,11 +230,11 @@ def ids(api_world: World, make_user: Callable[..., User]) -> Ids:
     run = Run.objects.filter(experiment=world.experiment).first()  # this world has none: its routes 404
     return Ids(
         experiment=world.experiment.pk,
-        seed=world.experiment.seed_candidate_id,
+        seed=seed_id(world.experiment),
         flagged=world.flagged.pk,
         train_trial=world.train_trial.pk,
         sealed_trial=sealed.pk,
-        gate_trial=trials.filter(split=SplitName.GATE).values_list("pk", flat=True).first(),
+        gate_trial=trials.filter(split=SplitName.GATE).order_by("pk").values_list("pk", flat=True)[0],
         record=world.record.pk,
         item=ReviewItem.objects.get(candidate=world.flagged).pk,
         sealed_annotation=sealed_note.pk,
@@ -258,7 +260,7 @@ def fetch_all(client: Client, paths: list[str]) -> dict[str, tuple[int, str]]:
         if token_only and not path.startswith("/api/"):
             continue  # a token authenticates the API only; the screens are covered by the session
         response = client.get(path)
-        body = b"".join(response.streaming_content) if response.streaming else response.content
+        body = b"".join(response.streaming_content) if isinstance(response, StreamingHttpResponse) else response.content
         seen[path] = (response.status_code, body.decode(errors="replace"))
     return seen
 
