@@ -18,14 +18,18 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 from django.shortcuts import get_object_or_404
 from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import ParseError, ValidationError
-from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.parsers import (  # type: ignore[attr-defined]  # get_encoding: DRF's, left out of its stubs
+    BaseParser,
+    JSONParser,
+    get_encoding,
+)
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -86,7 +90,12 @@ class FiniteJSONParser(JSONParser):
 
 
 # The project's parsers, with the JSON one replaced.
-PARSERS = [FiniteJSONParser, *(parser for parser in api_settings.DEFAULT_PARSER_CLASSES if parser is not JSONParser)]
+# The stubs type the setting as dotted names; api_settings has imported them into classes.
+_DEFAULT_PARSERS = cast("list[type[BaseParser]]", api_settings.DEFAULT_PARSER_CLASSES)
+PARSERS: list[type[BaseParser]] = [
+    FiniteJSONParser,
+    *(parser for parser in _DEFAULT_PARSERS if parser is not JSONParser),
+]
 
 
 class ParsedJSONField(serializers.JSONField):
@@ -201,14 +210,15 @@ class TrajectoryBatchImportView(APIView):
             if item["trial"] not in visible:
                 problems.setdefault(index, {})["trial"] = [f"no trial {item['trial']}"]
         if problems:
-            raise ValidationError({"trajectories": problems})
+            # JSON object keys are text: the item's index as a string, as the response shows it.
+            raise ValidationError({"trajectories": {str(index): found for index, found in problems.items()}})
         try:
             trajectories = trajectories_import(
                 [(visible[item["trial"]], item["document"], item.get("format", "auto")) for item in items]
             )
         except TrajectoryBatchError as exc:
             raise ValidationError(
-                {"trajectories": {index: {"document": errors} for index, errors in exc.errors.items()}}
+                {"trajectories": {str(index): {"document": errors} for index, errors in exc.errors.items()}}
             ) from exc
         body = TrajectoryBatchOutput({"imported": [_summary(trajectory) for trajectory in trajectories]})
         return Response(body.data, status=status.HTTP_201_CREATED)
