@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -239,7 +240,7 @@ def _candidate_scores(
     """Evolve score S and mean policy tokens per trial of the measured
     candidates (all, or those of the ``candidate_ids`` queryset), computed as
     the gate computes them from the totals stored at certification."""
-    evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
+    evolve: list[str] = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
     return selectors.candidate_scores(
         experiment_id=experiment.pk,
         splits=evolve,
@@ -264,7 +265,9 @@ def _round_states(run: Run) -> dict[int, Counter[str]]:
     return states
 
 
-def _round_rows(run: Run, round_states: dict[int, Counter[str]], decisions: list[dict[str, Any]]) -> list[RoundRow]:
+def _round_rows(
+    run: Run, round_states: dict[int, Counter[str]], decisions: Sequence[Mapping[str, Any]]
+) -> list[RoundRow]:
     """One row per round: the loop's round summary where it wrote one, else
     counts from the candidates (the round in progress, or rows added later).
     ``decisions``: the run's gate decisions that accepted or chose."""
@@ -398,7 +401,7 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     shown = Candidate.objects.filter(
         Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
     )
-    evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
+    evolve: list[str] = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
     measured = selectors.measured_candidates(
         experiment_id=experiment.pk,
         splits=evolve,
@@ -552,10 +555,14 @@ class RunStartForm(forms.Form):
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))
-        self.fields["recipe"].choices = choices
+        recipe_field = self.fields["recipe"]
+        assert isinstance(recipe_field, forms.ChoiceField)
+        recipe_field.choices = choices
         loop._load_operators()
         proposers = sorted(operators.known_operators().get("proposal", set()))
-        self.fields["proposer"].choices = [("", "the recipe's own"), *((name, name) for name in proposers)]
+        proposer_field = self.fields["proposer"]
+        assert isinstance(proposer_field, forms.ChoiceField)
+        proposer_field.choices = [("", "the recipe's own"), *((name, name) for name in proposers)]
 
 
 def _start_form_initial(latest: Run | None) -> dict[str, Any]:
@@ -953,7 +960,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     form = RunStartForm(request.POST, latest=latest)
     if not form.is_valid():
         problems = "; ".join(
-            f"{form.fields[name].label if name in form.fields else name}: {' '.join(errors)}"
+            f"{form.fields[name].label if name in form.fields else name}: {' '.join(str(error) for error in errors)}"
             for name, errors in form.errors.items()
         )
         messages.error(request, f"The run was not started: {problems}")

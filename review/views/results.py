@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -219,7 +220,7 @@ def _cells_html(cells: list[Cell]) -> SafeString:
 
 
 def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
-    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    spec = experiment.recipe.spec if experiment.recipe is not None else {}
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
     splits = evaluation.get("evolve_splits") if isinstance(evaluation, dict) else None
     if isinstance(splits, list) and splits:
@@ -228,7 +229,7 @@ def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
 
 
 def _score_metric(experiment: Experiment) -> str:
-    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    spec = experiment.recipe.spec if experiment.recipe is not None else {}
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
     metric = evaluation.get("score_metric") if isinstance(evaluation, dict) else None
     return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
@@ -404,15 +405,14 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
             .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
         )
         for link in links:
-            cell = grid.get((link["candidate_id"], link["task_id"]))
-            if cell is not None:
-                link["href"] = trial_href(link["pk"])
-                cell.trials.append(link)
-    for row in page_rows:
-        for column, cell in zip(columns, row.cells, strict=True):
+            linked = grid.get((link["candidate_id"], link["task_id"]))
+            if linked is not None:
+                linked.trials.append({**link, "href": trial_href(link["pk"])})
+    for task_row in page_rows:
+        for column, cell in zip(columns, task_row.cells, strict=True):
             column.shown_passes += cell.passes
             column.shown_n += cell.n
-        row.cells_html = _cells_html(row.cells)
+        task_row.cells_html = _cells_html(task_row.cells)
 
     base = reverse("review:matrix", args=[experiment.pk])
     keep = {"split": split, "change": change, "candidates": request.GET.get("candidates", "")}
@@ -551,7 +551,7 @@ def _page_of_step(trajectory: Trajectory, step_id: int) -> int:
     return before // STEPS_PER_PAGE + 1
 
 
-def _parent_trial(trial: Trial) -> dict[str, Any] | None:
+def _parent_trial(trial: Trial) -> Mapping[str, Any] | None:
     """The parent's trial of the same task and index (its first reported
     evaluation we ran, never an external one), as a few fields; None for the
     seed or when there is none."""
