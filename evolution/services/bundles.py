@@ -130,7 +130,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             "benchmark": experiment.benchmark.name,
             "heldout_benchmarks": sorted(b.name for b in experiment.heldout_benchmarks.all()),
             "recipe": experiment.recipe.digest if experiment.recipe else None,
-            "seed_tree": experiment.seed_candidate.tree_id if experiment.seed_candidate_id else None,
+            "seed_tree": experiment.seed_candidate.tree_id if experiment.seed_candidate is not None else None,
             "split_seed": experiment.split_seed,
             "split_ratios": experiment.split_ratios,
             "split_digests": experiment.split_digests,
@@ -180,7 +180,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
         "candidates": [
             {
                 "tree": c.tree_id,
-                "parent_tree": c.parent.tree_id if c.parent_id else None,
+                "parent_tree": c.parent.tree_id if c.parent is not None else None,
                 "origin": c.origin,
                 "state": c.state,
                 "round": c.round,

@@ -89,6 +89,7 @@ def _check_result(
             errors[f"{where}.{key}"] = f"must be a non-negative integer or null, got {value!r}"
     if membership is None or any(key == where or key.startswith(where + ".") for key in errors):
         return None
+    assert isinstance(index, int)  # else an error for it was recorded above
     values = {
         "outcome": Trial.Outcome.PASS if passed else Trial.Outcome.FAIL,
         "score": float(score),

@@ -159,7 +159,7 @@ def payload_build(
         },
         "candidate": {
             "tree": candidate.tree_id,
-            "parent_tree": candidate.parent.tree_id if candidate.parent_id else None,
+            "parent_tree": candidate.parent.tree_id if candidate.parent is not None else None,
             "origin": candidate.origin,
         },
         "evaluator": {
@@ -169,7 +169,7 @@ def payload_build(
             "digest": evaluator_digest_for(evaluation, profile),
         },
         "task_sets": {split: task_sets[split] for split in sorted(evaluation.splits)},
-        "recipe": experiment.recipe.digest if experiment.recipe_id else None,
+        "recipe": experiment.recipe.digest if experiment.recipe is not None else None,
         "run_settings": experiment.run_settings,
         "k": evaluation.k,
         "trials": trials,

@@ -113,7 +113,7 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
             verdict=ReviewDecision.Verdict.APPROVE if approve else ReviewDecision.Verdict.REJECT,
             reason=reason,
         )
-        run = Run.objects.filter(pk=candidate.run_id).first()
+        run = Run.objects.filter(pk=candidate.run_id).first() if candidate.run_id is not None else None
         if approve and run is not None and run.status in LIVE_RUNS:
             candidate_evaluate(run=run, recipe=run_recipe(run), candidate=candidate)
         return decision
