@@ -32,6 +32,14 @@ def _count_of(queryset: QuerySet[Any]) -> Coalesce:
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
+def experiment_seed(experiment: Experiment) -> Candidate:
+    """The experiment's seed candidate, which ``experiment_create`` always makes."""
+    seed = experiment.seed_candidate
+    if seed is None:
+        raise ValueError(f"experiment {experiment.name!r} has no seed candidate")
+    return seed
+
+
 def experiment_overview() -> QuerySet[Experiment]:
     """Experiments with candidate and certified-record counts, newest first."""
     return (

@@ -76,7 +76,7 @@ def benchmark(
     quick: dict[str, Any] | None = None,
     reusable: bool = False,
     own_database: bool = False,
-) -> Callable:
+) -> Callable[[Callable[..., BenchResult]], Callable[..., BenchResult]]:
     """Register ``function(**sizes) -> BenchResult`` under ``name``."""
 
     def register(function: Callable[..., BenchResult]) -> Callable[..., BenchResult]:

@@ -43,7 +43,7 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.db import connection, transaction
 
-from evolution import digests
+from evolution import digests, selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
 from evolution.trust import BENCHMARKS, TrialContext, TrustFailure
 
@@ -333,19 +333,20 @@ def use_broker(url: str, transport_options: dict[str, Any]) -> None:
 
     from rsiweb.celery import app
 
-    app.conf.broker_url = url
+    app.conf.update(broker_url=url)
     app.conf.broker_transport_options = transport_options
     # Drop every cached connection and producer pool (kombu keeps a global
     # registry), so the next publish connects to the new broker.
     kombu_pools.reset()
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class PrivateRedis:
@@ -534,6 +535,7 @@ class Suite:
         connection.close()
         if connection.settings_dict["NAME"] != self._test_db_name:
             # Creation failed before switching over: drop nothing, it is not ours.
+            assert old_name is not None  # set by _db_create, which ran first
             settings.DATABASES["default"]["NAME"] = connection.settings_dict["NAME"] = old_name
             return
         for attempt in range(10):
@@ -605,7 +607,7 @@ class Suite:
 
         try:
             with app.connection_for_write() as conn:
-                conn.default_channel.queue_purge(self.queue)
+                conn.default_channel.queue_purge(self.queue)  # type: ignore[attr-defined]  # stubs: StdChannel lacks it; Channel has it
         except Exception as exc:  # an unreachable private broker has nothing to purge
             self.log(f"(could not purge {self.queue}: {exc})")
 
@@ -781,7 +783,7 @@ class Suite:
         from evolution.services.evaluation import evaluation_start
 
         return evaluation_start(
-            candidate=experiment.seed_candidate,
+            candidate=selectors.experiment_seed(experiment),
             splits=EVAL_SPLITS[experiment_benchmark(experiment)],
             k=1,
             purpose=Evaluation.Purpose.BASELINE,

@@ -185,7 +185,7 @@ def _snoop(view: operators.ProposerView, canaries: list[str]) -> dict[str, Any]:
         os.environ.pop(CANARY_ENV, None)
         holder.kill()
         holder.wait()
-    report = json.loads(proposal.note)
+    report: dict[str, Any] = json.loads(proposal.note)
     report["proposal"] = _dump({"files": dict(proposal.files), "edits": [repr(e) for e in proposal.edits]})
     return report
 
@@ -264,6 +264,7 @@ def protected_evidence(ctx: TrialContext) -> str:
     canaries = Canaries()
     experiment = probe_experiment(ctx.experiment, tag="evidence", task_edit=canaries.plant)
     seed = experiment.seed_candidate
+    assert seed is not None
     evaluation = evaluate_inline(seed, ["train", "gate", "sealed"], purpose=Evaluation.Purpose.BASELINE)
     certified(evaluation)
     seed.refresh_from_db()

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Model
 
-from evolution import operators, records
+from evolution import operators, records, selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Task, Tree, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services import loop
@@ -54,7 +55,7 @@ def _unique(tag: str) -> str:
 def task_input(task: Task) -> TaskInput:
     """A faithful copy of a stored task (public files included)."""
     files: dict[str, str | bytes] = {}
-    if task.public_files_id:
+    if task.public_files is not None:
         files = {entry.path: entry.data for entry in tree_entries(tree=task.public_files)}
     return TaskInput(
         external_id=task.external_id,
@@ -102,6 +103,7 @@ def probe_experiment(
         # Identical copies share one benchmark; edited ones (a canary) get their own.
         name = f"{experiment.benchmark.name}~probe" + (f"~{_unique(tag)}" if task_edit else "")
         benchmark = benchmark_upsert(name=name, title=f"{experiment.benchmark.title} (trust probe)", tasks=inputs)
+    assert experiment.seed_candidate is not None
     return experiment_create(
         name=f"{experiment.name}~{_unique(tag)}",
         benchmark=benchmark,
@@ -172,6 +174,7 @@ def certified(evaluation: Evaluation) -> CertifiedResult:
 def accepted_seed(experiment: Experiment, splits: Sequence[str] = ("gate",)) -> tuple[Candidate, Evaluation]:
     """Evaluate, certify and accept the seed, so it can be a parent."""
     seed = experiment.seed_candidate
+    assert seed is not None
     evaluation = evaluate_inline(seed, splits, purpose=Evaluation.Purpose.BASELINE)
     certified(evaluation)
     seed.refresh_from_db()
@@ -227,14 +230,14 @@ def triggers_off() -> Iterator[str]:
             yield "DROP TRIGGER"
 
 
-def _table(model: Any = CertifiedResult) -> str:
+def _table(model: type[Model] = CertifiedResult) -> str:
     return model._meta.db_table
 
 
 def raw(sql: str, params: Sequence[Any] = ()) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def refused_by_trigger(sql: str, params: Sequence[Any] = ()) -> bool:
@@ -389,15 +392,17 @@ def tamper_imported_harness(ctx: TrialContext) -> str:
     """The same files in a harness that never went through a surface (a seed
     or an imported harness), with executable fake runners: the trial
     workspace keeps them away from the verifier, so no pass is scored."""
+    assert ctx.experiment.seed_candidate is not None
     seed_files = {e.path: e.data for e in tree_entries(tree=ctx.experiment.seed_candidate.tree)}
     crippled = crippled_files(ctx.experiment, seed_files)
     modes = {path: "100755" for path in TAMPER_FILES if path.startswith("bin/") or path.endswith(".sh")}
+    assert ctx.experiment.seed_candidate is not None
     honest_tree = tree_with(ctx.experiment.seed_candidate.tree, crippled)
     tampered_tree = tree_with(honest_tree, TAMPER_FILES, modes=modes)
     honest = probe_experiment(ctx.experiment, tag="tamper-honest", seed_tree=honest_tree)
-    _no_pass(evaluate_inline(honest.seed_candidate, ["gate"]), "the crippled honest harness")
+    _no_pass(evaluate_inline(selectors.experiment_seed(honest), ["gate"]), "the crippled honest harness")
     tampered = probe_experiment(ctx.experiment, tag="tamper-imported", seed_tree=tampered_tree)
-    evaluation = evaluate_inline(tampered.seed_candidate, ["gate"])
+    evaluation = evaluate_inline(selectors.experiment_seed(tampered), ["gate"])
     _no_pass(evaluation, "a harness holding verifier look-alikes, conftest, sitecustomize and fake runners")
     return f"{len(TAMPER_FILES)} tamper files in the harness: {outcomes(evaluation)[0][2]}, no pass"
 
@@ -465,6 +470,7 @@ def hostile_experiment(ctx: TrialContext, program: str, *, tag: str, timeout: in
     or the example evaluator's runner (the example harness is data only).
     The twin keeps the evaluator's commands, environment and limits."""
     base = ctx.experiment
+    assert base.seed_candidate is not None
     seed = base.seed_candidate.tree
     seed_paths = {entry.path for entry in tree_entries(tree=seed)}
     evaluator_paths = {entry.path for entry in tree_entries(tree=base.evaluator.files)}
@@ -491,7 +497,8 @@ def agent_report(trial: Trial) -> dict[str, Any] | None:
 
     for message in TrajectoryStep.objects.filter(trajectory__trial=trial).values_list("message", flat=True):
         if message.startswith("REPORT "):
-            return json.loads(message.removeprefix("REPORT "))
+            report: dict[str, Any] = json.loads(message.removeprefix("REPORT "))
+            return report
     return None
 
 
@@ -505,7 +512,7 @@ def tamper_by_agent(ctx: TrialContext) -> str:
     from evolution.services.snapshots import tree_verify
 
     experiment = hostile_experiment(ctx, HOSTILE_TAMPER_AGENT % {"forged": FORGED_VERDICT.decode()}, tag="tamper-agent")
-    evaluation = evaluate_inline(experiment.seed_candidate, ["gate"])
+    evaluation = evaluate_inline(selectors.experiment_seed(experiment), ["gate"])
     _no_pass(evaluation, "a tampering agent")
     expect(not tree_verify(tree_digest=experiment.evaluator.files_id), "the evaluator's stored files changed")
     trial = Trial.objects.filter(evaluation=evaluation).first()
@@ -527,6 +534,7 @@ def verifier_changed_before_certify(ctx: TrialContext) -> str:
     after certification is flagged by records_verify."""
     experiment = probe_experiment(ctx.experiment, tag="tamper-cert")
     seed = experiment.seed_candidate
+    assert seed is not None
     # One transaction: the certification message the last trial enqueues is only sent at its
     # end, so no worker certifies the evaluation between the trials and the tampering.
     with transaction.atomic():
@@ -850,7 +858,7 @@ def forged_records(ctx: TrialContext) -> str:
     names the record, and an exported bundle fails ``verify_records
     --bundle`` the same way. Each forgery is rolled back before the next."""
     experiment = probe_experiment(ctx.experiment, tag="forge")
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     for repeat in range(3):
         purpose = Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE
         certified(evaluate_inline(seed, ["gate"], purpose=purpose, repeat=repeat))
