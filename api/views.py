@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
@@ -39,8 +39,6 @@ from evolution.models import (
     ReviewDecision,
     ReviewItem,
     Run,
-    SplitMembership,
-    SplitName,
     Task,
     Trajectory,
     TreeEntry,
@@ -52,7 +50,7 @@ from evolution.services import loop
 from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
 from review import access
-from review.flags import flag_task_visible
+from review.flags import flag_task_visible, with_task_access
 from review.views.candidates import _visible_payload as visible_payload
 from review.views.experiments import start_recipe
 
@@ -100,12 +98,9 @@ class TaskViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
     filter_class = filters.TaskFilter
 
     def get_queryset(self) -> QuerySet[Task]:
-        queryset = super().get_queryset()
-        if access.can_see_sealed(self.request.user):
-            return queryset
         # A task sealed in any experiment is sealed data: its instruction and
         # metadata are withheld (not found) without the permission.
-        return queryset.exclude(split_memberships__split=SplitName.SEALED)
+        return access.hide_sealed_tasks(super().get_queryset(), self.request.user)
 
 
 # --- Experiments and runs ---------------------------------------------------------
@@ -265,10 +260,14 @@ class CertifiedResultViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self) -> dict[str, Any]:
         sealed = access.can_see_sealed(self.request.user)
-        return {
-            **super().get_serializer_context(),
-            "visible_payload": lambda record: visible_payload(record.payload, sealed=sealed),
-        }
+        names: dict[int, frozenset[str]] = {}  # per experiment: its tasks sealed anywhere
+
+        def shown(record: CertifiedResult) -> tuple[dict[str, Any], int]:
+            if not sealed and record.experiment_id not in names:
+                names[record.experiment_id] = access.sealed_task_names(record.experiment_id)
+            return visible_payload(record.payload, sealed=sealed, sealed_tasks=names.get(record.experiment_id))
+
+        return {**super().get_serializer_context(), "visible_payload": shown}
 
 
 # --- Trials and trajectories ------------------------------------------------------
@@ -351,17 +350,11 @@ class LeakageFlagViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
     filter_class = filters.FlagFilter
 
     def get_queryset(self) -> QuerySet[LeakageFlag]:
-        split = SplitMembership.objects.filter(
-            experiment_id=OuterRef("candidate__experiment_id"), task_id=OuterRef("task_id")
-        ).values("split")[:1]
-        return LeakageFlag.objects.annotate(task_split=Subquery(split))
+        return with_task_access(LeakageFlag.objects.all())
 
     def get_serializer_context(self) -> dict[str, Any]:
         user = self.request.user
-        return {
-            **super().get_serializer_context(),
-            "flag_visible": lambda flag: flag_task_visible(flag, user, getattr(flag, "task_split", None)),
-        }
+        return {**super().get_serializer_context(), "flag_visible": lambda flag: flag_task_visible(flag, user)}
 
 
 def _review_field(message: str) -> str:

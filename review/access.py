@@ -4,6 +4,14 @@ Roles are Django groups made of model permissions; ``roles_ensure`` keeps
 them in step after every migrate. Per-task sealed data (trials, scores per
 task, trajectories of sealed trials) needs ``view_sealed_details``; without
 it a user sees sealed aggregates only (rates, contributions, counts).
+
+The sealed rule (docs/security.md): a task in the sealed split of ANY
+experiment is sealed wherever it appears. Experiments may share a benchmark
+with other split seeds, so one experiment's sealed task can be another's
+train or gate task; its instruction, trials and trajectories there are
+withheld too, or the pages of the second experiment would show the first's
+sealed tasks. Every screen, export and API response decides with the
+functions below.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from typing import Any, TypeVar, cast
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
 
-from evolution.models import SplitName
+from evolution.models import Experiment, SplitMembership, SplitName, Task
 
 VIEW = "evolution.view_experiment"
 SEALED = "evolution.view_sealed_details"
@@ -56,15 +65,45 @@ def can_see_sealed(user: Any) -> bool:
     return bool(user.is_authenticated and user.has_perm(SEALED))
 
 
+def sealed_task_ids() -> QuerySet[Any]:
+    """The ids of tasks sealed in any experiment (a subquery: ``task_id__in=``)."""
+    return SplitMembership.objects.filter(split=SplitName.SEALED).values("task_id")
+
+
 def hide_sealed(queryset: QuerySet[Any], user: Any, *, split_field: str = "split") -> QuerySet[Any]:
-    """``queryset`` without rows of the sealed split unless ``user`` may see them.
+    """``queryset`` without sealed per-task rows unless ``user`` may see them:
+    rows of the sealed split, and rows of any split whose task is sealed in
+    some experiment. ``split_field`` names the row's split (``trial__split``);
+    its task is the field beside it (``trial__task``).
 
     Use on every query that returns per-task rows (trials, trajectories,
     per-task scores): lists, filters, counts shown per task and detail pages.
     """
     if can_see_sealed(user):
         return queryset
-    return queryset.exclude(**{split_field: SplitName.SEALED})
+    task_field = split_field.removesuffix("split") + "task"
+    return queryset.exclude(**{split_field: SplitName.SEALED}).exclude(**{f"{task_field}__in": sealed_task_ids()})
+
+
+def hide_sealed_tasks(tasks: QuerySet[Task], user: Any) -> QuerySet[Task]:
+    """``tasks`` without those sealed in any experiment, unless ``user`` may see them."""
+    if can_see_sealed(user):
+        return tasks
+    return tasks.exclude(pk__in=sealed_task_ids())
+
+
+def sealed_task_names(experiment: Experiment | int) -> frozenset[str]:
+    """External ids of the tasks an experiment may show (its benchmark's and
+    its held-out benchmarks') that are sealed in some experiment: what a
+    certified record's per-task rows, which name tasks by external id, must
+    not show without the permission."""
+    experiment_id = experiment if isinstance(experiment, int) else experiment.pk
+    benchmarks = Experiment.objects.filter(pk=experiment_id).values("benchmark_id")
+    heldout = Experiment.heldout_benchmarks.through.objects.filter(experiment_id=experiment_id).values("benchmark_id")
+    names = Task.objects.filter(pk__in=sealed_task_ids()).filter(
+        models.Q(benchmark_id__in=benchmarks) | models.Q(benchmark_id__in=heldout)
+    )
+    return frozenset(names.values_list("external_id", flat=True))
 
 
 # Any view function; the decorators below keep its own signature.

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     class ShownFlag(LeakageFlag):
         anchor: str
         task_split: str | None
+        task_sealed: bool
         task_visible: bool
+        shown_matched: str
         line_number: int | None
         evidence_text: str
         evidence_extra: list[tuple[str, str]]

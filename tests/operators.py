@@ -28,3 +28,19 @@ def tiny_proposer(view: operators.ProposerView) -> operators.Proposal:
             "prompt", f"More context in the prompt helps (round {view.round}).", ["default.txt"]
         )
     return operators.Proposal(files=files, edits=[edit])
+
+
+@operators.register("proposal", "tiny-held")
+def held_proposer(view: operators.ProposerView) -> operators.Proposal:
+    """``tiny-test``, but each call first writes ``<folder>/entered`` and waits
+    (up to 120 s) for ``<folder>/release``: a test can act while a proposal
+    is in progress. ``folder`` comes from the recipe's params."""
+    import time
+    from pathlib import Path
+
+    folder = Path(view.params["folder"])
+    (folder / "entered").touch()
+    deadline = time.monotonic() + 120
+    while not (folder / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return tiny_proposer(view)

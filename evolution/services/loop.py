@@ -192,8 +192,19 @@ def run_resume(*, run: Run) -> bool:
         updated = Run.objects.filter(pk=run.pk, status=Run.Status.PAUSED).update(status=Run.Status.RUNNING)
         if updated:
             Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.RUNNING)
+            _resend_proposals(run.pk)
             _advance_after_commit(run.pk)
     return bool(updated)
+
+
+def _resend_proposals(run_id: int) -> None:
+    """A run paused while proposing: round_propose stopped between slots and
+    nothing sends it again before the lease (run_advance's _step_proposing),
+    so resuming sends it now. Filling slots is idempotent; a round_propose
+    still finishing its slot keeps or drops that slot under the run's lock."""
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.state.get("phase") == "proposing":
+        _send_propose(run)
 
 
 def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:

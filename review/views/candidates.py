@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
@@ -32,7 +31,6 @@ from evolution.models import (
     CertifiedResult,
     GateDecision,
     LeakageFlag,
-    SplitMembership,
     SplitName,
     TreeEntry,
 )
@@ -41,7 +39,7 @@ from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import access, diffs
-from review.flags import flag_task_visible
+from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
 from review.models import ViewedFile
 from review.views.results import external_source_text
@@ -211,15 +209,27 @@ def record_checks(record: CertifiedResult, *, previous_digest: str | None = None
     return checks
 
 
-def _visible_payload(payload: dict[str, Any], *, sealed: bool) -> tuple[dict[str, Any], int]:
-    """The payload as shown: sealed per-task rows removed unless ``sealed``;
+def _visible_payload(
+    payload: dict[str, Any], *, sealed: bool, sealed_tasks: frozenset[str] | None = None
+) -> tuple[dict[str, Any], int]:
+    """The payload as shown: sealed per-task rows removed unless ``sealed``
+    (rows of the sealed split, and rows of tasks in ``sealed_tasks``, the
+    record's tasks sealed in some experiment: ``access.sealed_task_names``);
     returns it with the number of rows removed."""
     if sealed:
         return payload, 0
     if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
         return {}, 0
     trials = payload.get("trials") or []
-    kept = [row for row in trials if not (isinstance(row, dict) and row.get("split") == SplitName.SEALED)]
+    hidden = sealed_tasks or frozenset()
+    kept = [
+        row
+        for row in trials
+        if isinstance(row, dict)
+        and row.get("split") != SplitName.SEALED
+        and isinstance(row.get("task"), str)
+        and row["task"] not in hidden
+    ]
     shown = dict(payload)
     shown["trials"] = kept
     return shown, len(trials) - len(kept)
@@ -334,21 +344,18 @@ def _evolve_splits(candidate: Candidate) -> tuple[str, ...]:
 def _flags(candidate: Candidate, user: Any) -> list[ShownFlag]:
     """The candidate's leakage flags; each gets ``task_visible``: its task's
     name and the critic's evidence may be shown (``review.flags``)."""
-    split = SplitMembership.objects.filter(experiment_id=candidate.experiment_id, task_id=OuterRef("task_id")).values(
-        "split"
-    )[:1]
     flags = cast(
         "list[ShownFlag]",
         list(
-            LeakageFlag.objects.filter(candidate=candidate)
+            with_task_access(LeakageFlag.objects.filter(candidate=candidate))
             .select_related("task", "edit")
-            .annotate(task_split=Subquery(split))
             .order_by("path", "pk")
         ),
     )
     for flag in flags:
         flag.anchor = diffs.file_anchor(flag.path) if flag.path else ""
-        flag.task_visible = flag_task_visible(flag, user, flag.task_split)
+        flag.task_visible = flag_task_visible(flag, user)
+        flag.shown_matched = flag_matched(flag, user) or ""
         flag.line_number = (flag.evidence or {}).get("line_number") if isinstance(flag.evidence, dict) else None
         flag.evidence_text = (flag.evidence or {}).get("evidence", "") if isinstance(flag.evidence, dict) else ""
     return flags
@@ -518,8 +525,8 @@ def _leak_marks(cand: Candidate, user: Any) -> tuple[list[ShownFlag], dict[str, 
     flags = _flags(cand, user)
     marks: dict[str, list[diffs.LeakMark]] = {}
     for flag in flags:
-        if flag.path and flag.matched:
-            marks.setdefault(flag.path, []).append(diffs.LeakMark(flag.path, flag.matched, _flag_title(flag)))
+        if flag.path and flag.shown_matched:
+            marks.setdefault(flag.path, []).append(diffs.LeakMark(flag.path, flag.shown_matched, _flag_title(flag)))
     return flags, marks
 
 
@@ -628,7 +635,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
         "files": files,
         "summary": diffs.DiffSummary(files),
         "flags": flags,
-        "marked_flags": sum(1 for flag in flags if flag.path and flag.matched),
+        "marked_flags": sum(1 for flag in flags if flag.path and flag.shown_matched),
         "collapse_lines": diffs.COLLAPSE_LINES,
         "page_budget": diffs.PAGE_BUDGET,
         "against_param": query.get("against", ""),
@@ -783,7 +790,9 @@ def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if report is not None and request.htmx:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
     sealed = access.can_see_sealed(request.user)
-    payload, hidden = _visible_payload(rec.payload, sealed=sealed)
+    payload, hidden = _visible_payload(
+        rec.payload, sealed=sealed, sealed_tasks=None if sealed else access.sealed_task_names(rec.experiment_id)
+    )
     certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not
     evaluation = certified.get("evaluation") or {}
     return render(

@@ -34,7 +34,6 @@ from evolution.models import (
     LeakageFlag,
     ReviewDecision,
     ReviewItem,
-    SplitMembership,
 )
 from evolution.services.review import (
     LIVE_RUNS,
@@ -46,7 +45,7 @@ from evolution.services.review import (
     review_release,
 )
 from review import access
-from review.flags import flag_task_visible
+from review.flags import flag_matched, flag_task_visible, with_task_access
 
 if TYPE_CHECKING:
     from review.display import ShownFlag
@@ -243,18 +242,19 @@ def track_record(*, experiment_id: int | None) -> TrackRecord:
     return record
 
 
-def _flag_summaries(candidate_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Per candidate: flag count by rule and a few matched strings (one query)."""
+def _flag_summaries(candidate_ids: list[int], user: Any) -> dict[int, dict[str, Any]]:
+    """Per candidate: flag count by rule and a few matched strings the user
+    may see (``review.flags``), in one query."""
     summary: dict[int, dict[str, Any]] = defaultdict(lambda: {"rules": Counter(), "matched": []})
-    rows = (
-        LeakageFlag.objects.filter(candidate_id__in=candidate_ids)
+    flags = (
+        with_task_access(LeakageFlag.objects.filter(candidate_id__in=candidate_ids))
         .order_by("candidate_id", "pk")
-        .values_list("candidate_id", "rule", "matched")
+        .only("candidate_id", "rule", "matched", "task_id", "evidence")
     )
-    for candidate_id, rule, matched in rows:
-        entry = summary[candidate_id]
-        entry["rules"][rule] += 1
-        text = matched.strip()
+    for flag in flags:
+        entry = summary[flag.candidate_id]
+        entry["rules"][flag.rule] += 1
+        text = (flag_matched(flag, user) or "").strip()
         if text and text not in entry["matched"]:
             entry["matched"].append(text)
     for entry in summary.values():
@@ -289,7 +289,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     decided = decided_items(experiment_id=experiment_id)
     if tab == "open":
         page = _page(request, waiting)
-        summaries = _flag_summaries([item.candidate_id for item in page])
+        summaries = _flag_summaries([item.candidate_id for item in page], request.user)
         for item in page:
             item.flags = summaries.get(item.candidate_id, {"rules": [], "matched": [], "more_matched": 0})
         open_count, decided_count = page.paginator.count, decided.count()
@@ -317,26 +317,21 @@ class EvidenceLine:
     path: str
     line_number: int | None
     line: str
-    flags: list[LeakageFlag]
+    flags: list[ShownFlag]
 
     @property
     def marked(self) -> SafeString:
-        return mark_matches(self.line, [flag.matched for flag in self.flags])
+        return mark_matches(self.line, [flag.shown_matched for flag in self.flags])
 
 
-def _evidence(flags: list[ShownFlag], user: Any, experiment_id: int) -> None:
-    """Annotate each flag with what the reader may see of its task and evidence."""
-    task_ids = {flag.task_id for flag in flags if flag.task_id is not None}
-    splits = dict(
-        SplitMembership.objects.filter(experiment_id=experiment_id, task_id__in=task_ids).values_list(
-            "task_id", "split"
-        )
-    )
+def _evidence(flags: list[ShownFlag], user: Any) -> None:
+    """Annotate each flag (from ``with_task_access``) with what the reader may
+    see of its task, evidence and matched text."""
     for flag in flags:
         evidence = flag.evidence if isinstance(flag.evidence, dict) else {}
         flag.line_number = evidence.get("line_number") if isinstance(evidence.get("line_number"), int) else None
-        flag.task_split = splits.get(flag.task_id) if flag.task_id is not None else None
-        flag.task_visible = flag_task_visible(flag, user, flag.task_split)
+        flag.task_visible = flag_task_visible(flag, user)
+        flag.shown_matched = flag_matched(flag, user) or ""
         # The evidence text names the task ("literal from the instruction of
         # evolve task X"): it is hidden with the task.
         flag.evidence_text = str(evidence.get("evidence", "")) if flag.task_visible else ""
@@ -377,7 +372,7 @@ class EditView:
 def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
     """The edit's own diff, added lines with the flagged text marked; long
     diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
-    needles = [flag.matched for flag in flags]
+    needles = [flag.shown_matched for flag in flags]
     shown = []
     lines = edit.diff.splitlines()
     for line in lines[:EDIT_DIFF_LINES]:
@@ -405,9 +400,13 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
     edits = list(AtomicEdit.objects.filter(candidate=candidate).order_by("index"))
     flags = cast(
         "list[ShownFlag]",
-        list(LeakageFlag.objects.filter(candidate=candidate).select_related("task").order_by("path", "pk")),
+        list(
+            with_task_access(LeakageFlag.objects.filter(candidate=candidate))
+            .select_related("task")
+            .order_by("path", "pk")
+        ),
     )
-    _evidence(flags, request.user, candidate.experiment_id)
+    _evidence(flags, request.user)
     by_edit: dict[int | None, list[ShownFlag]] = defaultdict(list)
     for flag in flags:
         by_edit[flag.edit_id].append(flag)

@@ -237,12 +237,12 @@ def _score_metric(experiment: Experiment) -> str:
 
 def _reported_trials(user: Any) -> QuerySet[Trial]:
     """Trials shown per task: every evaluation we ran but the seed's noise
-    repeats, sealed ones only for users who may see them. External results
-    are left out: we did not run them, so they must not sit in a cell as if
-    we had (the candidate page shows them apart, labelled external)."""
-    return access.hide_sealed(
-        Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False), user
-    )
+    repeats, sealed ones only for users who may see them (``user`` None:
+    all of them, for aggregates). External results are left out: we did not
+    run them, so they must not sit in a cell as if we had (the candidate page
+    shows them apart, labelled external)."""
+    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False)
+    return trials if user is None else access.hide_sealed(trials, user)
 
 
 def _url_maker(name: str) -> Any:
@@ -297,7 +297,6 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         .annotate(n=Count("pk"))
         .values_list("split", "n")
     )
-    sealed_hidden = 0 if can_sealed else split_counts.get(SplitName.SEALED, 0)
 
     # An evaluation's trials are created with it (trials_total counts them):
     # probing the evaluations is far cheaper than probing the trials.
@@ -321,6 +320,8 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     parent_ids = {column.parent_id for column in columns if column.parent_id is not None}
 
     memberships = access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), request.user)
+    # Tasks of this experiment sealed here or in another experiment (the sealed rule).
+    sealed_hidden = 0 if can_sealed else sum(split_counts.values()) - memberships.count()
     if split:
         memberships = memberships.filter(split=split)
     tasks = sorted(
@@ -333,8 +334,12 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     evolve = _evolve_splits(experiment)
     grid: dict[tuple[int, int], Cell] = {}
     score_parts: dict[int, list[float]] = {}
+    # Scores are aggregates, which every user may see: they count every trial
+    # (a task sealed in another experiment is still scored here), while cells
+    # are made for the visible tasks only.
+    shown_tasks = {task_id for task_id, _, _ in tasks}
     aggregated = (
-        _reported_trials(request.user)
+        _reported_trials(None)
         .filter(candidate_id__in=[*column_ids, *parent_ids])
         .values("candidate_id", "task_id", "split")
         .annotate(
@@ -352,6 +357,12 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     metric = _score_metric(experiment)
     trial_href = _url_maker("review:trial")
     for row in aggregated:
+        if row["split"] in evolve and row["n"]:
+            parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
+            parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
+            parts[1] += row["n"]
+        if row["task_id"] not in shown_tasks:
+            continue
         key = (row["candidate_id"], row["task_id"])
         grid[key] = Cell(
             candidate_id=row["candidate_id"],
@@ -363,10 +374,6 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
             first_trial=row["first_trial"],
             first_href=trial_href(row["first_trial"]),
         )
-        if row["split"] in evolve and row["n"]:
-            parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
-            parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
-            parts[1] += row["n"]
     for column in columns:
         value, trials = score_parts.get(column.pk, (0.0, 0))
         column.score = value / trials if trials else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -223,7 +224,10 @@ def test_both_pages_show_held_out_tasks_and_hide_tasks_in_no_split(
     for page in (item_page, candidate_page):
         assert (task.external_id in page) is shown
         assert (f"NOTE-ABOUT-{task.external_id}" in page) is shown
-        assert html.escape(flag.matched) in page  # the diff's own text: always shown
+    # The diff's own line is always shown; which words of it matched the task only with the task.
+    assert flag.line and html.escape(flag.line) in re.sub(r"</?mark>", "", item_page)
+    assert (f"<mark>{html.escape(flag.matched)}</mark>" in item_page) is shown
+    assert (f'<mark class="leak">{html.escape(flag.matched)}</mark>' in candidate_page) is shown
     assert ("sealed task (hidden)" in candidate_page) is not shown
 
     sealed_viewer = client_as("viewer", username="sealed-viewer", extra_perms=("evolution.view_sealed_details",))

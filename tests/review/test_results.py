@@ -237,7 +237,7 @@ def test_matrix_hides_sealed_rows_from_users_without_the_permission(example_worl
     viewer = _html(client_as("viewer").get(url))
     assert not sealed_ids & set(_rows(viewer))
     assert not any(f">{name}<" in viewer for name in sealed_names)
-    assert f"{len(sealed_ids)} sealed tasks hidden (aggregates on the" in viewer
+    assert f"{len(sealed_ids)} sealed tasks hidden (sealed in this or another experiment; aggregates on the" in viewer
     assert _rows(_html(client_as("viewer", username="v2").get(url + "?split=sealed"))) == []
 
     allowed = _html(client_as("viewer", username="sealed-viewer", extra_perms=SEALED).get(url))

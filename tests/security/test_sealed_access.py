@@ -16,6 +16,8 @@ the admin login on every one of them.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +29,20 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.authtoken.models import Token
 
-from evolution.models import Annotation, AnnotationLabel, LeakageFlag, ReviewItem, SplitName, Task, Trajectory, Trial
+from evolution.models import (
+    Annotation,
+    AnnotationLabel,
+    LeakageFlag,
+    ReviewItem,
+    SplitMembership,
+    SplitName,
+    Task,
+    Trajectory,
+    Trial,
+)
 from review.access import SEALED
 from tests.api.conftest import CANARY, World
-from tests.factories import seed_id
+from tests.factories import seed_id, seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -281,6 +293,13 @@ def test_every_route_is_covered() -> None:
 def test_no_route_gives_sealed_per_task_data_to_a_user_without_the_permission(
     roles: tuple[str, ...], ids: Ids, make_user: Callable[..., User]
 ) -> None:
+    assert_no_route_leaks(roles, ids, make_user)
+
+
+def assert_no_route_leaks(roles: tuple[str, ...], ids: Ids, make_user: Callable[..., User]) -> None:
+    """Every route, by session and by token, for a user in ``roles``: no
+    canary, no server error, the sealed trial's pages not found and the train
+    trial's open."""
     user = make_user(*roles, username="u-" + "-".join(roles))
     assert not user.has_perm(SEALED)
     paths = all_paths(ids)
@@ -309,6 +328,10 @@ def test_no_route_gives_sealed_per_task_data_to_a_user_without_the_permission(
 
 
 def test_a_user_with_the_permission_sees_the_sealed_data(ids: Ids, make_user: Callable[..., User]) -> None:
+    assert_the_permission_shows_it(ids, make_user)
+
+
+def assert_the_permission_shows_it(ids: Ids, make_user: Callable[..., User]) -> None:
     user = make_user("viewer", username="trusted", extra_perms=(SEALED,))
     paths = [page(ids) for page in SHOWS_SEALED]
     for client in session_and_token(user):
@@ -372,9 +395,10 @@ def test_posting_to_a_sealed_trial_without_the_permission_is_not_found(
 
 
 def test_the_canary_check_can_fail(ids: Ids, make_user: Callable[..., User]) -> None:
-    """A sealed trial moved to train is shown to a viewer, canary and all: the
-    check above sees the data when it is there."""
+    """A sealed task moved to train (its trial and its split) is shown to a
+    viewer, canary and all: the check above sees the data when it is there."""
     Trial.objects.filter(pk=ids.sealed_trial).update(split=SplitName.TRAIN)
+    SplitMembership.objects.filter(task_id=ids.sealed_task).update(split=SplitName.TRAIN)
     client = Client()
     client.force_login(make_user("viewer", username="v2"))
     seen = fetch_all(client, [f"/trials/{ids.sealed_trial}/steps/"])
@@ -392,3 +416,177 @@ def test_the_task_api_hides_sealed_tasks_without_the_permission(ids: Ids, make_u
     seen = fetch_all(client, paths)
     assert CANARY in seen["/api/v1/tasks/"][1]
     assert [path for path, (_, body) in seen.items() if CANARY in body and "/tasks/" in path and path[-2].isdigit()]
+
+
+# --- One sealed rule: a task sealed in any experiment is sealed everywhere ------------
+#
+# Experiment B shares A's benchmark with another split seed, under which A's
+# sealed task is a train task of B. B's trial of that task, its trajectory,
+# an annotation on it and a flag of B pointing at it carry the canary, and
+# the task's own text carries it too: without the permission no route of B
+# may show them, as the task API already refused the task itself.
+
+SHARED_RATIOS = {"train": 0.5, "gate": 0.25, "sealed": 0.25}
+
+
+def _build_shared_world() -> None:
+    from evolution.models import Candidate, Experiment
+    from evolution.services.experiments import experiment_twin, splits_assign
+    from tests.api.conftest import _build_world, _trajectory
+    from tests.factories import evaluate_seed_inline
+
+    _build_world()
+    first = Experiment.objects.get()
+    shared = SplitMembership.objects.get(experiment=first, split=SplitName.SEALED).task
+    other = experiment_twin(like=first, name="same benchmark, another split seed")
+    for seed in range(1, 100):  # the first split seed that puts first's sealed task in other's train split
+        splits_assign(experiment=other, seed=seed, ratios=SHARED_RATIOS)
+        if SplitMembership.objects.filter(experiment=other, task=shared, split=SplitName.TRAIN).exists():
+            break
+    assert SplitMembership.objects.get(experiment=other, task=shared).split == SplitName.TRAIN
+    assert other.split_seed != first.split_seed
+    evaluate_seed_inline(other)
+    trial = Trial.objects.get(candidate__experiment=other, task=shared)
+    Trial.objects.filter(pk=trial.pk).update(
+        error=f"shared detail {CANARY}", criteria_results=[{"id": "c", "met": True, "note": CANARY}]
+    )
+    _trajectory(trial, f"shared {CANARY}")
+    flagged = Candidate.objects.create(
+        experiment=other,
+        parent=seed_of(other),
+        tree=Candidate.objects.get(experiment=first, state=Candidate.State.FLAGGED).tree,
+        origin=Candidate.Origin.PROPOSED,
+        state=Candidate.State.FLAGGED,
+        round=1,
+    )
+    LeakageFlag.objects.create(
+        candidate=flagged,
+        rule="literal",
+        path="notes/a.md",
+        line="generic advice",
+        matched="generic",
+        task=shared,
+        evidence={"task": shared.external_id, "evidence": f"task text {CANARY}"},
+    )
+    ReviewItem.objects.create(candidate=flagged)
+
+
+@pytest.fixture(scope="session")
+def shared_world_rows(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.worlds import world_dump, world_rows
+
+    path = tmp_path_factory.mktemp("shared-world") / "world.json"
+    world_dump(_build_shared_world, path=path, django_db_blocker=django_db_blocker)
+    return world_rows(path)
+
+
+@pytest.fixture
+def shared_ids(db: Any, shared_world_rows: Any, make_user: Callable[..., User]) -> Ids:
+    """The ids of experiment B, its 'sealed' objects being those of the task
+    sealed in A (a train task of B), with the canary planted in them."""
+    from evolution.models import CertifiedResult, Experiment
+    from tests.worlds import world_load
+
+    world_load(shared_world_rows)
+    other = Experiment.objects.get(name="same benchmark, another split seed")
+    shared = SplitMembership.objects.get(split=SplitName.SEALED, experiment__in=Experiment.objects.exclude(pk=other.pk))
+    Task.objects.filter(pk=shared.task_id).update(
+        instruction=f"Sealed instruction {CANARY}",
+        expected={"answer": f"{CANARY}-answer"},
+        criteria=[{"id": "c", "text": f"criterion {CANARY}"}],
+        metadata={"note": CANARY},
+    )
+    trials = Trial.objects.filter(candidate__experiment=other)
+    shared_trial = trials.get(task_id=shared.task_id)
+    sealed_anywhere = SplitMembership.objects.filter(split=SplitName.SEALED).values("task_id")
+    open_trial = trials.filter(split=SplitName.TRAIN).exclude(task_id__in=sealed_anywhere).order_by("pk").first()
+    assert shared_trial.split == SplitName.TRAIN and open_trial is not None
+    author = make_user("admin", username="annie")
+    label = AnnotationLabel.objects.first() or AnnotationLabel.objects.create(slug="other", name="Other")
+    shared_note = Annotation.objects.create(trial=shared_trial, author=author, label=label, note=f"note {CANARY}")
+    open_note = Annotation.objects.create(trial=open_trial, author=author, label=label, note="train note")
+    return Ids(
+        experiment=other.pk,
+        seed=seed_id(other),
+        flagged=other.candidates.get(state="flagged").pk,
+        train_trial=open_trial.pk,
+        sealed_trial=shared_trial.pk,
+        gate_trial=trials.filter(split=SplitName.GATE).order_by("pk").values_list("pk", flat=True)[0],
+        record=CertifiedResult.objects.get(experiment=other).pk,
+        item=ReviewItem.objects.get(candidate__experiment=other).pk,
+        sealed_annotation=shared_note.pk,
+        train_annotation=open_note.pk,
+        sealed_task=shared.task_id,
+        train_task=open_trial.task_id,
+        benchmark=other.benchmark_id,
+        run=999999,
+    )
+
+
+@pytest.mark.parametrize("roles", UNPRIVILEGED, ids=["+".join(r) for r in UNPRIVILEGED])
+def test_a_task_sealed_in_one_experiment_is_sealed_on_every_route_of_another(
+    roles: tuple[str, ...], shared_ids: Ids, make_user: Callable[..., User]
+) -> None:
+    assert_no_route_leaks(roles, shared_ids, make_user)
+
+
+def test_a_user_with_the_permission_sees_the_task_sealed_elsewhere(
+    shared_ids: Ids, make_user: Callable[..., User]
+) -> None:
+    assert_the_permission_shows_it(shared_ids, make_user)
+
+
+def test_the_other_experiment_hides_the_task_in_its_matrix_and_record_but_keeps_its_score(
+    shared_ids: Ids, make_user: Callable[..., User]
+) -> None:
+    """The task sealed elsewhere is left out of B's matrix rows and record rows
+    for a viewer (named as hidden), while the aggregates count it."""
+    from evolution.models import CertifiedResult
+
+    name = Task.objects.get(pk=shared_ids.sealed_task).external_id
+    viewer, admin = Client(), Client()
+    viewer.force_login(make_user("viewer", username="v-shared"))
+    admin.force_login(make_user("admin", username="a-shared"))
+    matrix = f"/experiments/{shared_ids.experiment}/matrix/"
+    record = f"/api/v1/results/{shared_ids.record}/"
+    seen, full = fetch_all(viewer, [matrix, record]), fetch_all(admin, [matrix, record])
+    assert f">{name}<" not in seen[matrix][1] and f">{name}<" in full[matrix][1]
+    sealed_here = SplitMembership.objects.filter(experiment_id=shared_ids.experiment, split=SplitName.SEALED).count()
+    assert f"{sealed_here + 1} sealed tasks hidden (sealed in this or another experiment" in seen[matrix][1]
+    rows = CertifiedResult.objects.get(pk=shared_ids.record).payload["trials"]
+    shown = json.loads(seen[record][1])["payload"]["trials"]
+    assert [row["task"] for row in shown] == [r["task"] for r in rows if r["split"] != "sealed" and r["task"] != name]
+    assert len(json.loads(full[record][1])["payload"]["trials"]) == len(rows)
+    # The column's evolve score is the same for both: an aggregate counts every trial.
+    score = re.compile(r'class="score[^"]*"[^>]*>([^<]+)<')
+    assert score.findall(seen[matrix][1]) == score.findall(full[matrix][1]) != []
+
+
+# --- Sealed evidence: screens follow the API's matched: null ---------------------------
+
+
+def test_screens_mark_the_text_a_sealed_flag_matched_only_where_the_api_gives_it(
+    ids: Ids, make_user: Callable[..., User]
+) -> None:
+    """The world's flag points at the sealed task and matched 'generic' in the
+    added line 'generic advice'. Which words matched tells what the sealed
+    task says: the API gives matched null without the permission, and the
+    candidate page, its diff, the review queue and the review item page mark
+    nothing, while the line itself stays on the diff."""
+    marks = {
+        f"/candidates/{ids.flagged}/": '<mark class="leak">generic</mark>',
+        f"/candidates/{ids.flagged}/diff/": '<mark class="leak" title="leakage flag: rule task_id',
+        f"/review/{ids.item}/": "<mark>generic</mark>",
+        "/review/": "<code>generic</code>",
+    }
+    for roles, shown in ((("viewer", "reviewer"), False), (("admin",), True)):
+        client = Client()
+        client.force_login(make_user(*roles, username="-".join(roles)))
+        flags = client.get(f"/api/v1/flags/?candidate={ids.flagged}").json()["results"]
+        assert [flag["matched"] for flag in flags] == (["generic"] if shown else [None])
+        seen = fetch_all(client, list(marks))
+        for path, mark in marks.items():
+            assert seen[path][0] == 200, path
+            assert (mark in seen[path][1]) is shown, f"{'-'.join(roles)} {path}"
+        diff = re.sub(r"<[^>]+>", "", seen[f"/candidates/{ids.flagged}/diff/"][1])
+        assert "generic advice" in diff
