@@ -217,8 +217,7 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
     directly with ``parallel`` processes; returns (seconds, passes)."""
     evaluator = experiment.evaluator
     harness, evaluator_dir = root / "harness", root / "evaluator"
-    assert experiment.seed_candidate is not None
-    tree_materialize(tree=experiment.seed_candidate.tree, dest=harness)
+    tree_materialize(tree=selectors.experiment_seed(experiment).tree, dest=harness)
     tree_materialize(tree=evaluator.files, dest=evaluator_dir)
     jobs = []
     for number, task in enumerate(experiment.benchmark.tasks.order_by("external_id")):

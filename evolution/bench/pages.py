@@ -32,7 +32,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from evolution import digests
+from evolution import digests, selectors
 from evolution.bench import BenchResult, benchmark, stopwatch
 from evolution.bench.scratch import bench_experiment, scratch_database, served_hosts
 from evolution.models import (
@@ -83,8 +83,7 @@ def _world(*, name: str, tasks: int) -> World:
     run = Run.objects.create(
         experiment=experiment, recipe=recipe, status=Run.Status.FINISHED, started_at=now, finished_at=now
     )
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = selectors.experiment_seed(experiment)
     Candidate.objects.filter(pk=seed.pk).update(state=Candidate.State.ACCEPTED, certified_at=now, run=run, round=0)
     return World(experiment=experiment, run=run, trial_pk=0)
 

@@ -103,13 +103,12 @@ def probe_experiment(
         # Identical copies share one benchmark; edited ones (a canary) get their own.
         name = f"{experiment.benchmark.name}~probe" + (f"~{_unique(tag)}" if task_edit else "")
         benchmark = benchmark_upsert(name=name, title=f"{experiment.benchmark.title} (trust probe)", tasks=inputs)
-    assert experiment.seed_candidate is not None
     return experiment_create(
         name=f"{experiment.name}~{_unique(tag)}",
         benchmark=benchmark,
         evaluator=evaluator or experiment.evaluator,
         surface=experiment.surface,
-        seed_tree=seed_tree or experiment.seed_candidate.tree,
+        seed_tree=seed_tree or selectors.experiment_seed(experiment).tree,
         split_lists={split: [task.external_id for task in tasks] for split, tasks in chosen.items()},
         trials_per_task=experiment.trials_per_task,
         run_settings=experiment.run_settings,
@@ -173,8 +172,7 @@ def certified(evaluation: Evaluation) -> CertifiedResult:
 
 def accepted_seed(experiment: Experiment, splits: Sequence[str] = ("gate",)) -> tuple[Candidate, Evaluation]:
     """Evaluate, certify and accept the seed, so it can be a parent."""
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = selectors.experiment_seed(experiment)
     evaluation = evaluate_inline(seed, splits, purpose=Evaluation.Purpose.BASELINE)
     certified(evaluation)
     seed.refresh_from_db()
@@ -392,12 +390,11 @@ def tamper_imported_harness(ctx: TrialContext) -> str:
     """The same files in a harness that never went through a surface (a seed
     or an imported harness), with executable fake runners: the trial
     workspace keeps them away from the verifier, so no pass is scored."""
-    assert ctx.experiment.seed_candidate is not None
-    seed_files = {e.path: e.data for e in tree_entries(tree=ctx.experiment.seed_candidate.tree)}
+    seed_tree = selectors.experiment_seed(ctx.experiment).tree
+    seed_files = {e.path: e.data for e in tree_entries(tree=seed_tree)}
     crippled = crippled_files(ctx.experiment, seed_files)
     modes = {path: "100755" for path in TAMPER_FILES if path.startswith("bin/") or path.endswith(".sh")}
-    assert ctx.experiment.seed_candidate is not None
-    honest_tree = tree_with(ctx.experiment.seed_candidate.tree, crippled)
+    honest_tree = tree_with(seed_tree, crippled)
     tampered_tree = tree_with(honest_tree, TAMPER_FILES, modes=modes)
     honest = probe_experiment(ctx.experiment, tag="tamper-honest", seed_tree=honest_tree)
     _no_pass(evaluate_inline(selectors.experiment_seed(honest), ["gate"]), "the crippled honest harness")
@@ -470,8 +467,7 @@ def hostile_experiment(ctx: TrialContext, program: str, *, tag: str, timeout: in
     or the example evaluator's runner (the example harness is data only).
     The twin keeps the evaluator's commands, environment and limits."""
     base = ctx.experiment
-    assert base.seed_candidate is not None
-    seed = base.seed_candidate.tree
+    seed = selectors.experiment_seed(base).tree
     seed_paths = {entry.path for entry in tree_entries(tree=seed)}
     evaluator_paths = {entry.path for entry in tree_entries(tree=base.evaluator.files)}
     agent_in_harness = next((p for p in sorted(seed_paths) if p.endswith(".py")), None)
@@ -533,8 +529,7 @@ def verifier_changed_before_certify(ctx: TrialContext) -> str:
     row is pointed at other files: certification refuses. The same change
     after certification is flagged by records_verify."""
     experiment = probe_experiment(ctx.experiment, tag="tamper-cert")
-    seed = experiment.seed_candidate
-    assert seed is not None
+    seed = selectors.experiment_seed(experiment)
     # One transaction: the certification message the last trial enqueues is only sent at its
     # end, so no worker certifies the evaluation between the trials and the tampering.
     with transaction.atomic():
