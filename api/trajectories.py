@@ -15,29 +15,21 @@ for one that does not exist).
 
 from __future__ import annotations
 
-import codecs
-import json
-import math
-from typing import Any, cast
+from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ParseError, ValidationError
-from rest_framework.parsers import (  # type: ignore[attr-defined]  # get_encoding: DRF's, left out of its stubs
-    BaseParser,
-    JSONParser,
-    get_encoding,
-)
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
-from rest_framework.utils.json import strict_constant
 from rest_framework.views import APIView
 
+from api import parsers
 from api.permissions import CanView
+from evolution import limits
 from evolution.models import Trial
 from evolution.services.trajectories import (
     TrajectoryBatchError,
@@ -60,57 +52,21 @@ class CanImportTrajectories(BasePermission):
         return bool(request.user.is_staff or request.user.has_perm(access.OPERATE))
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:40]} is too large for JSON's range")
-    return value
-
-
-def _loads(text: str, *, strict: bool = True) -> Any:
-    """JSON text parsed, refusing NaN and Infinity (when ``strict``) and numbers out of range."""
-    return json.loads(text, parse_constant=strict_constant if strict else None, parse_float=_finite)
-
-
-class FiniteJSONParser(JSONParser):
-    """DRF's JSON parser, refusing numbers out of a double's range too.
-
-    DRF refuses NaN and Infinity, but Python reads 1e999 as infinity, which
-    no database stores as JSON. DRF's JSONField used to catch it by dumping
-    the parsed document again (``ParsedJSONField`` no longer does); each
-    number is checked as it is read instead (a 400 like any parse error).
-    """
-
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        encoding = get_encoding(parser_context or {})
-        try:
-            return _loads(codecs.getreader(encoding)(stream).read(), strict=self.strict)
-        except ValueError as exc:
-            raise ParseError(f"JSON parse error - {exc}") from exc
-
-
-# The project's parsers, with the JSON one replaced.
-# The stubs type the setting as dotted names; api_settings has imported them into classes.
-_DEFAULT_PARSERS = cast("list[type[BaseParser]]", api_settings.DEFAULT_PARSER_CLASSES)
-PARSERS: list[type[BaseParser]] = [
-    FiniteJSONParser,
-    *(parser for parser in _DEFAULT_PARSERS if parser is not JSONParser),
-]
-
-
 class ParsedJSONField(serializers.JSONField):
     """A JSON value the request's parser has already built, taken as it is.
 
     DRF's JSONField serializes the value once more to check it can be:
     0.7 ms of a 70 KB trajectory. What that dump refused, a number out of
-    range, ``FiniteJSONParser`` refuses as it reads. A form field's JSON
-    text is parsed here, with the same checks.
+    range, ``api.parsers.LimitedJSONParser`` refuses as it reads. A form
+    field's JSON text is parsed here, with the same checks and limits.
     """
 
     def to_internal_value(self, data: Any) -> Any:
         if getattr(data, "is_json_string", False):
             try:
-                return _loads(data)
+                return parsers.loads(data, what="the document")
+            except limits.InputLimitError as exc:
+                raise ValidationError([str(exc)]) from exc
             except ValueError:
                 self.fail("invalid")
         return data
@@ -143,7 +99,6 @@ def _summary(trajectory: Any) -> dict[str, Any]:
 
 class TrajectoryImportView(APIView):
     permission_classes = [CanImportTrajectories]
-    parser_classes = PARSERS
 
     @extend_schema(
         request=TrajectoryImportInput,
@@ -186,7 +141,6 @@ class TrajectoryBatchOutput(serializers.Serializer):
 
 class TrajectoryBatchImportView(APIView):
     permission_classes = [CanImportTrajectories]
-    parser_classes = PARSERS
 
     @extend_schema(
         request=TrajectoryBatchInput,

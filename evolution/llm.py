@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolution import limits
+
 ENV_BASE_URL = "RSI_LLM_BASE_URL"
 ENV_API_KEY = "RSI_LLM_API_KEY"
 ENV_MODEL = "RSI_LLM_MODEL"
@@ -256,10 +258,10 @@ def chat(
 
 def _completion(config: LLMConfig, data: bytes) -> ChatResult:
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = limits.json_loads(data, what="the answer")
         message = document["choices"][0]["message"]
         content = message.get("content")
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LLMResponseError(
             f"the server's answer is not a chat completion ({type(exc).__name__}): "
             f"{data[:ERROR_BODY_CHARS].decode('utf-8', errors='replace')}"
@@ -279,7 +281,7 @@ def parse_json_content(content: str) -> Any:
         text = text[first_newline + 1 :] if first_newline >= 0 else ""
         if text.rstrip().endswith("```"):
             text = text.rstrip()[:-3]
-    return json.loads(text)
+    return limits.json_loads(text, what="the answer")
 
 
 def chat_json(

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import evolution.example.proposer  # noqa: F401  (registers the "example" proposer)
-from evolution import operators
+from evolution import limits, operators
 from evolution.operators import EditDeclaration, Proposal, ProposerView
 from evolution.sandbox import Limits, SandboxError, run_sandboxed
 from evolution.trees import MODE_SYMLINK, FileEntry, SnapshotError, materialize, read_directory
@@ -219,7 +219,9 @@ def prompt_text(view: ProposerView) -> str:
 def parse_manifest(raw: bytes) -> tuple[list[EditDeclaration], str, dict[str, int]]:
     """The edits, note and usage of a manifest; ProposerError naming what is wrong."""
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = limits.json_loads(raw, what=f"manifest {RSI_DIR}/{MANIFEST_FILE}")
+    except limits.InputLimitError as exc:
+        raise ProposerError(str(exc)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProposerError(f"manifest {RSI_DIR}/{MANIFEST_FILE} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("edits"), list):

@@ -29,7 +29,6 @@ Rules of the document:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -40,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from evolution import limits
 from evolution.digests import json_digest
 from evolution.regularization import NOISE_RULES, SCORE_UNITS, GateParams, score_unit_size
 
@@ -349,16 +349,28 @@ def gate_params(recipe: Recipe, *, evolve_trials: int | None = None, evolve_crit
 
 
 def _load(source: str | bytes) -> Any:
-    text = source.decode("utf-8") if isinstance(source, bytes) else source
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text, object_pairs_hook=_unique_pairs)
-        except ValueError as exc:  # JSONDecodeError and our duplicate-key error
-            raise RecipeError("", f"recipe is not valid JSON: {exc}") from exc
+    """Recipe text as data, within the input limits (size, depth, and YAML
+    aliases that may not expand past ``RSI_MAX_YAML_NODES``): a recipe is
+    frozen as its expanded form, so a "billion laughs" one never finished."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
-    except yaml.YAMLError as exc:
-        raise RecipeError("", f"recipe is not valid YAML: {exc}") from exc
+        limits.check_size(source, setting="RSI_MAX_RECIPE_BYTES", what="recipe")
+        try:
+            text = source.decode("utf-8") if isinstance(source, bytes) else source
+        except UnicodeDecodeError as exc:
+            raise RecipeError("", f"recipe is not UTF-8 text: {exc}") from exc
+        if text.lstrip().startswith("{"):
+            try:
+                return limits.json_loads(text, what="recipe", object_pairs_hook=_unique_pairs)
+            except limits.InputLimitError:
+                raise
+            except ValueError as exc:  # JSONDecodeError and our duplicate-key error
+                raise RecipeError("", f"recipe is not valid JSON: {exc}") from exc
+        try:
+            return limits.yaml_load(text, loader=_UniqueKeyLoader, setting="RSI_MAX_RECIPE_BYTES", what="recipe")
+        except yaml.YAMLError as exc:
+            raise RecipeError("", f"recipe is not valid YAML: {exc}") from exc
+    except limits.InputLimitError as exc:
+        raise RecipeError("", str(exc)) from exc
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -370,8 +382,8 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key written twice in one mapping."""
+class _UniqueKeyLoader(limits.LimitedSafeLoader):
+    """SafeLoader (within the input limits) that refuses a key written twice in one mapping."""
 
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

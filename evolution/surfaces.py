@@ -35,7 +35,6 @@ and ``*/memory/**`` beats ``**``.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import tomllib
@@ -47,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from evolution import limits
 from evolution.gitdiff import FileChange, parse_git_diff, whole_file_texts
 
 # Mirrors evolution.models.ComponentKind; kept here so this module needs no
@@ -124,7 +124,10 @@ class SurfaceVerdict:
 def parse_surface(yaml_text: str) -> SurfaceSpec:
     """Parse and validate a surface YAML document (duplicate keys rejected)."""
     try:
-        data = yaml.load(yaml_text, Loader=_StrictLoader)  # SafeLoader subclass: plain data only
+        # SafeLoader subclass: plain data only, within the size, depth and alias limits.
+        data = limits.yaml_load(yaml_text, loader=_StrictLoader, setting="RSI_MAX_SURFACE_BYTES", what="surface")
+    except limits.InputLimitError as exc:
+        raise SurfaceSpecError(str(exc)) from exc
     except yaml.YAMLError as exc:
         raise SurfaceSpecError(f"surface is not valid YAML: {exc}") from exc
     if not isinstance(data, Mapping):
@@ -139,6 +142,15 @@ def surface_from_dict(data: Mapping[str, Any]) -> SurfaceSpec:
         raise SurfaceSpecError(f"unknown key {unknown[0]!r} in surface (allowed: {', '.join(_SPEC_KEYS)})")
     if "include" not in data:
         raise SurfaceSpecError("missing required key 'include'")
+    patterns = sum(
+        len(value)
+        for value in (data.get(key) for key in ("include", "exclude", "components", "protected_keys"))
+        if isinstance(value, list | Mapping)
+    )
+    try:
+        limits.check_count(patterns, setting="RSI_MAX_SURFACE_PATTERNS", what="patterns in the surface")
+    except limits.InputLimitError as exc:
+        raise SurfaceSpecError(str(exc)) from exc
     allow_symlinks = _flag(data, "allow_symlinks")
     allow_unicode = _flag(data, "allow_unicode")
     include = _pattern_list(data, "include", allow_unicode)
@@ -203,6 +215,9 @@ def _pattern_list(data: Mapping[str, Any], key: str, allow_unicode: bool) -> tup
 def _check_pattern(pattern: Any, where: str, allow_unicode: bool) -> None:
     if not isinstance(pattern, str):
         raise SurfaceSpecError(f"{where}: pattern must be a string, got {pattern!r}")
+    maximum = limits.limit("RSI_MAX_PATTERN_CHARS")
+    if len(pattern) > maximum:
+        raise SurfaceSpecError(f"{where}: pattern of {len(pattern)} characters, over {maximum} (RSI_MAX_PATTERN_CHARS)")
     problem = _pattern_problem(pattern, allow_unicode)
     if problem:
         raise SurfaceSpecError(f"{where}: bad pattern {pattern!r}: {problem}")
@@ -222,7 +237,7 @@ def _pattern_problem(pattern: str, allow_unicode: bool) -> str | None:
     return None
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(limits.LimitedSafeLoader):
     """SafeLoader that refuses duplicate mapping keys: a second ``model:``
     would otherwise silently win."""
 
@@ -700,7 +715,7 @@ def _load(fmt: str, text: str) -> Any:
         return {}
     try:
         if fmt == "json":
-            return json.loads(text, object_pairs_hook=_no_duplicates)
+            return limits.json_loads(text, what="the file", object_pairs_hook=_no_duplicates)
         if fmt == "toml":
             return tomllib.loads(text)
         return yaml.load(text, Loader=_StrictLoader)  # SafeLoader subclass: plain data only

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolution import faults
+from evolution import faults, limits
 from evolution.sandbox import (
     SANDBOX_MODES,
     Limits,
@@ -379,7 +379,9 @@ def _read_usage(output: Path, result: TrialResult) -> str | None:
     trajectory_path, usage_path = output / TRAJECTORY_FILE, output / USAGE_FILE
     if trajectory_path.is_file():
         try:
-            document = json.loads(trajectory_path.read_bytes())
+            document = limits.json_loads(trajectory_path.read_bytes(), what=TRAJECTORY_FILE)
+        except limits.InputLimitError as exc:
+            return str(exc)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return f"{TRAJECTORY_FILE} is not valid JSON: {exc}"
         try:
@@ -391,7 +393,9 @@ def _read_usage(output: Path, result: TrialResult) -> str | None:
             return None
     if usage_path.is_file():
         try:
-            usage = json.loads(usage_path.read_bytes())
+            usage = limits.json_loads(usage_path.read_bytes(), what=USAGE_FILE)
+        except limits.InputLimitError as exc:
+            return str(exc)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return f"{USAGE_FILE} is not valid JSON: {exc}"
         if not isinstance(usage, dict):
@@ -470,7 +474,9 @@ def _verdict(verifier: ProcessResult, spec: TrialSpec) -> tuple[Verdict | None, 
 def parse_verdict(stdout: bytes) -> Verdict:
     """The verifier's JSON verdict; ValueError for anything else."""
     try:
-        document = json.loads(stdout.decode("utf-8"))
+        document = limits.json_loads(stdout, what="verifier output")
+    except limits.InputLimitError:
+        raise
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"verifier output is not JSON: {exc}") from exc
     if not isinstance(document, dict):

@@ -15,6 +15,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from evolution import limits
+
 __all__ = [
     "AlignedRow",
     "Metrics",
@@ -92,10 +94,11 @@ def text_block(
 
 def pretty_json(value: Any) -> str:
     """Indented JSON of ``value``; a string holding JSON is decoded first
-    (tool-call arguments often arrive as an encoded string)."""
+    (tool-call arguments often arrive as an encoded string). A string nested
+    past the input limit is shown as it is: decoding it would recurse."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = limits.json_loads(value, what="the value")
         except ValueError:
             return value
     try:
@@ -316,7 +319,7 @@ def call_signature(tool_calls: Any) -> tuple[tuple[str, str], ...]:
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):
             with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
+                arguments = limits.json_loads(arguments, what="the arguments")
         try:
             canonical = json.dumps(arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError):

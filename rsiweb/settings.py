@@ -184,6 +184,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["api.permissions.CanView"],
+    # JSON within the input limits (depth, finite numbers): api/parsers.py.
+    "DEFAULT_PARSER_CLASSES": [
+        "api.parsers.LimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "api.pagination.Cursor",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -325,6 +331,14 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Harness snapshot limits: a file larger than this is refused on import.
 RSI_MAX_FILE_BYTES = env_int("RSI_MAX_FILE_BYTES", 2 * 1024 * 1024)
 RSI_MAX_TREE_FILES = env_int("RSI_MAX_TREE_FILES", 5000)
+
+# Limits on structured input (JSON, YAML, JSONL, gzip) from the API, commands,
+# bundles and workspaces: RSI_MAX_INPUT_DEPTH, RSI_MAX_YAML_NODES, sizes and
+# counts. Their defaults are in evolution/limits.py, the table in docs/security.md;
+# each is overridden by the environment variable of the same name.
+from evolution.limits import DEFAULTS as _INPUT_LIMITS  # noqa: E402  (plain data, no Django needed)
+
+globals().update({_name: env_int(_name, _default) for _name, _default in _INPUT_LIMITS.items()})
 
 # Trial sandbox. "auto" uses bubblewrap where a probe shows it works and
 # records the profile "none" otherwise; "required" refuses to run trials

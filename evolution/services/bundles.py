@@ -21,6 +21,7 @@ import binascii
 import gzip
 import hmac
 import json
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from evolution import digests, records
+from evolution import digests, limits, records
 from evolution.models import (
     Benchmark,
     Blob,
@@ -211,17 +212,39 @@ def bundle_write(*, bundle: Mapping[str, Any], path: Path) -> None:
 
 
 def bundle_read(path: Path) -> dict[str, Any]:
-    """Read a bundle file (plain or gzip JSON); BundleError when unreadable."""
+    """Read a bundle file (plain or gzip JSON); BundleError when unreadable
+    or over a limit: ``RSI_MAX_BUNDLE_BYTES`` for the file and for what it
+    decompresses to (decompressed as a stream that stops there, or at
+    ``RSI_MAX_DECOMPRESSION_RATIO``), ``RSI_MAX_INPUT_DEPTH``, and the
+    counts of files (blobs and tree entries) and tasks, before any is checked."""
     try:
-        raw = path.read_bytes()
+        raw = limits.read_bytes(path, setting="RSI_MAX_BUNDLE_BYTES", what="the bundle file")
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        bundle = json.loads(raw)
-    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = limits.gunzip(raw, setting="RSI_MAX_BUNDLE_BYTES", what="the bundle")
+        bundle = limits.json_loads(raw, what="the bundle")
+    except limits.InputLimitError as exc:
+        raise BundleError(f"{path}: refused: {exc}") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{path}: not a readable bundle ({exc})") from None
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise BundleError(f"{path}: not a {FORMAT} bundle")
+    try:
+        _check_counts(bundle)
+    except limits.InputLimitError as exc:
+        raise BundleError(f"{path}: refused: {exc}") from None
     return bundle
+
+
+def _check_counts(bundle: Mapping[str, Any]) -> None:
+    """Refuse a bundle holding more files or tasks than the limits allow (a
+    malformed part is left for verification to report)."""
+    blobs, trees, tasks = bundle.get("blobs"), bundle.get("trees"), bundle.get("tasks")
+    files = len(blobs) if isinstance(blobs, dict) else 0
+    if isinstance(trees, dict):
+        files = max(files, sum(len(entries) for entries in trees.values() if isinstance(entries, list)))
+    limits.check_count(files, setting="RSI_MAX_BUNDLE_FILES", what="files (blobs or tree entries) in the bundle")
+    if isinstance(tasks, list):
+        limits.check_count(len(tasks), setting="RSI_MAX_TASKS", what="tasks in the bundle")
 
 
 # --- Verification (pure) ------------------------------------------------------------

@@ -14,11 +14,10 @@ never reach ACCEPTED (which needs a certification).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import subprocess
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
+from evolution import limits
 from evolution.models import (
     Benchmark,
     Candidate,
@@ -38,7 +38,7 @@ from evolution.models import (
     Task,
 )
 from evolution.services.experiments import split_digests_compute, surface_create
-from evolution.services.external import ExternalResultsError, external_results_ingest
+from evolution.services.external import MAX_RESULTS, ExternalResultsError, external_results_ingest
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry, SnapshotError, read_git
 
@@ -61,6 +61,10 @@ _SPLITS = {choice.value for choice in SplitName if choice != SplitName.HELDOUT}
 
 class WorkspaceError(ValueError):
     """Bad workspace; the message names the archive line when there is one."""
+
+
+class WorkspaceRefused(WorkspaceError):
+    """A workspace over one of the input limits (evolution.limits): refused before any work."""
 
 
 @dataclass
@@ -191,6 +195,17 @@ def _task_vector(where: str, vector: Any) -> tuple[list[dict[str, Any]], dict[st
     return results, task_splits
 
 
+def _events(text: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of the archive's lines, within the input limits."""
+    try:
+        yield from limits.jsonl_loads(text, what=ARCHIVE)
+    except limits.InputLimitError as exc:
+        raise WorkspaceRefused(str(exc)) from None
+    except limits.JSONLineError as exc:
+        error = WorkspaceRefused if exc.refused else WorkspaceError
+        raise error(f"{ARCHIVE} line {exc.line}: {exc.detail}") from None
+
+
 def archive_parse(text: str, *, known: Collection[str] = ()) -> list[Generation]:
     """Parse ``archive.jsonl`` into generations in first-seen order.
 
@@ -201,14 +216,8 @@ def archive_parse(text: str, *, known: Collection[str] = ()) -> list[Generation]
     WorkspaceError naming the line. Pure.
     """
     generations: dict[str, Generation] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, event in _events(text):
         where = f"{ARCHIVE} line {number}"
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkspaceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(event, dict):
             raise WorkspaceError(f"{where}: must be a JSON object")
         genid = _genid(event)
@@ -233,11 +242,20 @@ def archive_parse(text: str, *, known: Collection[str] = ()) -> list[Generation]
             raise WorkspaceError(f"{where}: parent {parent!r} is not a generation defined before it")
         if str(parent) == genid:
             raise WorkspaceError(f"{where}: generation {genid!r} names itself as parent")
+    tasks: set[str] = set()
     for generation in generations.values():
         where = f"{ARCHIVE} line {generation.line} (generation {generation.genid})"
         vector = generation.record.get("task_vector")
         if vector is not None:
             generation.results, generation.splits = _task_vector(f"{where}: task_vector", vector)
+        # Counted here, before any tree is read or task stored: 200,000 tasks took 254 s to be refused.
+        tasks.update(result["task"] for result in generation.results)
+        if len(generation.results) > MAX_RESULTS:
+            raise WorkspaceRefused(f"{where}: {len(generation.results)} trial results, over the limit of {MAX_RESULTS}")
+        try:
+            limits.check_count(len(tasks), setting="RSI_MAX_TASKS", what="tasks in the workspace")
+        except limits.InputLimitError as exc:
+            raise WorkspaceRefused(f"{where}: {exc}") from None
         score = generation.record.get("score")
         if score is not None and _number(score) is None:
             raise WorkspaceError(f"{where}: score {score!r} is not a number")
@@ -311,7 +329,9 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
         raise WorkspaceError(f"a benchmark or evaluator named {slug!r} exists already; choose another --name")
 
     try:
-        text = archive.read_text(encoding="utf-8")
+        text = limits.read_bytes(archive, setting="RSI_MAX_ARCHIVE_BYTES", what=str(archive)).decode("utf-8")
+    except limits.InputLimitError as exc:
+        raise WorkspaceRefused(str(exc)) from None
     except UnicodeDecodeError as exc:
         raise WorkspaceError(f"{archive}: not UTF-8 ({exc})") from None
     generations = archive_parse(text, known=imported)

@@ -250,6 +250,8 @@ def test_missing_manifest_is_a_proposer_error(scripts: Path) -> None:
         ('{"edits": [{"component": "prompt", "hypothesis": "h", "paths": "prompts/system.md"}]}',
          r'^manifest edit 0: "paths" must be a non-empty list of strings$'),
         ('{"edits": [], "note": 5}', r'^manifest \.rsi/edits\.json: "note" must be a string$'),
+        ('{"edits": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         r"^manifest \.rsi/edits\.json is nested more than 100 levels deep \(RSI_MAX_INPUT_DEPTH\)$"),
     ],
 )  # fmt: skip
 def test_malformed_manifest_is_a_proposer_error(scripts: Path, manifest: str, message: str) -> None:

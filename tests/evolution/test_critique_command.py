@@ -156,7 +156,11 @@ def test_missing_parent_dir_exits_2(tmp_path: Path, tasks_file: Path) -> None:
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
-        pytest.param(['{"id": "a-1", "instruction": "x"}', "{not json"], "line 2: Expecting property name", id="json"),
+        pytest.param(
+            ['{"id": "a-1", "instruction": "x"}', "{not json"],
+            "line 2: not valid JSON (Expecting property name",
+            id="json",
+        ),
         pytest.param(['{"instruction": "x"}'], "line 1: 'id' must be a non-empty string", id="no-id"),
         pytest.param(['{"id": "a-1"}'], "line 1: 'instruction' must be a string", id="no-instruction"),
         pytest.param(['["a-1", "x"]'], "line 1: a task must be a JSON object", id="not-object"),

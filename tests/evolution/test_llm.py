@@ -235,6 +235,17 @@ def test_malformed_json_is_sent_back_once_then_a_clear_error_with_the_usage(stub
     assert "not valid JSON" in repair[-1]["content"]
 
 
+def test_a_100000_deep_answer_or_completion_is_a_response_error_not_a_crash(stub: Stub) -> None:
+    """Issue 16 item 2: json.loads raised RecursionError on a hostile server's answer."""
+    deep = "[" * 100_000 + "]" * 100_000
+    stub.replies = [completion(deep), completion(deep)]
+    with pytest.raises(LLMResponseError, match=r"the answer is nested more than 100 levels deep"):
+        chat_json(config_from(stub.params()), [{"role": "user", "content": "x"}])
+    stub.replies = [Reply(200, '{"choices": ' + deep + "}")]
+    with pytest.raises(LLMResponseError, match=r"^the server's answer is not a chat completion \(InputLimitError\)"):
+        chat(config_from(stub.params()), [{"role": "user", "content": "x"}])
+
+
 def test_malformed_json_then_a_good_answer_sums_the_usage(stub: Stub) -> None:
     stub.replies = [completion("nope", prompt_tokens=5, completion_tokens=1), completion('```json\n{"a": 1}\n```')]
     document, usage = chat_json(config_from(stub.params(price_input_per_mtok=2.0, price_output_per_mtok=10.0)), [])

@@ -342,6 +342,25 @@ def test_malformed_trajectory_is_agent_output(tmp_path: Path, work_root: Path) -
     assert result.error.startswith("trajectory.json is not valid JSON: ")
 
 
+def test_a_100000_deep_trajectory_is_agent_output_not_a_crash(tmp_path: Path, work_root: Path) -> None:
+    """Issue 16 item 2: json.loads raised RecursionError in the worker; the depth is checked first."""
+    agent = """
+    (output / "answer.txt").write_text(str(answer))
+    (output / "trajectory.json").write_text("[" * 100_000 + "]" * 100_000)
+    """
+    result = run_trial(make_spec(tmp_path, agent), work_root=work_root)
+    assert (result.outcome, result.error_kind) == ("error", "agent_output")
+    assert result.error == "trajectory.json is nested more than 100 levels deep (RSI_MAX_INPUT_DEPTH)"
+    assert result.trajectory is None
+
+
+def test_a_100000_deep_verifier_output_is_a_verifier_error(tmp_path: Path, work_root: Path) -> None:
+    verifier = "print('[' * 100_000 + ']' * 100_000)"
+    result = run_trial(make_spec(tmp_path, verifier=verifier), work_root=work_root)
+    assert (result.outcome, result.score, result.error_kind) == ("error", None, "verifier_output")
+    assert result.error == "verifier output is nested more than 100 levels deep (RSI_MAX_INPUT_DEPTH)"
+
+
 def test_trajectory_without_steps_list_is_agent_output(tmp_path: Path, work_root: Path) -> None:
     agent = """
     (output / "answer.txt").write_text(str(answer))

@@ -165,3 +165,12 @@ def test_real_trajectories_diverge_where_they_differ() -> None:
     rows = tj.align(ok, changed, key=tj.step_signature)
     assert [r.position for r in rows if r.differs] == [3]
     assert tj.first_divergence([tj.step_signature(s) for s in ok], [tj.step_signature(s) for s in changed]) == 3
+
+
+def test_tool_arguments_nested_past_the_limit_are_shown_as_text_not_decoded() -> None:
+    """Issue 16 item 2: a stored argument string holding 100,000-deep JSON made
+    json.loads raise RecursionError, a 500 on the trial page and the compare view."""
+    deep = "[" * 100_000 + "]" * 100_000
+    assert tj.pretty_json(deep) == deep
+    assert tj.call_signature([{"function_name": "f", "arguments": deep}]) == (("f", json.dumps(deep)),)
+    assert tj.pretty_json('{"a": [1]}') == '{\n  "a": [\n    1\n  ]\n}'

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from evolution import limits
 from evolution.critic import CriticTask, critique
 from evolution.gitdiff import DiffParseError
 from evolution.models import EVOLVE_SPLITS, Experiment, SplitMembership, Task
@@ -62,17 +63,21 @@ class Command(BaseCommand):
 
 def _tasks_from_jsonl(name: str) -> list[CriticTask]:
     try:
-        text = Path(name).read_text(encoding="utf-8")
+        data = limits.read_bytes(Path(name), setting="RSI_MAX_TASKS_FILE_BYTES", what=f"tasks file {name}")
+        lines = list(limits.jsonl_loads(data.decode("utf-8"), what=f"tasks file {name}"))
+        limits.check_count(len(lines), setting="RSI_MAX_TASKS", what=f"tasks in {name}")
+    except limits.InputLimitError as exc:
+        raise CommandError(str(exc), returncode=UNUSABLE) from exc
+    except limits.JSONLineError as exc:
+        raise CommandError(f"{name} line {exc.line}: {exc.detail}", returncode=UNUSABLE) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise CommandError(f"cannot read tasks file {name}: {exc}", returncode=UNUSABLE) from exc
     tasks: list[CriticTask] = []
     seen: set[str] = set()
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, value in lines:
         try:
-            task = _task_from_json(json.loads(line))
-        except (json.JSONDecodeError, ValueError) as exc:
+            task = _task_from_json(value)
+        except ValueError as exc:
             raise CommandError(f"{name} line {number}: {exc}", returncode=UNUSABLE) from exc
         if task.id in seen:
             raise CommandError(f"{name} line {number}: duplicate task id {task.id!r}", returncode=UNUSABLE)

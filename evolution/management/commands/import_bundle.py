@@ -1,7 +1,9 @@
 """Import an experiment bundle (written by export_experiment) into this database.
 
 Exit codes: 0 imported (or already here), 1 the bundle does not verify or
-conflicts with what is here (nothing written), 2 unreadable file.
+conflicts with what is here (nothing written), 2 unreadable file or one
+over an input limit (size, decompression ratio, depth, counts:
+docs/security.md), refused before anything is written.
 """
 
 from __future__ import annotations

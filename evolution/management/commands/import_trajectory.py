@@ -2,7 +2,8 @@
 
 Exit codes: 0 imported, 1 invalid document (each error names the field, or
 the line and column of a JSON syntax error), 2 unusable input (unknown
-trial, unreadable file).
+trial, unreadable file, a file over ``RSI_MAX_TRAJECTORY_BYTES`` or nested
+deeper than ``RSI_MAX_INPUT_DEPTH``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from evolution import limits
 from evolution.models import Trial
 from evolution.services.trajectories import TrajectoryFormatError, trajectory_import
 from evolution.trajectory_formats import FORMATS
@@ -36,11 +38,12 @@ class Command(BaseCommand):
             raise CommandError(f"no trial with id {options['trial']}", returncode=UNUSABLE)
         path = Path(options["file"])
         try:
-            text = path.read_text(encoding="utf-8")
+            text = limits.read_bytes(path, setting="RSI_MAX_TRAJECTORY_BYTES", what=str(path)).decode("utf-8")
+            document = limits.json_loads(text, what=str(path))
+        except limits.InputLimitError as exc:
+            raise CommandError(f"{exc}; nothing was imported", returncode=UNUSABLE) from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"cannot read {path}: {exc}", returncode=UNUSABLE) from exc
-        try:
-            document = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CommandError(
                 f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}", returncode=INVALID

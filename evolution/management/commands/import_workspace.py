@@ -1,7 +1,8 @@
 """Import an existing evolution workspace (RSIHub layout) as an experiment.
 
 Exit codes: 0 imported (or nothing new), 1 invalid workspace (the message
-names the archive line); nothing is written on error.
+names the archive line), 2 refused by an input limit (size, depth, lines,
+tasks: docs/security.md); nothing is written on error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from evolution.services.workspaces import WorkspaceError, workspace_import
+from evolution.services.workspaces import WorkspaceError, WorkspaceRefused, workspace_import
 
 
 class Command(BaseCommand):
@@ -25,6 +26,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             report = workspace_import(path=Path(options["path"]), name=options["name"])
+        except WorkspaceRefused as exc:
+            raise CommandError(f"{exc}; nothing was imported", returncode=2) from exc
         except WorkspaceError as exc:
             raise CommandError(f"{exc}; nothing was imported", returncode=1) from exc
         experiment = report.experiment

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution import operators
+from evolution import limits, operators
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
@@ -44,6 +44,16 @@ def summary_table(run: Run) -> list[str]:
     return lines
 
 
+def _recipe_file(path: Path) -> bytes:
+    """The recipe file's bytes, refused past ``RSI_MAX_RECIPE_BYTES`` before it is read whole."""
+    try:
+        return limits.read_bytes(path, setting="RSI_MAX_RECIPE_BYTES", what=f"recipe {path}")
+    except limits.InputLimitError as exc:
+        raise CommandError(str(exc), returncode=2) from exc
+    except OSError as exc:
+        raise CommandError(f"cannot read recipe {path}: {exc}", returncode=2) from exc
+
+
 class Command(BaseCommand):
     help = "Run an evolution loop on an experiment (through the Celery workers)."
 
@@ -66,7 +76,7 @@ class Command(BaseCommand):
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
             elif Path(name).is_file():
-                recipe = parse_recipe(Path(name).read_text(), known_operators=operators.known_operators())
+                recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
             else:
                 raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
             run = loop.run_create(

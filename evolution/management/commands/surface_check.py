@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from evolution import limits
 from evolution.gitdiff import DiffParseError
 from evolution.models import Experiment
 from evolution.surfaces import DEFAULT_RESERVED, SurfaceSpec, SurfaceSpecError, check_diff, parse_surface
@@ -54,7 +55,10 @@ class Command(BaseCommand):
     def _load_spec(self, experiment: str | None, surface_file: str | None) -> SurfaceSpec:
         if surface_file is not None:
             try:
-                text = Path(surface_file).read_text(encoding="utf-8")
+                data = limits.read_bytes(Path(surface_file), setting="RSI_MAX_SURFACE_BYTES", what="surface")
+                text = data.decode("utf-8")
+            except limits.InputLimitError as exc:
+                raise CommandError(f"surface file {surface_file} is refused: {exc}", returncode=UNUSABLE) from exc
             except (OSError, UnicodeDecodeError) as exc:
                 raise CommandError(f"cannot read surface file {surface_file}: {exc}", returncode=UNUSABLE) from exc
             origin = surface_file
