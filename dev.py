@@ -9,22 +9,52 @@ product or the test suite inside that environment.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
+# Each stops ``run``: Ctrl-C, a kill or a service manager, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long the web server and the worker get to stop before they are killed.
+STOP_GRACE_SECONDS = 20.0
+# How long the web server gets to listen before the start counts as failed.
+LISTEN_TIMEOUT_SECONDS = 60.0
+# The test tools' requirements include the product's (-r requirements.txt):
+# a venv current for them is current for ``run`` too.
+INCLUDED_BY = {"requirements.txt": "requirements-dev.txt"}
+PR_SET_PDEATHSIG = 1
 
 
 def say(message: str) -> None:
     print(f"[rsiweb] {message}", flush=True)
+
+
+def _requirements_digest(requirements: str) -> str:
+    files = sorted(ROOT.glob("requirements*.txt"))
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files) + requirements.encode()).hexdigest()
+
+
+def venv_current(requirements: str) -> bool:
+    """Whether ``requirements`` (or a file that includes it) was installed
+    into the venv from the requirement files as they are now."""
+    for name in (requirements, INCLUDED_BY.get(requirements)):
+        stamp = VENV / f".installed-{name}"
+        if name and stamp.exists() and stamp.read_text() == _requirements_digest(name):
+            return True
+    return False
 
 
 def ensure_venv(requirements: str) -> None:
@@ -38,19 +68,175 @@ def ensure_venv(requirements: str) -> None:
     if not PYTHON.exists():
         say(f"creating the virtual environment in {VENV}")
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    files = sorted(ROOT.glob("requirements*.txt"))
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + requirements.encode()).hexdigest()
-    stamp = VENV / f".installed-{requirements}"
-    if stamp.exists() and stamp.read_text() == digest:
+    if venv_current(requirements):
         return
     say(f"installing {requirements} (first run or changed requirements)")
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "-r", str(ROOT / requirements)], check=True)
-    stamp.write_text(digest)
+    (VENV / f".installed-{requirements}").write_text(_requirements_digest(requirements))
 
 
 def manage(*args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([str(PYTHON), "manage.py", *args], cwd=ROOT, check=True, env=env)
+
+
+class Stop(Exception):
+    """A stop signal arrived."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise Stop(signum)
+
+
+def catch_stop_signals() -> None:
+    """Turn each stop signal into ``Stop``, so every way of stopping reaches
+    the same clean-up. A signal the process was started ignoring stays
+    ignored (``nohup`` ignores SIGHUP so that closing the terminal does not
+    stop it)."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, _raise_stop)
+
+
+def port_problem(host: str, port: str) -> str:
+    """Why the web server could not listen on ``host:port`` (it binds the
+    address as the server would, then lets it go), or "" when it could."""
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"RSI_PORT={port!r} is not a port number (1 to 65535)"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        return f"RSI_HOST={host!r} is not an address this machine can listen on ({exc.strerror})"
+    with socket.socket(family, kind, proto) as probe:
+        # As the server does: a port whose last connections are closing is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use (another dev.py run, or another server)"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return ""
+
+
+def free_port_near(host: str, port: int) -> int | None:
+    """The first port after ``port`` the web server could listen on now."""
+    for candidate in range(port + 1, min(port + 50, 65536)):
+        if not port_problem(host, str(candidate)):
+            return candidate
+    return None
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+def _child_setup(parent: int, prctl: Callable[..., int] | None) -> Callable[[], None]:
+    """Runs in a web or worker child before it execs: it takes the stop
+    signals again (the parent blocks them while it starts the child), and
+    gets SIGTERM when ``run`` dies without cleaning up (SIGKILL, the OOM
+    killer), so not even that leaves it running."""
+
+    def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent died before the line above
+                os._exit(1)
+
+    return setup
+
+
+def _session_members(session: int) -> list[int]:
+    """The live processes of ``session`` (zombies hold nothing and are not counted)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: the process group tells
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [session]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses.
+        state, _ppid, _pgrp, sid = stat[stat.rindex(")") + 2 :].split()[:4]
+        if int(sid) == session and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> list[str]:
+    """Stop every process of each child's session: SIGTERM to its process
+    group, then SIGKILL to whatever is left after STOP_GRACE_SECONDS, or at
+    once when another stop signal arrives meanwhile. Returns the names of
+    the children that had to be killed. Safe to repeat."""
+    hurry: list[int] = []
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, lambda signum, _frame: hurry.append(signum))
+    for _, process in children:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    killed: list[str] = []
+    while True:
+        for _, process in children:
+            process.poll()  # reaps the session leader as soon as it exits
+        alive = [(name, _session_members(process.pid)) for name, process in children]
+        alive = [(name, pids) for name, pids in alive if pids]
+        if not alive:
+            return killed
+        if hurry or time.monotonic() > deadline:
+            for name, pids in alive:
+                if name not in killed:
+                    killed.append(name)
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline + 5:
+                say(f"could not stop: {', '.join(f'{name} (pids {pids})' for name, pids in alive)}")
+                return killed
+        time.sleep(0.1)
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def start_child(command: list[str], env: dict[str, str], prctl: Callable[..., int] | None) -> subprocess.Popen[bytes]:
+    """Start a web or worker process in a session of its own (Ctrl-C in the
+    terminal reaches only ``run``, which stops them in order), with the stop
+    signals blocked meanwhile, so none arrives between the child's start and
+    the caller's note of it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, start_new_session=True, preexec_fn=_child_setup(os.getpid(), prctl)
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def web_server_command(host: str, port: str) -> list[str]:
@@ -65,68 +251,65 @@ def web_server_command(host: str, port: str) -> list[str]:
 
 
 def run() -> int:
-    ensure_venv("requirements.txt")
     env = dict(os.environ)
     host = env.get("RSI_HOST", "127.0.0.1")
     port = env.get("RSI_PORT", "8000")
-    manage("migrate", "--no-input", env=env)
-    rounds = env.get("RSI_EXAMPLE_ROUNDS", "3")
-    if rounds != "0":
-        say(f"loading the example; on first start it also runs {rounds} rounds of it (about a minute) so the")
-        say("screens open on real candidates, diffs, flags and trajectories (RSI_EXAMPLE_ROUNDS=0 skips this)")
-    manage("load_example", "--rounds", rounds, env=env)
-    manage("ensure_admin", env=env)
-    worker = subprocess.Popen(
-        [
-            str(PYTHON),
-            "-m",
-            "celery",
-            "-A",
-            "rsiweb",
-            "worker",
-            "--beat",
-            "--loglevel=INFO",
-            "--concurrency=2",
-            f"--schedule={ROOT / 'var' / 'celerybeat-schedule'}",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-    web = subprocess.Popen(
-        web_server_command(host, port),
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-    url = f"http://{host}:{port}/"
-    time.sleep(2)
-    say(f"web server: {url}   (admin: {url}admin/)")
-    password_file = Path(env.get("RSI_VAR_DIR") or ROOT / "var") / "admin-password"
-    if password_file.exists():
-        say(f"log in as admin with password {password_file.read_text().strip()}   (kept in {password_file})")
-    else:
-        say("log in with the admin account you created earlier")
-    say("a Celery worker with the lease reaper is running; press Ctrl-C to stop both")
+    # Before anything starts: a port another program holds is said now, not
+    # after a minute of set-up and a URL that answers nothing.
+    problem = port_problem(host, port)
+    if problem:
+        nearby = free_port_near(host, int(port)) if port.isdigit() and 0 < int(port) < 65536 else None
+        hint = f"RSI_PORT={nearby}" if nearby else "RSI_PORT=<port>"
+        say(f"{problem}: choose another port with RSI_PORT, e.g. {hint} python3.11 dev.py run")
+        return 2
+    catch_stop_signals()
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    stopped_by = ""
     try:
-        while web.poll() is None and worker.poll() is None:
+        ensure_venv("requirements.txt")
+        manage("migrate", "--no-input", env=env)
+        rounds = env.get("RSI_EXAMPLE_ROUNDS", "3")
+        if rounds != "0":
+            say(f"loading the example; on first start it also runs {rounds} rounds of it (about a minute) so the")
+            say("screens open on real candidates, diffs, flags and trajectories (RSI_EXAMPLE_ROUNDS=0 skips this)")
+        manage("load_example", "--rounds", rounds, env=env)
+        manage("ensure_admin", env=env)
+        prctl = _libc_prctl()
+        worker = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--beat", "--loglevel=INFO", "--concurrency=2"]
+        children.append(("worker", start_child(worker, env, prctl)))
+        children.append(("web server", start_child(web_server_command(host, port), env, prctl)))
+        # The URL is printed once the server answers on it, not before.
+        deadline = time.monotonic() + LISTEN_TIMEOUT_SECONDS
+        while not _listening(host, int(port)):
+            exited = [name for name, process in children if process.poll() is not None]
+            if exited or time.monotonic() > deadline:
+                why = f"{' and '.join(exited)} exited" if exited else f"no answer on {host}:{port}"
+                say(f"could not start: {why} (its output is above)")
+                return 1
+            time.sleep(0.2)
+        url = f"http://{host}:{port}/"
+        say(f"web server: {url}   (admin: {url}admin/)")
+        password_file = Path(env.get("RSI_VAR_DIR") or ROOT / "var") / "admin-password"
+        if password_file.exists():
+            say(f"log in as admin with password {password_file.read_text().strip()}   (kept in {password_file})")
+        else:
+            say("log in with the admin account you created earlier")
+        say("a Celery worker with the lease reaper is running; Ctrl-C (or SIGTERM, SIGHUP) stops both")
+        while all(process.poll() is None for _, process in children):
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    except Stop as stop:
+        stopped_by = str(stop)
     finally:
-        for process in (web, worker):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in (web, worker):
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-    failed = [name for name, p in (("web server", web), ("worker", worker)) if p.returncode not in (0, -15, None)]
-    if failed:
+        killed = stop_children(children)
+    if stopped_by:
+        say(f"stopped by {stopped_by}: web server and worker" if children else f"stopped by {stopped_by}")
+    if killed:
+        say(f"{', '.join(killed)} did not stop within {STOP_GRACE_SECONDS:g} s of SIGTERM and was killed")
+    failed = [name for name, p in children if p.returncode not in (0, -signal.SIGTERM, None) and name not in killed]
+    if failed and not stopped_by:
         say(f"stopped: {', '.join(failed)} exited with an error")
         return 1
-    return 0
+    return 1 if killed else 0
 
 
 def test(pytest_args: list[str]) -> int:

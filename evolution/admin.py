@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from evolution import models, operators
+from evolution import example, models, operators
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
 
@@ -194,6 +194,8 @@ class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
             # Keep the proposer that worked last time, whichever recipe is chosen.
             latest = experiment.runs.select_related("recipe").order_by("-pk").first()
             proposer = latest.recipe.spec.get("proposal", {}).get("operator") if latest else None
+        if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
+            proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
         try:
             recipe = _start_recipe(experiment, data["recipe"])
             run = loop.run_create(

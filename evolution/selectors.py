@@ -78,25 +78,25 @@ def run_trial_counts(*, run_ids: list[int]) -> dict[int, dict[str, int]]:
     return counts
 
 
-def _score_totals(
+def _totals_queries(
     *,
     experiment_id: int,
     splits: list[str],
     purposes: tuple[str, ...],
     candidate_ids: QuerySet[Any] | None,
-    fields: tuple[str, ...],
-) -> dict[tuple[Any, ...], list[float]]:
-    """Per candidate (keyed by its id and its ``fields``): trials, passed,
-    score sum, tokens sum and trials reporting tokens over its certified
-    ``purposes`` evaluations on ``splits``. Two queries: the totals stored at
-    certification, and the trials of any certified evaluation stored without
-    them (e.g. imported ones; none in the usual case)."""
+    key: tuple[str, ...],
+) -> tuple[QuerySet[Any], QuerySet[Any]]:
+    """Two ``values_list`` queries grouped by ``key`` (the candidate's id
+    first): trials ``n``, ``passed``, ``score_sum``, ``tokens_total`` and
+    ``tokens_n`` of each candidate's certified ``purposes`` evaluations on
+    ``splits``; from the totals stored at certification, and from the trials
+    of any certified evaluation stored without them (e.g. imported ones;
+    none in the usual case)."""
     certified = Evaluation.objects.filter(
         experiment_id=experiment_id, state=Evaluation.State.CERTIFIED, purpose__in=purposes
     )
     if candidate_ids is not None:
         certified = certified.filter(candidate_id__in=candidate_ids)
-    key = ("candidate_id", *(f"candidate__{name}" for name in fields))
     stored = (
         EvaluationSplitStats.objects.filter(evaluation__in=certified.values("pk"), split__in=splits)
         .values_list(*key)
@@ -127,6 +127,24 @@ def _score_totals(
             tokens_n=Count("tokens"),
         )
         .order_by()
+    )
+    return stored, unstored
+
+
+def _score_totals(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    candidate_ids: QuerySet[Any] | None,
+    fields: tuple[str, ...],
+) -> dict[tuple[Any, ...], list[float]]:
+    """Per candidate (keyed by its id and its ``fields``): trials, passed,
+    score sum, tokens sum and trials reporting tokens over its certified
+    ``purposes`` evaluations on ``splits``. Two queries (``_totals_queries``)."""
+    key = ("candidate_id", *(f"candidate__{name}" for name in fields))
+    stored, unstored = _totals_queries(
+        experiment_id=experiment_id, splits=splits, purposes=purposes, candidate_ids=candidate_ids, key=key
     )
     width = len(key)
     # One row per candidate among the stored totals (grouped by it, every
@@ -221,6 +239,93 @@ def measured_candidates(
                 MeasuredCandidate(pk, state, origin, round_number, score, tokens / tokens_n if tokens_n else None)
             )
     return found
+
+
+class MeasuredSample(NamedTuple):
+    candidates: list[MeasuredCandidate]  # by id; each reports tokens
+    measured: int  # the measured candidates reporting tokens, sampled or not
+
+
+def measured_candidates_sample(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    mean_score: bool,
+    limit: int,
+    candidate_ids: QuerySet[Any] | None = None,
+) -> MeasuredSample:
+    """``measured_candidates`` that report tokens, thinned by the database
+    for a cost chart of about ``limit`` points, and how many there are.
+
+    Every one when there are at most ``limit``; else the Pareto front on
+    (mean tokens, score) (no other candidate costs less or the same for a
+    score as high or higher: the points ``review.charts.pareto_front``
+    keeps), the seed, and every k-th of the accepted candidates and of the
+    others in id order, k the smallest step that leaves at most ``limit`` of
+    each. The chart draws its own sample from these: thousands of candidates
+    are summed, ranked and picked in one query, and a few hundred rows reach
+    Python. Scores and tokens are those of ``measured_candidates`` (the same
+    totals, divided as doubles the integer totals convert to exactly)."""
+    stored, unstored = _totals_queries(
+        experiment_id=experiment_id,
+        splits=splits,
+        purposes=purposes,
+        candidate_ids=candidate_ids,
+        key=("candidate_id",),
+    )
+    try:
+        stored_sql, stored_params = stored.query.sql_with_params()
+        unstored_sql, unstored_params = unstored.query.sql_with_params()
+    except EmptyResultSet:  # e.g. an empty list of splits: Django runs no query either
+        return MeasuredSample([], 0)
+    connection = connections[stored.db]
+    candidate = connection.ops.quote_name(Candidate._meta.db_table)
+    numerator = "score_sum" if mean_score else "passed"
+
+    def both(column: str) -> str:  # a candidate's total over its stored and unstored evaluations
+        return f"CAST(COALESCE(s.{column}, 0) + COALESCE(u.{column}, 0) AS DOUBLE PRECISION)"
+
+    sql = f"""
+        WITH stored AS ({stored_sql}), unstored AS ({unstored_sql}),
+        measured AS (
+            SELECT c.id, c.state, c.origin, c.{connection.ops.quote_name("round")},
+                {both(numerator)} / {both("n")} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
+                CASE WHEN c.origin = %s OR c.state = %s THEN 1 ELSE 0 END AS labelled
+            FROM {candidate} c
+            LEFT JOIN stored s ON s.candidate_id = c.id
+            LEFT JOIN unstored u ON u.candidate_id = c.id
+            WHERE c.experiment_id = %s AND {both("n")} > 0 AND {both("tokens_n")} > 0
+        ),
+        ranked AS (
+            SELECT m.*,
+                MAX(score) OVER (ORDER BY cost, score DESC, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                    AS best_before,
+                ROW_NUMBER() OVER (PARTITION BY labelled ORDER BY id) - 1 AS nth,
+                COUNT(*) OVER (PARTITION BY labelled) AS of_group,
+                COUNT(*) OVER () AS total
+            FROM measured m
+        )
+        SELECT id, state, origin, {connection.ops.quote_name("round")}, score, cost, total FROM ranked
+        WHERE total <= %s OR best_before IS NULL OR score > best_before OR origin = %s
+            OR nth %% ((of_group + %s - 1) / %s) = 0
+        ORDER BY id
+    """
+    params = (
+        *stored_params,
+        *unstored_params,
+        Candidate.Origin.SEED.value,
+        Candidate.State.ACCEPTED.value,
+        experiment_id,
+        limit,
+        Candidate.Origin.SEED.value,
+        limit,
+        limit,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return MeasuredSample([MeasuredCandidate(*row[:6]) for row in rows], rows[0][6] if rows else 0)
 
 
 def _trial_record(

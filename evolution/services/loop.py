@@ -121,7 +121,18 @@ def _check_llm_endpoints(recipe: RecipeSpec) -> None:
             try:
                 config_from(spec.params)
             except LLMConfigError as exc:
-                raise LoopError(f"the llm {stage} operator is not configured: {exc}") from exc
+                # Both ways forward, so nobody has to look them up.
+                offline = (
+                    "run an offline proposer instead (--proposer example on the bundled example, "
+                    "the proposer field on the dashboard)"
+                    if stage == "proposal"
+                    else "use the rules critic instead (critique operator: rules)"
+                )
+                raise LoopError(
+                    f"the llm {stage} operator is not configured ({exc}): configure its endpoint "
+                    f"(RSI_LLM_BASE_URL and RSI_LLM_MODEL, or the recipe's {stage} params; docs/llm.md), "
+                    f"or {offline}"
+                ) from exc
 
 
 def run_create(

@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import operators, selectors
+from evolution import example, operators, selectors
 from evolution.models import (
     Candidate,
     ComponentKind,
@@ -402,27 +402,26 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
         Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
     )
     evolve: list[str] = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
-    measured = selectors.measured_candidates(
+    # Thousands may be measured: the database keeps the front, the seed and
+    # an even sample of the rest, and the chart draws COST_CHART_POINTS or so
+    # of those, with their links and tooltips.
+    sample = selectors.measured_candidates_sample(
         experiment_id=experiment.pk,
         splits=evolve,
         purposes=MEASURED_PURPOSES,
         mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
+        limit=COST_CHART_POINTS,
         candidate_ids=shown.values("pk"),
     )
-    # Thinned as light tuples, drawn as CostPoints with their links and
-    # tooltips: thousands are measured, COST_CHART_POINTS or so are drawn.
     points = []
-    for candidate in measured:
-        if candidate.tokens is None:
-            continue
+    for candidate in sample.candidates:
+        assert candidate.tokens is not None  # the sample holds only candidates that report tokens
         category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
         points.append(
-            _Measured(
-                candidate.pk, float(candidate.tokens), candidate.score, category, category in {"seed", "accepted"}
-            )
+            _Measured(candidate.pk, candidate.tokens, candidate.score, category, category in {"seed", "accepted"})
         )
     href = url_maker("review:candidate")
-    facts = {candidate.pk: candidate for candidate in measured}
+    facts = {candidate.pk: candidate for candidate in sample.candidates}
     drawn = []
     for point in charts.thin_cost_points(points, COST_CHART_POINTS):
         candidate = facts[point.candidate_id]
@@ -438,7 +437,7 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
                 detail=f"{candidate.state}, round {candidate.round}",
             )
         )
-    return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), len(points)
+    return charts.cost_chart(drawn, category_titles=lineage_layout.CATEGORY_TITLES), len(drawn), sample.measured
 
 
 def _component_table(run: Run, recipe: Recipe | None, last_round: int) -> list[dict[str, Any]]:
@@ -954,7 +953,7 @@ def lineage(request: HttpRequest, pk: int) -> HttpResponse:
 def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a run of a preset (or of an earlier run's recipe) with the
     form's overrides. Any error is a message and nothing is created."""
-    experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
+    experiment = get_object_or_404(Experiment.objects.select_related("benchmark"), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])
     latest = Run.objects.filter(experiment=experiment).select_related("recipe").order_by("-pk").first()
     form = RunStartForm(request.POST, latest=latest)
@@ -966,6 +965,9 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"The run was not started: {problems}")
         return HttpResponseRedirect(dashboard)
     data = form.cleaned_data
+    proposer = data["proposer"] or None
+    if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
+        proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
     try:
         recipe = start_recipe(name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"])
         run = loop.run_create(
@@ -973,7 +975,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             recipe=recipe,
             rounds=data["rounds"],
             k=data["k"],
-            proposer=data["proposer"] or None,
+            proposer=proposer,
             user=request.user,
         )
     except (RecipeError, loop.LoopError) as exc:

@@ -194,6 +194,51 @@ def test_measured_candidates_match_the_trials_with_or_without_stored_totals() ->
     )[:5]
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("mean_score", [False, True])
+def test_measured_sample_is_the_front_the_seed_and_every_kth_with_the_same_numbers(mean_score: bool) -> None:
+    from types import SimpleNamespace
+
+    from evolution import selectors
+    from evolution.models import Evaluation, EvaluationSplitStats
+    from review import charts
+
+    experiment_id, args = small_bench_world()
+    limit = 5
+
+    def expected() -> tuple[list[selectors.MeasuredCandidate], list[int]]:
+        """Every measured candidate reporting tokens, and the ids the sample must hold."""
+        every = [m for m in selectors.measured_candidates(**args, mean_score=mean_score) if m.tokens is not None]
+        points = [SimpleNamespace(candidate_id=m.pk, cost=m.tokens, score=m.score) for m in every]
+        keep = {p.candidate_id for p in charts.pareto_front(points)} | {m.pk for m in every if m.origin == "seed"}
+        labelled = [m.pk for m in every if m.origin == "seed" or m.state == "accepted"]
+        others = [m.pk for m in every if m.pk not in set(labelled)]
+        for group in (labelled, others):
+            keep |= set(group[:: -(-len(group) // limit)])  # every k-th, k = ceil(len / limit)
+        return every, sorted(keep)
+
+    def check() -> list[selectors.MeasuredCandidate]:
+        every, ids = expected()
+        assert len(every) > 4 * limit
+        # All of them when the limit allows: the same candidates, scores and tokens, exactly.
+        assert selectors.measured_candidates_sample(**args, mean_score=mean_score, limit=len(every)) == (
+            every,
+            len(every),
+        )
+        sample = selectors.measured_candidates_sample(**args, mean_score=mean_score, limit=limit)
+        assert sample.measured == len(every)
+        assert [m.pk for m in sample.candidates] == ids
+        by_id = {m.pk: m for m in every}
+        assert sample.candidates == [by_id[pk] for pk in ids]
+        return sample.candidates
+
+    stored = check()
+    # Every other evaluation without its stored totals: its trials are counted instead, to the same sample.
+    halved = Evaluation.objects.filter(experiment_id=experiment_id).order_by("pk").values_list("pk", flat=True)[::2]
+    assert EvaluationSplitStats.objects.filter(evaluation_id__in=list(halved)).delete()[0] > 0
+    assert check() == stored
+
+
 def test_keep_and_reuse_take_one_benchmark_that_generates_data() -> None:
     from django.core.management import CommandError, call_command
 

@@ -361,6 +361,30 @@ def test_an_operator_starts_a_run_and_a_second_one_is_refused(client_as) -> None
     assert any("has an active run already" in m for m in _messages(again))
 
 
+def test_run_start_of_a_preset_on_the_example_uses_its_offline_proposer(client_as) -> None:
+    from django.core.management import call_command
+
+    call_command("load_example", verbosity=0)
+    experiment = Experiment.objects.get(name="example-routing")
+    client = client_as("operator")
+    page = reverse("review:experiment", args=[experiment.pk])
+    url = reverse("review:run_start", args=[experiment.pk])
+    response = _post(client, url, {"recipe": "rrsi", "rounds": "1"}, page=page)  # the recipe's own proposer
+    run = Run.objects.get(experiment=experiment)
+    assert response.status_code == 302 and response["Location"] == f"{page}?run={run.pk}"
+    assert run.recipe.spec["proposal"]["operator"] == "example"
+    assert "proposer example." in _messages(client.get(response["Location"]))[0]
+    # Told otherwise, the preset's llm proposer is refused (no endpoint here) and nothing is created.
+    assert loop.run_cancel(run=run)
+    response = client.post(
+        url, {"recipe": "rrsi", "proposer": "llm"}, HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value, follow=True
+    )
+    shown = _messages(response)
+    assert "The run was not started: the llm proposal operator is not configured" in shown[0]
+    assert "configure its endpoint" in shown[0] and "the proposer field on the dashboard" in shown[0]
+    assert Run.objects.filter(experiment=experiment).count() == 1
+
+
 def test_run_start_reports_bad_input_and_creates_nothing(client_as) -> None:
     experiment = make_tiny_experiment()
     client = client_as("operator")
@@ -527,6 +551,18 @@ def test_other_staff_roles_do_not_get_the_admin_run_list(role: str, make_user) -
     assert _start_page(client, experiment, recipe="archive", start="Start").status_code == 200
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING and Run.objects.count() == 1
+
+
+def test_the_admin_start_action_runs_a_preset_on_the_example_with_its_offline_proposer(make_user) -> None:
+    from django.core.management import call_command
+
+    call_command("load_example", verbosity=0)
+    experiment = Experiment.objects.get(name="example-routing")  # no run yet: no proposer to keep
+    client = _staff(make_user, "operator")
+    response = _start_page(client, experiment, recipe="rrsi", rounds="1", start="Start")
+    run = Run.objects.get(experiment=experiment)
+    assert _messages(response) == [f"{experiment.name}: run {run.pk} started (rrsi, 1 round(s), proposer example)"]
+    assert run.recipe.spec["proposal"]["operator"] == "example"
 
 
 def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution import limits, operators
+from evolution import example, limits, operators
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
 from evolution.services import loop
@@ -71,10 +71,17 @@ class Command(BaseCommand):
         if experiment is None:
             raise CommandError(f"no experiment with id {options['experiment']}", returncode=2)
         name = options["recipe"]
+        proposer = options["proposer"]
         try:
             loop._load_operators()
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
+                if proposer is None:  # the bundled example runs presets with its own offline proposer
+                    proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
+                    if proposer is not None:
+                        self.stdout.write(
+                            f"proposer {proposer}: the example's offline proposer (--proposer llm for the preset's own)"
+                        )
             elif Path(name).is_file():
                 recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
             else:
@@ -84,7 +91,7 @@ class Command(BaseCommand):
                 recipe=recipe,
                 rounds=options["rounds"],
                 k=options["k"],
-                proposer=options["proposer"],
+                proposer=proposer,
             )
         except (RecipeError, loop.LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
