@@ -1,7 +1,13 @@
 """Import trajectories: POST /api/v1/trials/<pk>/trajectory/ for one trial,
 POST /api/v1/trajectories/ for a batch.
 
-One: ``{"format": "auto" | "atif" | "mini-swe-agent" | "openai", "document": ...}``.
+One: ``{"format": "auto" | "atif" | "mini-swe-agent" | "openai", "document": ...,
+"files": {name: document, ...}, "lenient": false}``: ``files`` holds the
+trajectory's other files by name (ATIF continuations named by
+``continued_trajectory_ref``, subagent trajectories named by a step's
+``subagent_trajectory_ref``); ``lenient`` keeps off-spec steps' text and
+records each deviation. A document that is a list of trajectories is a 400
+naming the count and pointing to the batch endpoint.
 A batch: ``{"trajectories": [{"trial": <pk>, "format": ..., "document": ...}, ...]}``,
 up to ``BATCH_MAX`` of them, all or nothing: one invalid item (its position
 names it) and nothing is written. Each document is validated, converted to
@@ -34,6 +40,7 @@ from evolution.models import Trial
 from evolution.services.trajectories import (
     TrajectoryBatchError,
     TrajectoryFormatError,
+    TrajectoryListError,
     trajectories_import,
     trajectory_import,
 )
@@ -75,7 +82,17 @@ class ParsedJSONField(serializers.JSONField):
 class TrajectoryImportInput(serializers.Serializer):
     format = serializers.ChoiceField(choices=("auto", *FORMATS), default="auto", required=False)
     document = ParsedJSONField(
-        help_text="an ATIF v1.x trajectory, a mini-swe-agent trajectory file, or an OpenAI chat message list"
+        help_text="an ATIF v1.0-v1.7 trajectory, a mini-swe-agent 1.x/2.x trajectory file or message list, "
+        "an OpenAI chat message list, or a tau-bench run"
+    )
+    files = serializers.DictField(
+        child=ParsedJSONField(),
+        required=False,
+        default=dict,
+        help_text="the trajectory's other files by name: ATIF continuations and subagent trajectories",
+    )
+    lenient = serializers.BooleanField(
+        required=False, default=False, help_text="keep off-spec steps' text and record each deviation"
     )
 
 
@@ -85,6 +102,9 @@ class TrajectoryImportOutput(serializers.Serializer):
     step_count = serializers.IntegerField()
     redacted = serializers.BooleanField()
     redactions = serializers.DictField(child=serializers.IntegerField(), help_text="secrets removed, by kind")
+    deviations = serializers.ListField(child=serializers.CharField(), help_text="off-spec points kept (lenient)")
+    continuation_files = serializers.ListField(child=serializers.CharField(), help_text="continuations joined")
+    subagent_trajectories = serializers.IntegerField(help_text="subagent trajectories linked")
 
 
 def _summary(trajectory: Any) -> dict[str, Any]:
@@ -94,6 +114,9 @@ def _summary(trajectory: Any) -> dict[str, Any]:
         "step_count": trajectory.step_count,
         "redacted": trajectory.redacted,
         "redactions": trajectory.extra.get("redactions", {}),
+        "deviations": trajectory.extra.get("deviations", []),
+        "continuation_files": trajectory.extra.get("continuation_files", []),
+        "subagent_trajectories": len(trajectory.extra.get("subagent_trajectories", [])),
     }
 
 
@@ -113,8 +136,21 @@ class TrajectoryImportView(APIView):
             raise ValidationError({"document": ["this field is required"]})
         try:
             trajectory = trajectory_import(
-                trial=trial, document=data.validated_data["document"], fmt=data.validated_data.get("format", "auto")
+                trial=trial,
+                document=data.validated_data["document"],
+                fmt=data.validated_data.get("format", "auto"),
+                lenient=data.validated_data.get("lenient", False),
+                files=data.validated_data.get("files") or {},
             )
+        except TrajectoryListError as exc:
+            raise ValidationError(
+                {
+                    "document": [
+                        f"this is a list of {exc.count} {exc.kind}, not one trajectory; import them with "
+                        f"POST /api/v1/trajectories/ ({exc.count} items, one trial each)"
+                    ]
+                }
+            ) from exc
         except TrajectoryFormatError as exc:
             raise ValidationError({"document": exc.errors}) from exc
         body = TrajectoryImportOutput(_summary(trajectory))
@@ -133,6 +169,9 @@ class TrajectoryBatchItem(serializers.Serializer):
 
 class TrajectoryBatchInput(serializers.Serializer):
     trajectories = serializers.ListField(child=TrajectoryBatchItem(), min_length=1, max_length=BATCH_MAX)
+    lenient = serializers.BooleanField(
+        required=False, default=False, help_text="keep off-spec steps' text and record each deviation"
+    )
 
 
 class TrajectoryBatchOutput(serializers.Serializer):
@@ -168,7 +207,8 @@ class TrajectoryBatchImportView(APIView):
             raise ValidationError({"trajectories": {str(index): found for index, found in problems.items()}})
         try:
             trajectories = trajectories_import(
-                [(visible[item["trial"]], item["document"], item.get("format", "auto")) for item in items]
+                [(visible[item["trial"]], item["document"], item.get("format", "auto")) for item in items],
+                lenient=data.validated_data.get("lenient", False),
             )
         except TrajectoryBatchError as exc:
             raise ValidationError(

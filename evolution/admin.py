@@ -324,6 +324,19 @@ class CertifiedResultAdmin(ReadOnlyAdmin):
         return models.CertifiedResult._meta.get_field("payload").value_to_string(obj)
 
 
+@admin.register(models.CertifiedDecision)
+class CertifiedDecisionAdmin(ReadOnlyAdmin):
+    list_display = ("experiment", "seq", "kind", "candidate", "record_digest", "created_at")
+    list_filter = ("experiment", "kind")
+    search_fields = ("record_digest",)
+    exclude = ("payload",)
+    readonly_fields = ("canonical_payload",)
+
+    @admin.display(description="payload (the canonical JSON that is hashed)")
+    def canonical_payload(self, obj: models.CertifiedDecision) -> str:
+        return models.CertifiedDecision._meta.get_field("payload").value_to_string(obj)
+
+
 @admin.register(models.GateDecision)
 class GateDecisionAdmin(ReadOnlyAdmin):
     list_display = ("run", "round", "candidate", "accepted", "chosen", "rule")

@@ -7,7 +7,7 @@ See ../shared/CONCEPTS.md for the words used here.
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
 from django.db import models
@@ -593,7 +593,11 @@ class TrajectoryStep(models.Model):
 # --- Certified records --------------------------------------------------------
 
 
-class CertifiedResultQuerySet(models.QuerySet["CertifiedResult"]):
+# Shared by the two append-only record tables (results and decisions).
+_Record = TypeVar("_Record", bound=models.Model)
+
+
+class CertifiedResultQuerySet(models.QuerySet[_Record]):
     def update(self, **kwargs: Any) -> int:
         raise PermissionError("certified results are append-only")
 
@@ -641,6 +645,52 @@ class CertifiedResult(models.Model):
         raise PermissionError("certified results are append-only")
 
 
+class CertifiedDecision(models.Model):
+    """An append-only, signed record of a decision, in the same chain as the
+    evaluations (``CertifiedResult``): one ``seq`` numbering and one signed
+    head per experiment cover both tables.
+
+    ``kind`` is ``gate`` (a gate verdict: the rule, the numbers it used and
+    the candidate's resulting state and reason) or ``review`` (a reviewer's
+    verdict). The payload also binds the surface and recipe digests the
+    decision was made under. Digest, signature and triggers as for
+    ``CertifiedResult``.
+    """
+
+    class Kind(models.TextChoices):
+        GATE = "gate"
+        REVIEW = "review"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="certified_decisions")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    candidate = models.ForeignKey(Candidate, on_delete=models.PROTECT, related_name="certified_decisions")
+    payload = CanonicalJSONField()
+    prev_digest = models.CharField(max_length=64)
+    record_digest = models.CharField(max_length=64, unique=True)
+    signature = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = CertifiedResultQuerySet.as_manager()
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["experiment", "seq"], name="certified_decision_unique_seq")
+        ]
+        ordering: ClassVar = ["experiment_id", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} decision {self.experiment_id}#{self.seq} {self.record_digest[:12]}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise PermissionError("certified records are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise PermissionError("certified records are append-only")
+
+
 # --- Loop decisions and human workflow (filled in by later issues) ----------
 
 
@@ -655,6 +705,11 @@ class GateDecision(models.Model):
     explanation = models.TextField(blank=True)
     # dS, dC, delta, novelty, guard values... as computed by the gate.
     numbers = models.JSONField(default=dict)
+    # The signed record of this decision (null only for a decision made
+    # before decisions were certified that the upgrade could not certify).
+    record = models.OneToOneField(
+        CertifiedDecision, null=True, blank=True, on_delete=models.PROTECT, related_name="gate_decision"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -738,6 +793,9 @@ class ReviewDecision(models.Model):
     reason = models.TextField(blank=True)
     rejected_edits = models.ManyToManyField(AtomicEdit, blank=True, related_name="+")
     derived_candidate = models.ForeignKey(Candidate, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    record = models.OneToOneField(
+        CertifiedDecision, null=True, blank=True, on_delete=models.PROTECT, related_name="review_decision"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

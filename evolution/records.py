@@ -232,3 +232,161 @@ class ChainChecker:
         if (head.length or head.signature) and not hmac.compare_digest(expected, head.signature):
             self.problems.append("chain head signature does not match")
         return self.problems
+
+
+# --- Decisions in the chain ------------------------------------------------------------------
+
+GATE_SCHEMA = "rsiweb.gate-decision/1"
+REVIEW_SCHEMA = "rsiweb.review-decision/1"
+DECISION_SCHEMAS = {GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review"}
+# Marks a decision certified by the upgrade that introduced decision records:
+# it certifies what the database held then, not the moment of the decision.
+AT_UPGRADE = "at upgrade"
+
+# The candidate states only a decision sets, and the kind of decision that
+# sets each. A candidate in one of them needs a certified decision saying so.
+DECIDED_STATES = {"accepted": "gate", "rejected_gate": "gate", "rejected_review": "review"}
+
+
+def gate_payload(
+    *,
+    experiment_uid: str,
+    seq: int,
+    prev: str,
+    candidate_tree: str,
+    current_tree: str | None,
+    round: int,
+    accepted: bool,
+    chosen: bool,
+    rule: str,
+    explanation: str,
+    numbers: Any,
+    state: str,
+    reason: str,
+    recipe: str | None,
+    surface: str | None,
+    certified: str | None = None,
+) -> dict[str, Any]:
+    """The payload certifying one gate decision: the verdict, the rule, the
+    numbers it used, the candidate's resulting state and reason, and the
+    digests of the recipe and surface it was decided under."""
+    payload = {
+        "schema": GATE_SCHEMA,
+        "experiment": experiment_uid,
+        "seq": seq,
+        "prev": prev,
+        "candidate": {"tree": candidate_tree},
+        "gate": {
+            "round": round,
+            "current": current_tree,
+            "accepted": accepted,
+            "chosen": chosen,
+            "rule": rule,
+            "explanation": explanation,
+            "numbers": numbers,
+        },
+        "state": {"name": state, "reason": reason},
+        "recipe": recipe,
+        "surface": surface,
+    }
+    if certified:
+        payload["certified"] = certified
+    return payload
+
+
+def review_payload(
+    *,
+    experiment_uid: str,
+    seq: int,
+    prev: str,
+    candidate_tree: str,
+    verdict: str,
+    reason: str,
+    reviewer: str,
+    rejected_edits: list[int],
+    derived_tree: str | None,
+    state: str,
+    state_reason: str,
+    recipe: str | None,
+    surface: str | None,
+    certified: str | None = None,
+) -> dict[str, Any]:
+    """The payload certifying one review decision: verdict, reason, who,
+    which atomic edits (by index) were rejected, the derived candidate, and
+    the reviewed candidate's resulting state and reason."""
+    payload = {
+        "schema": REVIEW_SCHEMA,
+        "experiment": experiment_uid,
+        "seq": seq,
+        "prev": prev,
+        "candidate": {"tree": candidate_tree},
+        "review": {
+            "verdict": verdict,
+            "reason": reason,
+            "reviewer": reviewer,
+            "rejected_edits": sorted(rejected_edits),
+            "derived": derived_tree,
+        },
+        "state": {"name": state, "reason": state_reason},
+        "recipe": recipe,
+        "surface": surface,
+    }
+    if certified:
+        payload["certified"] = certified
+    return payload
+
+
+@dataclass(frozen=True)
+class CandidateState:
+    """What verification compares of one candidate with its decisions."""
+
+    tree: str
+    state: str
+    reason: str
+    origin: str
+
+
+def candidate_state_problems(
+    candidates: Iterable[CandidateState], decisions: Iterable[tuple[int, Any]], *, known_states: Iterable[str]
+) -> list[str]:
+    """Candidate states checked against the certified decisions; empty when they agree.
+
+    ``decisions``: (seq, payload) of the decision records, in seq order. A
+    decision that certified a state of ``DECIDED_STATES`` (accepted,
+    rejected by the gate or by review: states nothing moves a candidate out
+    of) must still be the candidate's state, with the same reason; and a
+    candidate in such a state needs a decision that certified it (an
+    imported workspace's candidate keeps its source's rejection, never
+    certified here, but is never accepted without one). An unknown state is
+    a problem. Pure.
+    """
+    known = set(known_states)
+    last: dict[str, tuple[int, str, str, str]] = {}
+    for seq, payload in decisions:
+        if not isinstance(payload, dict):
+            continue  # reported by the chain check
+        kind = DECISION_SCHEMAS.get(str(payload.get("schema")))
+        state = payload.get("state") or {}
+        tree = str((payload.get("candidate") or {}).get("tree"))
+        if kind and isinstance(state, dict) and state.get("name") in DECIDED_STATES:
+            last[tree] = (seq, kind, str(state.get("name")), str(state.get("reason")))
+    problems = []
+    for candidate in candidates:
+        where = f"candidate {candidate.tree[:12]}"
+        if candidate.state not in known:
+            problems.append(f"{where}: unknown state {candidate.state!r}")
+            continue
+        if candidate.tree in last:
+            seq, kind, state, reason = last[candidate.tree]
+            if candidate.state != state:
+                problems.append(
+                    f"{where}: state {candidate.state!r}, but the certified {kind} decision (record #{seq}) "
+                    f"made it {state!r}"
+                )
+            elif candidate.reason != reason:
+                problems.append(f"{where}: state reason differs from the certified {kind} decision (record #{seq})")
+        elif candidate.state in DECIDED_STATES and (candidate.state == "accepted" or candidate.origin != "imported"):
+            problems.append(
+                f"{where}: state {candidate.state!r} with no certified {DECIDED_STATES[candidate.state]} decision"
+            )
+    return problems

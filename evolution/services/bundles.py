@@ -2,16 +2,19 @@
 
 A bundle is one JSON document (gzip-compressed when the file name ends in
 ``.gz``) holding everything needed to re-verify the experiment's certified
-records somewhere else: the records and the signed chain head, the
+records somewhere else: the evaluation and decision records and the signed chain head, the
 experiment's benchmark tasks (expected data included: the task-set digests
 the records bind cover it), the splits, the evaluator, the surface, the
 recipe(s), the candidates the records name (with their ancestors) and every
 tree and blob those reference. docs/workspaces.md describes the format.
 
-``bundle_verify`` is pure (no database): it recomputes every blob, tree,
+``bundle_verify`` is pure (no database): it checks the bundle's shape and
+every tree's entries as storing them would, recomputes every blob, tree,
 task, task-set, evaluator and record digest, the chain links and the
-signatures. ``bundle_import`` recreates the experiment in another database,
-after the same verification, so ``verify_records`` passes there.
+signatures, and the candidates' states against the certified decisions.
+``bundle_import`` recreates the experiment in another database after that
+very check (its only other refusals are conflicts with the database), so
+``verify_records`` passes there.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from evolution.models import (
     Benchmark,
     Blob,
     Candidate,
+    CertifiedDecision,
     CertifiedResult,
     Evaluation,
     Experiment,
     Recipe,
     SplitMembership,
+    SplitName,
     Task,
     Tree,
     TreeEntry,
@@ -54,7 +59,8 @@ from evolution.services.experiments import (
 )
 from evolution.services.records import split_stats_store
 from evolution.services.snapshots import tree_store
-from evolution.trees import FileEntry, SnapshotError
+from evolution.surfaces import SurfaceSpecError, parse_surface
+from evolution.trees import FileEntry, SnapshotError, validate_entries
 
 FORMAT = "rsiweb-bundle/1"
 
@@ -87,9 +93,10 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
     """The bundle of ``experiment`` as a JSON-compatible dict. Reads only."""
     experiment = Experiment.objects.select_related("benchmark", "evaluator", "surface", "recipe").get(pk=experiment.pk)
     rows = list(CertifiedResult.objects.filter(experiment=experiment).order_by("seq"))
+    decisions = list(CertifiedDecision.objects.filter(experiment=experiment).order_by("seq"))
 
     # The candidates the records name, their ancestors and the seed.
-    named = {row.candidate_id for row in rows}
+    named = {row.candidate_id for row in rows} | {row.candidate_id for row in decisions}
     if experiment.seed_candidate_id:
         named.add(experiment.seed_candidate_id)
     by_pk: dict[int, Candidate] = {}
@@ -112,7 +119,8 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
     benchmarks = {experiment.benchmark.name: experiment.benchmark}
     for task in tasks.values():
         benchmarks[task.benchmark.name] = task.benchmark
-    recipe_digests = {row.payload.get("recipe") for row in rows} | {
+    signed: list[CertifiedResult | CertifiedDecision] = [*rows, *decisions]
+    recipe_digests = {row.payload.get("recipe") for row in signed if isinstance(row.payload, dict)} | {
         experiment.recipe.digest if experiment.recipe else None
     }
     recipes = Recipe.objects.filter(digest__in=[d for d in recipe_digests if d]).order_by("digest")
@@ -201,6 +209,17 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             }
             for row in rows
         ],
+        "decisions": [
+            {
+                "seq": entry.seq,
+                "kind": entry.kind,
+                "prev_digest": entry.prev_digest,
+                "record_digest": entry.record_digest,
+                "signature": entry.signature,
+                "payload": entry.payload,
+            }
+            for entry in decisions
+        ],
         "trees": trees,
         "blobs": blobs,
     }
@@ -267,16 +286,217 @@ def _split_digests(bundle: Mapping[str, Any], task_digests: Mapping[tuple[str, s
 def bundle_verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
     """Every problem found in a bundle; empty when it checks out. No database.
 
-    Recomputes blob, tree, task, task-set, evaluator, surface and recipe
-    digests, checks that every record names things the bundle holds and
-    that its task sets and evaluator are the bundle's, and verifies the
-    chain (links, record digests, signatures, signed head) with ``key``.
-    A structurally broken bundle is reported as one problem, never raised.
+    The one check of a bundle: ``verify_records --bundle`` prints it and
+    ``bundle_import`` refuses on it, so the two never disagree; import adds
+    only what needs the database (a conflict with what is already there).
+    Checks that every section has the shape import reads (``_shape``), that
+    every tree's entries are ones ``tree_store`` would take (paths with
+    ``..``, absolute or escaping symlinks, control characters...), that the
+    surface parses; recomputes blob, tree, task, task-set, evaluator,
+    surface and recipe digests; checks that every record names things the
+    bundle holds and that its task sets, evaluator, surface and candidate
+    origin are the bundle's; checks the candidates' states against the
+    certified decisions (``records.candidate_state_problems``); and verifies
+    the chain of evaluation and decision records together (links, record
+    digests, signatures, signed head) with ``key``. A structurally broken
+    bundle is reported as one problem, never raised.
     """
     try:
+        problems = _shape(bundle)
+        if problems:
+            return problems
         return _verify(bundle, key=key)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         return [f"bundle is malformed: {type(exc).__name__}: {exc}"]
+
+
+_TEXT = (str,)
+_OPTIONAL_TEXT = (str, type(None))
+_INT = (int,)
+
+
+def _fields(problems: list[str], where: str, item: Any, fields: Mapping[str, tuple[type, ...]]) -> bool:
+    """Report each field of ``item`` missing or of another type; True when all are right."""
+    if not isinstance(item, dict):
+        problems.append(f"{where}: not an object")
+        return False
+    ok = True
+    for name, kinds in fields.items():
+        value = item.get(name, ...)
+        if value is ... or not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            problems.append(f"{where}: {name!r} is missing or not {'/'.join(k.__name__ for k in kinds)}")
+            ok = False
+    return ok
+
+
+def _shape(bundle: Mapping[str, Any]) -> list[str]:
+    """What ``_create`` reads, present and of the right type, and the
+    references between sections that it follows (a task's benchmark, a
+    split's task, a candidate's parent listed before it, a record's trials
+    in the bundle's splits). Pure."""
+    problems: list[str] = []
+    sections = {
+        "experiment": (dict,),
+        "chain": (dict,),
+        "benchmarks": (list,),
+        "tasks": (list,),
+        "splits": (list,),
+        "evaluator": (dict,),
+        "surface": (dict,),
+        "recipes": (list,),
+        "candidates": (list,),
+        "records": (list,),
+        "trees": (dict,),
+        "blobs": (dict,),
+    }
+    if not _fields(problems, "bundle", bundle, sections):
+        return problems
+    if not isinstance(bundle.get("decisions", []), list):  # absent from bundles made before decisions were certified
+        return ["bundle: 'decisions' is not list"]
+    _fields(
+        problems,
+        "experiment",
+        bundle["experiment"],
+        {
+            "uid": _TEXT,
+            "name": _TEXT,
+            "description": _TEXT,
+            "benchmark": _TEXT,
+            "heldout_benchmarks": (list,),
+            "recipe": _OPTIONAL_TEXT,
+            "seed_tree": _OPTIONAL_TEXT,
+            "split_seed": _INT,
+            "split_ratios": (dict,),
+            "split_digests": (dict,),
+            "run_settings": (dict,),
+            "trials_per_task": _INT,
+            "status": _TEXT,
+        },
+    )
+    if bundle["experiment"].get("status") not in Experiment.Status.values:
+        problems.append(f"experiment: unknown status {str(bundle['experiment'].get('status'))[:40]!r}")
+    _fields(problems, "chain", bundle["chain"], {"length": _INT, "head": _TEXT, "signature": _TEXT})
+    benchmarks = set()
+    for position, item in enumerate(bundle["benchmarks"], start=1):
+        if _fields(problems, f"benchmark {position}", item, {"name": _TEXT, "title": _TEXT, "description": _TEXT}):
+            benchmarks.add(item["name"])
+    for name in [bundle["experiment"].get("benchmark"), *(bundle["experiment"].get("heldout_benchmarks") or [])]:
+        if name not in benchmarks:
+            problems.append(f"experiment: benchmark {str(name)[:80]!r} not in the bundle")
+    tasks = set()
+    task_fields = {
+        "benchmark": _TEXT,
+        "id": _TEXT,
+        "instruction": _TEXT,
+        "public_files": _OPTIONAL_TEXT,
+        "criteria": (list,),
+        "metadata": (dict,),
+        "digest": _TEXT,
+    }
+    for position, item in enumerate(bundle["tasks"], start=1):
+        if _fields(problems, f"task {position}", item, task_fields):
+            if "expected" not in item:
+                problems.append(f"task {position}: 'expected' is missing")
+            if item["benchmark"] not in benchmarks:
+                problems.append(f"task {item['benchmark']}/{item['id']}: benchmark not in the bundle")
+            tasks.add((item["benchmark"], item["id"]))
+    in_split = set()
+    for position, item in enumerate(bundle["splits"], start=1):
+        if _fields(problems, f"split membership {position}", item, {"benchmark": _TEXT, "task": _TEXT, "split": _TEXT}):
+            if item["split"] not in SplitName.values or (item["benchmark"], item["task"]) not in tasks:
+                problems.append(f"split membership {position}: unknown split or task not in the bundle")
+            in_split.add((item["split"], item["task"]))
+    _fields(
+        problems,
+        "evaluator",
+        bundle["evaluator"],
+        {
+            "name": _TEXT,
+            "files": _TEXT,
+            "runner_argv": (list,),
+            "verifier_argv": (list,),
+            "env_allowlist": (list,),
+            "timeout_seconds": _INT,
+            "limits": (dict,),
+        },
+    )
+    if _fields(problems, "surface", bundle["surface"], {"name": _TEXT, "spec": _TEXT, "digest": _TEXT}):
+        try:
+            parse_surface(bundle["surface"]["spec"])
+        except SurfaceSpecError as exc:
+            problems.append(f"surface: {exc}")
+    for position, item in enumerate(bundle["recipes"], start=1):
+        _fields(
+            problems, f"recipe {position}", item, {"name": _TEXT, "version": _INT, "spec": (dict,), "digest": _TEXT}
+        )
+    listed: set[str] = set()
+    candidate_fields = {
+        "tree": _TEXT,
+        "parent_tree": _OPTIONAL_TEXT,
+        "origin": _TEXT,
+        "state": _TEXT,
+        "round": (int, type(None)),
+        "label": _TEXT,
+        "state_reason": _TEXT,
+        "certified_at": _OPTIONAL_TEXT,
+    }
+    for position, item in enumerate(bundle["candidates"], start=1):
+        if not _fields(problems, f"candidate {position}", item, candidate_fields):
+            continue
+        where = f"candidate {item['tree'][:12]}"
+        if item["origin"] not in Candidate.Origin.values:
+            problems.append(f"{where}: unknown origin {item['origin'][:40]!r}")
+        if item["parent_tree"] is not None and item["parent_tree"] not in listed:
+            problems.append(f"{where}: parent not listed before it")
+        if item["certified_at"] is not None and parse_datetime(item["certified_at"]) is None:
+            problems.append(f"{where}: certified_at is not a date and time")
+        listed.add(item["tree"])
+    record_fields = {"seq": _INT, "prev_digest": _TEXT, "record_digest": _TEXT, "signature": _TEXT, "payload": (dict,)}
+    trial_fields = {"task": _TEXT, "split": _TEXT, "index": _INT, "seed": _INT, "outcome": _TEXT, "criteria": (list,)}
+    for position, item in enumerate(bundle["records"], start=1):
+        if not _fields(problems, f"record at position {position}", item, record_fields):
+            continue
+        payload = item["payload"]
+        where = f"record #{item['seq']}"
+        if not _fields(problems, where, payload, {"evaluation": (dict,), "evaluator": (dict,), "trials": (list,)}):
+            continue
+        _fields(
+            problems,
+            f"{where} evaluation",
+            payload["evaluation"],
+            {"purpose": _TEXT, "repeat": _INT, "splits": (list,), "k": _INT, "seed": _INT},
+        )
+        _fields(problems, f"{where} evaluator", payload["evaluator"], {"sandbox_profile": _TEXT})
+        for trial in payload["trials"]:
+            if not _fields(problems, f"{where} trial", trial, trial_fields):
+                break
+            if (trial["split"], trial["task"]) not in in_split:
+                problems.append(f"{where}: task {trial['task'][:80]!r} is not in split {trial['split'][:20]!r}")
+                break
+    for position, item in enumerate(bundle.get("decisions", []), start=1):
+        where = f"decision at position {position}"
+        if _fields(problems, where, item, {**record_fields, "kind": _TEXT}) and (
+            item["kind"] not in CertifiedDecision.Kind.values
+        ):
+            problems.append(f"decision #{item['seq']}: unknown kind {item['kind'][:40]!r}")
+    for digest, entries in bundle["trees"].items():
+        problems += _tree_problems(digest, entries, bundle["blobs"])
+    return problems
+
+
+def _tree_problems(digest: str, entries: Any, blobs: Mapping[str, Any]) -> list[str]:
+    """A tree's entries checked by ``validate_entries``, the check
+    ``tree_store`` makes before storing anything: one problem, or none."""
+    where = f"tree {str(digest)[:12]}"
+    if not isinstance(entries, list) or not all(
+        isinstance(e, list) and len(e) == 3 and all(isinstance(part, str) for part in e) for e in entries
+    ):
+        return [f"{where}: entries are not [path, mode, blob digest] lists"]
+    try:
+        validate_entries(FileEntry(path, mode, _decode(blobs.get(blob)) or b"") for path, mode, blob in entries)
+    except SnapshotError as exc:
+        return [f"{where}: {exc}"]
+    return []
 
 
 def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
@@ -287,6 +507,7 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
         blobs = bundle["blobs"]
         trees = bundle["trees"]
         raw_records = bundle["records"]
+        raw_decisions = bundle.get("decisions", [])
         chain = bundle["chain"]
         evaluator = bundle["evaluator"]
     except (KeyError, TypeError) as exc:
@@ -336,7 +557,9 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
     for recipe in bundle.get("recipes", []):
         if digests.json_digest(recipe.get("spec")) != recipe.get("digest"):
             problems.append(f"recipe {recipe.get('name')!r}: spec does not match its digest")
+    surface_digest = surface.get("digest")
     candidates = {c.get("tree") for c in bundle.get("candidates", [])}
+    origins = {c.get("tree"): c.get("origin") for c in bundle.get("candidates", [])}
     for candidate in bundle.get("candidates", []):
         if candidate.get("tree") not in trees:
             problems.append(f"candidate tree {str(candidate.get('tree'))[:12]} not in the bundle")
@@ -358,6 +581,10 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
         tree = payload.get("candidate", {}).get("tree")
         if tree not in candidates or tree not in trees:
             problems.append(f"{where}: candidate tree {str(tree)[:12]} not in the bundle")
+        elif origins[tree] != payload.get("candidate", {}).get("origin"):
+            problems.append(f"{where}: candidate {str(tree)[:12]}'s origin differs from the certified one")
+        if "surface" in payload and payload["surface"] != surface_digest:
+            problems.append(f"{where}: surface differs from the certified one")
         certified = payload.get("evaluator", {})
         expected_digest = digests.evaluator_digest(
             files_tree=evaluator.get("files"),
@@ -377,10 +604,40 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
                 problems.append(f"{where}: task set of split {split!r} differs from the certified one")
         if payload.get("recipe") is not None and payload["recipe"] not in recipes:
             problems.append(f"{where}: recipe {str(payload['recipe'])[:12]} not in the bundle")
+
+    decisions: list[tuple[int, Any]] = []
+    for raw in raw_decisions:
+        record = records.ChainRecord(
+            raw["seq"], raw["prev_digest"], raw["record_digest"], raw["signature"], raw["payload"]
+        )
+        chain_records.append(record)
+        decisions.append((record.seq, record.payload))
+        where = f"record #{record.seq}"
+        payload = record.payload
+        if records.DECISION_SCHEMAS.get(str(payload.get("schema"))) != raw["kind"]:
+            problems.append(f"{where}: payload is not a {raw['kind']} decision")
+        tree = (payload.get("candidate") or {}).get("tree")
+        if tree not in candidates:
+            problems.append(f"{where}: candidate tree {str(tree)[:12]} not in the bundle")
+        if payload.get("surface") != surface_digest:
+            problems.append(f"{where}: surface differs from the certified one")
+        if payload.get("recipe") is not None and payload["recipe"] not in recipes:
+            problems.append(f"{where}: recipe {str(payload['recipe'])[:12]} not in the bundle")
+    decisions.sort(key=lambda item: item[0])
+    problems += records.candidate_state_problems(
+        (
+            records.CandidateState(c["tree"], c["state"], c["state_reason"], c["origin"])
+            for c in bundle.get("candidates", [])
+        ),
+        decisions,
+        known_states=Candidate.State.values,
+    )
     try:
         head = records.ChainHead(int(chain["length"]), str(chain["head"]), str(chain["signature"]))
     except (KeyError, TypeError, ValueError) as exc:
         return [*problems, f"chain head malformed ({exc})"]
+    # Evaluations and decisions share one chain: verified together in seq order.
+    chain_records.sort(key=lambda record: record.seq)
     problems += records.verify_chain(chain_records, key=key, experiment_uid=uid, head=head)
     return problems
 
@@ -576,6 +833,17 @@ def _create(bundle: Mapping[str, Any], *, info: Mapping[str, Any], name: str) ->
             evaluation=evaluation,
             candidate=candidate,
             payload=payload,
+            prev_digest=raw["prev_digest"],
+            record_digest=raw["record_digest"],
+            signature=raw["signature"],
+        )
+    for raw in bundle.get("decisions", []):
+        CertifiedDecision.objects.create(
+            experiment=experiment,
+            seq=raw["seq"],
+            kind=raw["kind"],
+            candidate=candidates[raw["payload"]["candidate"]["tree"]],
+            payload=raw["payload"],
             prev_digest=raw["prev_digest"],
             record_digest=raw["record_digest"],
             signature=raw["signature"],

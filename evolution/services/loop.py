@@ -48,6 +48,7 @@ from evolution.recipes import gate_params, parse_recipe, recipe_digest, recipe_t
 from evolution.services import evaluation as evaluation_services
 from evolution.services import proposals
 from evolution.services.candidates import candidate_accept, candidate_transition
+from evolution.services.records import gate_decision_certify
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import component_for, parse_surface
 
@@ -415,7 +416,7 @@ def _step_baseline(run: Run, recipe: RecipeSpec) -> str:
         return _fail(run, f"the seed could not be accepted (state {seed.state})")
     stats = _stats(seed, _evolve_splits(recipe), recipe)
     assert stats is not None  # the seed's certified evaluations have trials
-    GateDecision.objects.get_or_create(
+    decision, _ = GateDecision.objects.get_or_create(
         run=run,
         candidate=seed,
         round=0,
@@ -427,6 +428,7 @@ def _step_baseline(run: Run, recipe: RecipeSpec) -> str:
             "numbers": {"S": stats.score, "C": stats.cost, "repeats": scores, "delta": delta},
         },
     )
+    gate_decision_certify(decision=decision)
     run.noise_delta = delta
     run.current_candidate = seed
     run.current_round = 1
@@ -539,7 +541,7 @@ def _gate(run: Run, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
                     else ("admissible, but another candidate of the round scored higher")
                 )
                 candidate_transition(candidate=candidate, to=Candidate.State.REJECTED_GATE, reason=reason)
-            GateDecision.objects.get_or_create(
+            decision, _ = GateDecision.objects.get_or_create(
                 run=run,
                 candidate=candidate,
                 round=round_number,
@@ -552,6 +554,7 @@ def _gate(run: Run, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
                     "numbers": verdict.numbers,
                 },
             )
+            gate_decision_certify(decision=decision)
             s = by_id[verdict.candidate_id]
             d_score = s.score - current_stats.score
             d_cost = metrics.relative_cost_change(s.cost, current_stats.cost)

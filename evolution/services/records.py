@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
@@ -20,11 +20,16 @@ from evolution import digests, faults, records
 from evolution.fields import json_or_text
 from evolution.models import (
     Candidate,
+    CertifiedDecision,
     CertifiedResult,
     Evaluation,
     EvaluationSplitStats,
     Evaluator,
     Experiment,
+    GateDecision,
+    Recipe,
+    ReviewDecision,
+    Run,
     Trial,
 )
 from evolution.services.experiments import split_digests_compute
@@ -170,6 +175,7 @@ def payload_build(
         },
         "task_sets": {split: task_sets[split] for split in sorted(evaluation.splits)},
         "recipe": experiment.recipe.digest if experiment.recipe is not None else None,
+        "surface": experiment.surface.digest,
         "run_settings": experiment.run_settings,
         "k": evaluation.k,
         "trials": trials,
@@ -298,6 +304,146 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
         return record
 
 
+# --- Decisions in the chain ---------------------------------------------------------------
+
+
+def _decision_append(
+    *, experiment_id: int, candidate_id: int, kind: str, build: Callable[[Experiment, int, str], dict[str, Any]]
+) -> CertifiedDecision:
+    """Append one decision record to the experiment's chain and move the
+    signed head, under the experiment's row lock (the lock result_certify
+    takes: appends are serialized). Inside the caller's transaction."""
+    experiment = Experiment.objects.select_for_update().get(pk=experiment_id)
+    seq = experiment.chain_length + 1
+    prev = experiment.chain_head or records.GENESIS
+    payload = build(experiment, seq, prev)
+    digest = records.record_digest(payload)
+    key = settings.RSI_RECORDS_KEY
+    uid = str(experiment.uid)
+    record = CertifiedDecision.objects.create(
+        experiment=experiment,
+        seq=seq,
+        kind=kind,
+        candidate_id=candidate_id,
+        payload=payload,
+        prev_digest=prev,
+        record_digest=digest,
+        signature=records.record_signature(key, experiment_uid=uid, seq=seq, digest=digest),
+    )
+    Experiment.objects.filter(pk=experiment.pk).update(
+        chain_length=seq,
+        chain_head=digest,
+        chain_head_signature=records.head_signature(key, experiment_uid=uid, length=seq, head=digest),
+    )
+    return record
+
+
+def _surface_digest(experiment: Experiment) -> str:
+    return str(experiment.surface.digest)
+
+
+def gate_decision_certify(*, decision: GateDecision) -> CertifiedDecision:
+    """Certify a gate decision: a signed record in the experiment's chain of
+    the verdict, the rule, the numbers it used, the candidate's state and
+    reason as the gate left them, and the recipe (the run's) and surface
+    digests. Call it in the gate's transaction, after the candidate's
+    transition. Safe to repeat: a certified decision returns its record."""
+    with transaction.atomic():
+        locked = GateDecision.objects.select_for_update().get(pk=decision.pk)
+        if locked.record_id is not None:
+            decision.record_id = locked.record_id
+            return CertifiedDecision.objects.get(pk=locked.record_id)
+        candidate = Candidate.objects.get(pk=locked.candidate_id)
+        run = Run.objects.select_related("recipe").get(pk=locked.run_id)
+        current = (
+            Candidate.objects.filter(pk=locked.current_id).values_list("tree_id", flat=True).first()
+            if locked.current_id is not None
+            else None
+        )
+
+        def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
+            return records.gate_payload(
+                experiment_uid=str(experiment.uid),
+                seq=seq,
+                prev=prev,
+                candidate_tree=candidate.tree_id,
+                current_tree=current,
+                round=locked.round,
+                accepted=locked.accepted,
+                chosen=locked.chosen,
+                rule=locked.rule,
+                explanation=locked.explanation,
+                numbers=locked.numbers,
+                state=candidate.state,
+                reason=candidate.state_reason,
+                recipe=run.recipe.digest,
+                surface=_surface_digest(experiment),
+            )
+
+        record = _decision_append(
+            experiment_id=candidate.experiment_id,
+            candidate_id=candidate.pk,
+            kind=CertifiedDecision.Kind.GATE,
+            build=build,
+        )
+        GateDecision.objects.filter(pk=locked.pk).update(record=record)
+        decision.record = record
+        return record
+
+
+def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
+    """Certify a review decision: verdict, reason, reviewer, the rejected
+    atomic edits (by index), the derived candidate's tree, the reviewed
+    candidate's state and reason after the decision, and the recipe and
+    surface digests. Call it in the review's transaction, once the rejected
+    edits are set. Safe to repeat."""
+    with transaction.atomic():
+        locked = ReviewDecision.objects.select_for_update().get(pk=decision.pk)
+        if locked.record_id is not None:
+            decision.record_id = locked.record_id
+            return CertifiedDecision.objects.get(pk=locked.record_id)
+        candidate = Candidate.objects.get(review_item__pk=locked.item_id)
+        recipe = (
+            Run.objects.filter(pk=candidate.run_id).values_list("recipe__digest", flat=True).first()
+            if candidate.run_id
+            else None
+        )
+        rejected = list(locked.rejected_edits.values_list("index", flat=True))
+        derived = (
+            Candidate.objects.filter(pk=locked.derived_candidate_id).values_list("tree_id", flat=True).first()
+            if locked.derived_candidate_id is not None
+            else None
+        )
+
+        def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
+            assert experiment.recipe is not None
+            return records.review_payload(
+                experiment_uid=str(experiment.uid),
+                seq=seq,
+                prev=prev,
+                candidate_tree=candidate.tree_id,
+                verdict=locked.verdict,
+                reason=locked.reason,
+                reviewer=locked.reviewer.get_username(),
+                rejected_edits=rejected,
+                derived_tree=derived,
+                state=candidate.state,
+                state_reason=candidate.state_reason,
+                recipe=recipe or (experiment.recipe.digest if experiment.recipe_id else None),
+                surface=_surface_digest(experiment),
+            )
+
+        record = _decision_append(
+            experiment_id=candidate.experiment_id,
+            candidate_id=candidate.pk,
+            kind=CertifiedDecision.Kind.REVIEW,
+            build=build,
+        )
+        ReviewDecision.objects.filter(pk=locked.pk).update(record=record)
+        decision.record = record
+        return record
+
+
 @dataclass
 class VerifyReport:
     checked: list[str] = field(default_factory=list)
@@ -318,16 +464,19 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
     Checks, per experiment: the chain (links, digests, signatures, signed
     head); every candidate tree and the evaluator's files against their
     blobs; the evaluator digest; each split's task set against the frozen
-    digest and the records; and each record's trials against the trial rows.
-    Read-only; safe to run at any time. The records and their trial rows are
-    streamed (two queries in seq order, read side by side), so memory stays
-    bounded however long the chain.
+    digest and the records; each record's trials against the trial rows;
+    and the decision records (``decisions_verify``): gate and review
+    decisions, candidate states, surface and recipes. Read-only; safe to run
+    at any time. The records and their trial rows are streamed (two queries
+    in seq order, read side by side), so memory stays bounded however long
+    the chain; decision records (one per gated or reviewed candidate) are
+    read whole and fed into the chain in seq order.
     """
     report = VerifyReport()
     key = settings.RSI_RECORDS_KEY
     experiments = [experiment] if experiment else list(Experiment.objects.order_by("pk"))
     for exp in experiments:
-        exp = Experiment.objects.select_related("evaluator", "recipe").get(pk=exp.pk)
+        exp = Experiment.objects.select_related("evaluator", "recipe", "surface").get(pk=exp.pk)
         label = f"experiment {exp.pk} {exp.name!r}"
         uid = str(exp.uid)
         chain = records.ChainChecker(key=key, experiment_uid=uid)
@@ -358,12 +507,22 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         )
         trials = trial_rows_by_seq(exp)
         next_trials: tuple[int, list[dict[str, Any]]] | None = next(trials, None)
+        decisions = _decision_rows(exp)
+        fed = 0
+        recipes_named: set[str] = set()
         for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in rows:
+            while fed < len(decisions) and decisions[fed].seq < seq:  # the decisions before it, in seq order
+                chain.add(decisions[fed], canonical=decisions[fed].canonical)
+                fed += 1
             payload = json_or_text(text)
             chain.add(records.ChainRecord(seq, prev_digest, digest, signature, payload), canonical=text.encode())
             if not isinstance(payload, dict):  # reported by the chain check
                 payload = {}
             where = f"{label} record #{seq}"
+            if payload.get("recipe"):
+                recipes_named.add(str(payload["recipe"]))
+            if "surface" in payload and payload["surface"] != exp.surface.digest:
+                record_problems.append(f"{where}: surface changed since this record (its digest differs)")
             if payload.get("candidate", {}).get("tree") != tree:
                 record_problems.append(f"{where}: candidate tree differs from the certified one")
             if tree not in trees_checked:
@@ -396,9 +555,15 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 changed += abs(len(current) - len(certified))
                 record_problems.append(f"{where}: {changed} trial row(s) differ from the certified results")
 
+        for decision in decisions[fed:]:
+            chain.add(decision, canonical=decision.canonical)
+
         head = records.ChainHead(exp.chain_length, exp.chain_head, exp.chain_head_signature)
         report.problems += [f"{label}: {p}" for p in chain.finish(head)]
         report.checked.append(f"{label}: chain of {chain.count} record(s), links, digests and signatures")
+        decision_problems, checked = decisions_verify(exp, decisions, recipes_named=recipes_named)
+        report.problems += [f"{label}: {p}" for p in decision_problems]
+        report.checked.append(f"{label}: {checked}")
 
         evaluator_problems = tree_verify(tree_digest=exp.evaluator.files_id)
         report.problems += [f"{label}: evaluator files: {p}" for p in evaluator_problems]
@@ -412,6 +577,134 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         report.problems += record_problems
         report.checked.append(f"{label}: {len(trees_checked)} candidate tree(s), {trial_count} trial(s)")
     return report
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """A stored decision record as verification reads it (a ``records.RecordLike``)."""
+
+    pk: int
+    seq: int
+    prev_digest: str
+    record_digest: str
+    signature: str
+    kind: str
+    tree: str
+    payload: Any
+    canonical: bytes
+
+
+def _decision_rows(experiment: Experiment) -> list[DecisionRow]:
+    rows = (
+        CertifiedDecision.objects.filter(experiment=experiment)
+        .order_by("seq")
+        .annotate(payload_text=Cast("payload", output_field=TextField()))
+        .values_list(
+            "pk", "seq", "prev_digest", "record_digest", "signature", "kind", "candidate__tree_id", "payload_text"
+        )
+    )
+    return [DecisionRow(*row[:7], json_or_text(row[7]), row[7].encode()) for row in rows]
+
+
+# What a decision row must equal in its record, by payload section.
+GATE_FIELDS = ("round", "current", "accepted", "chosen", "rule", "explanation", "numbers")
+REVIEW_FIELDS = ("verdict", "reason", "reviewer", "rejected_edits", "derived")
+
+
+def decisions_verify(
+    experiment: Experiment, decisions: list[DecisionRow], *, recipes_named: set[str]
+) -> tuple[list[str], str]:
+    """The decision records of ``experiment`` against the database: every
+    gate and review decision certified and equal to its record, every
+    candidate's state and reason as its decisions certified them
+    (``records.candidate_state_problems``), the surface spec against its
+    digest and the digest the records bind, and every recipe a record names
+    (``recipes_named`` adds the evaluation records' ones) present and
+    matching its digest. Returns the problems and a line saying what was
+    checked. Read-only."""
+    problems: list[str] = []
+    surface = experiment.surface
+    if digests.sha256_hex(surface.spec.encode()) != surface.digest:
+        problems.append(f"surface {surface.name!r}: spec does not match its digest")
+
+    gate_rows: dict[int, dict[str, Any]] = {}
+    gates = GateDecision.objects.filter(candidate__experiment=experiment).order_by("pk")
+    for pk, record_id, tree, round_number, *values in gates.values_list(
+        "pk",
+        "record_id",
+        "candidate__tree_id",
+        "round",
+        "current__tree_id",
+        "accepted",
+        "chosen",
+        "rule",
+        "explanation",
+        "numbers",
+    ):
+        if record_id is None:
+            problems.append(f"gate decision {pk} (candidate {tree[:12]}, round {round_number}) is not certified")
+        else:
+            gate_rows[record_id] = dict(zip(GATE_FIELDS, [round_number, *values], strict=True))
+    review_rows: dict[int, dict[str, Any]] = {}
+    reviews = ReviewDecision.objects.filter(item__candidate__experiment=experiment).order_by("pk")
+    rejected: dict[int, list[int]] = {}
+    through = ReviewDecision.rejected_edits.through.objects.filter(reviewdecision__in=reviews)
+    for decision_id, index in through.values_list("reviewdecision_id", "atomicedit__index"):
+        rejected.setdefault(decision_id, []).append(index)
+    for pk, record_id, tree, verdict, reason, reviewer, derived in reviews.values_list(
+        "pk",
+        "record_id",
+        "item__candidate__tree_id",
+        "verdict",
+        "reason",
+        "reviewer__username",
+        "derived_candidate__tree_id",
+    ):
+        if record_id is None:
+            problems.append(f"review decision {pk} (candidate {tree[:12]}) is not certified")
+        else:
+            review_rows[record_id] = dict(
+                zip(REVIEW_FIELDS, [verdict, reason, reviewer, sorted(rejected.get(pk, [])), derived], strict=True)
+            )
+
+    for decision in decisions:
+        where = f"record #{decision.seq}"
+        payload = decision.payload if isinstance(decision.payload, dict) else {}  # else the chain check said so
+        if records.DECISION_SCHEMAS.get(str(payload.get("schema"))) != decision.kind:
+            problems.append(f"{where}: payload is not a {decision.kind} decision")
+        if (payload.get("candidate") or {}).get("tree") != decision.tree:
+            problems.append(f"{where}: names another candidate than the stored one")
+        if payload.get("surface") != surface.digest:
+            problems.append(f"{where}: surface changed since this decision (its digest differs)")
+        if payload.get("recipe"):
+            recipes_named.add(str(payload["recipe"]))
+        stored = (gate_rows if decision.kind == CertifiedDecision.Kind.GATE else review_rows).get(decision.pk)
+        certified = payload.get(decision.kind) or {}
+        if stored is not None and isinstance(certified, dict):
+            differ = [name for name, value in stored.items() if certified.get(name) != value]
+            if differ:
+                problems.append(f"{where}: {decision.kind} decision differs from its record in {', '.join(differ)}")
+
+    candidates = Candidate.objects.filter(experiment=experiment).values_list(
+        "tree_id", "state", "state_reason", "origin"
+    )
+    problems += records.candidate_state_problems(
+        (records.CandidateState(*row) for row in candidates),
+        ((d.seq, d.payload) for d in decisions),
+        known_states=Candidate.State.values,
+    )
+
+    found = dict(Recipe.objects.filter(digest__in=recipes_named).values_list("digest", "spec"))
+    for digest in sorted(recipes_named):
+        if digest not in found:
+            problems.append(f"recipe {digest[:12]} named by the records is missing")
+        elif digests.json_digest(found[digest]) != digest:
+            problems.append(f"recipe {digest[:12]}: spec does not match its digest")
+    checked = (
+        f"{len(decisions)} decision record(s) against {len(gate_rows)} gate and {len(review_rows)} review "
+        f"decision(s), candidate states, surface {surface.name!r} and {len(recipes_named)} recipe(s)"
+    )
+    return problems, checked
 
 
 # Distinct criteria texts kept parsed while trial rows are read: a task's

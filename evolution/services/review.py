@@ -23,6 +23,7 @@ from django.utils import timezone
 from evolution import digests, operators
 from evolution.models import AtomicEdit, Candidate, ReviewDecision, ReviewItem, Run
 from evolution.services.candidates import candidate_transition
+from evolution.services.records import review_decision_certify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 
@@ -113,6 +114,7 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
             verdict=ReviewDecision.Verdict.APPROVE if approve else ReviewDecision.Verdict.REJECT,
             reason=reason,
         )
+        review_decision_certify(decision=decision)
         run = Run.objects.filter(pk=candidate.run_id).first() if candidate.run_id is not None else None
         if approve and run is not None and run.status in LIVE_RUNS:
             candidate_evaluate(run=run, recipe=run_recipe(run), candidate=candidate)
@@ -274,4 +276,5 @@ def review_decide_partial(
             derived_candidate=derived,
         )
         decision.rejected_edits.set(rejected)
+        review_decision_certify(decision=decision)
         return decision

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +23,20 @@ from django.db.models.options import Options
 
 from evolution.models import Annotation, Trajectory, TrajectoryStep, Trial
 from evolution.redaction import redact
-from evolution.trajectory_formats import ROOT_FIELDS, STEP_FIELDS, TrajectoryFormatError, parse
+from evolution.trajectory_formats import (
+    ROOT_FIELDS,
+    STEP_FIELDS,
+    TrajectoryFormatError,
+    TrajectoryListError,
+    join_continuations,
+    parse,
+    subagent_refs,
+)
 
 __all__ = [
     "TrajectoryBatchError",
     "TrajectoryFormatError",
+    "TrajectoryListError",
     "trajectories_import",
     "trajectory_import",
     "trajectory_store",
@@ -264,12 +274,25 @@ def _step_extra(step: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def trajectory_import(*, trial: Trial, document: Any, fmt: str = "auto") -> Trajectory:
+def trajectory_import(
+    *,
+    trial: Trial,
+    document: Any,
+    fmt: str = "auto",
+    lenient: bool = False,
+    files: Mapping[str, Any] | None = None,
+) -> Trajectory:
     """Validate ``document`` (ATIF v1.x, mini-swe-agent or an OpenAI message
     list; ``fmt`` "auto" detects which), redact it and store it as
-    ``trial``'s trajectory, replacing any. TrajectoryFormatError, with
-    nothing written, when it is not valid."""
-    return _store([_prepared(trial, _normalized(document, fmt))])[0]
+    ``trial``'s trajectory, replacing any. ``files`` maps the names of the
+    trajectory's other files (parsed JSON) to them: an ATIF continuation
+    chain is joined from them, and the subagent trajectories its steps name
+    are validated and kept in ``extra["subagent_trajectories"]``. With
+    ``lenient`` off-spec steps keep their text and the deviations are
+    recorded in ``extra["deviations"]``. TrajectoryFormatError, with
+    nothing written, when it is not valid (TrajectoryListError for a list
+    of several trajectories). Safe to repeat: the result replaces."""
+    return _store([_prepared(trial, _normalized(document, fmt, lenient=lenient, files=files))])[0]
 
 
 class TrajectoryBatchError(Exception):
@@ -281,20 +304,20 @@ class TrajectoryBatchError(Exception):
         super().__init__("; ".join(f"#{index}: {problems[0]}" for index, problems in sorted(errors.items())[:5]))
 
 
-def trajectories_import(items: list[tuple[Trial, Any, str]]) -> list[Trajectory]:
+def trajectories_import(items: list[tuple[Trial, Any, str]], *, lenient: bool = False) -> list[Trajectory]:
     """``trajectory_import`` of several (trial, document, format), all or
     nothing: every document is validated first, and TrajectoryBatchError
     names each invalid one with nothing written; then one transaction
     replaces every trial's trajectory. Each trial at most once (ValueError).
     Returns the trajectories in the order given."""
-    trial_ids = [trial.pk for trial, _document, _fmt in items]
+    trial_ids = [trial.pk for trial, *_rest in items]
     if len(set(trial_ids)) != len(trial_ids):
         raise ValueError("a trial appears more than once in the batch")
     normalized: list[dict[str, Any]] = []
     errors: dict[int, list[str]] = {}
     for index, (_trial, document, fmt) in enumerate(items):
         try:
-            normalized.append(_normalized(document, fmt))
+            normalized.append(_normalized(document, fmt, lenient=lenient))
         except TrajectoryFormatError as exc:
             errors[index] = exc.errors
     if errors:
@@ -302,8 +325,34 @@ def trajectories_import(items: list[tuple[Trial, Any, str]]) -> list[Trajectory]
     return _store([_prepared(trial, document) for (trial, _d, _f), document in zip(items, normalized, strict=True)])
 
 
-def _normalized(document: Any, fmt: str) -> dict[str, Any]:
-    detected, normalized = parse(document, fmt)
-    normalized.setdefault("extra", {})
-    normalized["extra"] = {**normalized["extra"], "imported_format": detected}
+def _normalized(
+    document: Any, fmt: str, *, lenient: bool = False, files: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    files = {} if files is None else files  # a folder read on demand is empty until asked
+    deviations: list[str] = []
+    if fmt in ("auto", "atif") and isinstance(document, dict) and document.get("continued_trajectory_ref"):
+        try:
+            document, _names = join_continuations(document, files.__getitem__)
+        except TrajectoryFormatError as exc:
+            if not lenient:
+                raise
+            deviations.extend(exc.errors)
+            deviations.append("only the files before that continuation were imported")
+            document = {key: value for key, value in document.items() if key != "continued_trajectory_ref"}
+    detected, normalized = parse(document, fmt, lenient=lenient)
+    extra = dict(normalized.get("extra") or {})
+    linked = []
+    for path in subagent_refs(normalized):
+        if path not in files:
+            continue  # Harbor keeps them beside the trajectory; without the file the reference alone stays
+        try:
+            _kind, subagent = parse(files[path], "atif", lenient=lenient)
+        except TrajectoryFormatError as exc:
+            raise TrajectoryFormatError([f"{path}: {error}" for error in exc.errors]) from None
+        linked.append({"trajectory_path": path, **subagent})
+    if linked:
+        extra["subagent_trajectories"] = [*extra.get("subagent_trajectories", []), *linked]
+    if deviations:
+        extra["deviations"] = [*deviations, *extra.get("deviations", [])]
+    normalized["extra"] = {**extra, "imported_format": detected}
     return normalized

@@ -28,6 +28,7 @@ from evolution.models import (
     STRUCTURAL_KINDS,
     AtomicEdit,
     Candidate,
+    CertifiedDecision,
     CertifiedResult,
     GateDecision,
     LeakageFlag,
@@ -777,8 +778,13 @@ def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     request gets just the report."""
     rec = get_object_or_404(CertifiedResult.objects.select_related("experiment", "candidate", "evaluation"), pk=pk)
     if rec.seq > 1:
+        # The record before it may be a decision: both tables share the chain.
         previous = (
             CertifiedResult.objects.filter(experiment_id=rec.experiment_id, seq=rec.seq - 1)
+            .values_list("record_digest", flat=True)
+            .first()
+        ) or (
+            CertifiedDecision.objects.filter(experiment_id=rec.experiment_id, seq=rec.seq - 1)
             .values_list("record_digest", flat=True)
             .first()
         )

@@ -602,6 +602,7 @@ def _trajectory_summary(trajectory: Trajectory | None) -> dict[str, Any] | None:
         return None
     agent = trajectory.agent if isinstance(trajectory.agent, dict) else {}
     final = trajectory.final_metrics if isinstance(trajectory.final_metrics, dict) else {}
+    extra = trajectory.extra if isinstance(trajectory.extra, dict) else {}
     tools = []
     for tool in agent.get("tool_definitions") or []:
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -637,6 +638,18 @@ def _trajectory_summary(trajectory: Trajectory | None) -> dict[str, Any] | None:
         "final_extra": tj.text_block(tj.pretty_json(other_final)) if other_final else None,
         "notes": tj.text_block(trajectory.notes) if trajectory.notes else None,
         "extra": tj.text_block(tj.pretty_json(trajectory.extra)) if trajectory.extra else None,
+        # A lenient import's deviations, the run's end (mini-swe-agent), the files joined and linked.
+        "deviations": [str(item) for item in extra.get("deviations") or []],
+        "exit_status": str(extra.get("exit_status") or ""),
+        "continuation_files": [str(item) for item in extra.get("continuation_files") or []],
+        "subagents": [
+            {
+                "name": str(sub.get("trajectory_path") or sub.get("session_id") or ""),
+                "steps": len(sub.get("steps") or []),
+            }
+            for sub in extra.get("subagent_trajectories") or []
+            if isinstance(sub, dict)
+        ],
     }
 
 

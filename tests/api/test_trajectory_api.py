@@ -85,6 +85,9 @@ def test_operator_imports_and_gets_the_summary(trials: dict[str, Trial]) -> None
         "step_count": 5,
         "redacted": True,
         "redactions": {"anthropic_api_key": 1},
+        "deviations": [],
+        "continuation_files": [],
+        "subagent_trajectories": 0,
     }
     trajectory = Trajectory.objects.get(trial=trials["train"])
     assert trajectory.steps.get(step_id=5).message == "my key is [REDACTED:anthropic_api_key]"
@@ -175,8 +178,20 @@ def test_a_batch_imports_every_trajectory_in_order(trials: dict[str, Trial]) -> 
                 "step_count": 5,
                 "redacted": True,
                 "redactions": {"anthropic_api_key": 1},
+                "deviations": [],
+                "continuation_files": [],
+                "subagent_trajectories": 0,
             },
-            {"trial": trials["sealed"].pk, "format": "atif", "step_count": 6, "redacted": False, "redactions": {}},
+            {
+                "trial": trials["sealed"].pk,
+                "format": "atif",
+                "step_count": 6,
+                "redacted": False,
+                "redactions": {},
+                "deviations": [],
+                "continuation_files": [],
+                "subagent_trajectories": 0,
+            },
         ]
     }
     assert steps_stored(trials["train"])[-1] == (5, "my key is [REDACTED:anthropic_api_key]")

@@ -204,4 +204,15 @@ def test_structurally_broken_bundle_is_reported_not_raised() -> None:
         },
         key="k",
     )
-    assert len(problems) == 1 and problems[0].startswith("bundle is malformed")
+    # Each missing section named on its own line, nothing raised.
+    assert problems == [
+        f"bundle: {name!r} is missing or not {kind}"
+        for name, kind in [
+            ("benchmarks", "list"),
+            ("tasks", "list"),
+            ("splits", "list"),
+            ("surface", "dict"),
+            ("recipes", "list"),
+            ("candidates", "list"),
+        ]
+    ]

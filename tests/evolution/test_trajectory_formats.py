@@ -9,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from evolution.trajectory_formats import TrajectoryFormatError, detect_format, is_iso8601, parse, validate_atif
+from evolution.trajectory_formats import (
+    SUPPORTED,
+    TrajectoryFormatError,
+    TrajectoryListError,
+    detect_format,
+    is_iso8601,
+    join_continuations,
+    loads_text,
+    parse,
+    validate_atif,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ATIF_FILES = sorted((FIXTURES / "atif").glob("*.json"))
@@ -166,8 +176,8 @@ def test_all_errors_are_reported_at_once() -> None:
 
 
 def test_not_a_trajectory() -> None:
-    assert errors_of("text")[0].startswith("document: not a recognized trajectory")
-    assert errors_of({"hello": 1})[0].startswith("document: not a recognized trajectory")
+    assert errors_of("text") == [f"document: looks like a string; supported: {SUPPORTED}"]
+    assert errors_of({"hello": 1}) == [f"document: looks like a JSON object with keys hello; supported: {SUPPORTED}"]
     assert errors_of(VALID, "yaml") == ["format: must be one of auto, atif, mini-swe-agent, openai; got 'yaml'"]
     with pytest.raises(TrajectoryFormatError, match="document: must be a JSON object, got a list"):
         validate_atif([])
@@ -228,7 +238,7 @@ def test_mini_swe_agent_errors_name_the_message() -> None:
     assert errors_of({"info": {}, "messages": "x"}) == ["messages: must be a list of messages, got a string"]
     assert errors_of({"info": [], "messages": []}) == ["info: must be an object, got a list"]
     bad_role = {"info": {}, "messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]}
-    assert errors_of(bad_role) == ["messages[1].role: must be system, user, assistant or tool, got 'robot'"]
+    assert errors_of(bad_role) == ["messages[1].role: must be system, developer, user, assistant or tool, got 'robot'"]
 
 
 # --- OpenAI messages ------------------------------------------------------------
@@ -256,7 +266,8 @@ def test_openai_tool_message_without_a_call() -> None:
 
 def test_openai_bad_messages() -> None:
     assert errors_of([]) == ["messages: must hold at least one message"]
-    assert errors_of([1]) == ["messages[0]: must be an object, got a number"]
+    assert errors_of([1], "openai") == ["messages[0]: must be an object, got a number"]
+    assert errors_of([1]) == [f"document: looks like a JSON list of 1 items (a number); supported: {SUPPORTED}"]
     calls = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}]
     assert errors_of(calls) == ["messages[0].tool_calls[0].id: must be a non-empty string"]
 
@@ -279,3 +290,211 @@ def test_openai_with_model_and_unparseable_arguments() -> None:
     assert step["model_name"] == "gpt-4o"
     assert step["tool_calls"][0]["arguments"] == {"input": "{not json"}
     assert step["metrics"] == {"prompt_tokens": 5, "completion_tokens": 1}
+
+
+# --- Files real producers wrote (tests/fixtures/*/SOURCE.md) ------------------------
+
+MINI = FIXTURES / "mini-swe-agent"
+HARBOR = FIXTURES / "harbor"
+
+
+def counts(document: dict[str, Any]) -> dict[str, int]:
+    steps = document["steps"]
+    return {
+        "steps": len(steps),
+        "tool_calls": sum(len(step.get("tool_calls", [])) for step in steps),
+        "observations": sum(1 for step in steps if step.get("observation")),
+        "with_tokens": sum(1 for step in steps if "prompt_tokens" in step.get("metrics", {})),
+        "with_time": sum(1 for step in steps if step.get("timestamp")),
+    }
+
+
+def test_mini_swe_agent_2_tool_call_run() -> None:
+    raw = json.loads((MINI / "v2.2.7-toolcall-sqlfluff__sqlfluff-2419.traj.json").read_text())
+    fmt, document = parse(raw)
+    assert fmt == "mini-swe-agent"
+    # 88 messages: system, user, 43 assistant (43 calls), 42 tool results, the exit message.
+    assert counts(document) == {"steps": 46, "tool_calls": 43, "observations": 42, "with_tokens": 43, "with_time": 43}
+    assistant = [m for m in raw["messages"] if m["role"] == "assistant"]
+    usage = assistant[0]["extra"]["response"]["usage"]
+    first_agent = document["steps"][2]
+    assert first_agent["metrics"] == {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        "cost_usd": assistant[0]["extra"]["cost"],
+    }
+    assert assistant[0]["extra"]["timestamp"] == 1776064266.0279105
+    assert first_agent["timestamp"] == "2026-04-13T07:11:06.027910Z"
+    assert document["final_metrics"]["total_prompt_tokens"] == sum(
+        m["extra"]["response"]["usage"]["prompt_tokens"] for m in assistant
+    )
+    assert document["final_metrics"]["total_cost_usd"] == raw["info"]["model_stats"]["instance_cost"]
+    last = document["steps"][-1]
+    assert (last["source"], last["message"]) == ("system", raw["messages"][-1]["content"])
+    assert last["extra"]["role"] == "exit"
+    assert document["extra"]["exit_status"] == "Submitted"
+
+
+def test_mini_swe_agent_2_exit_status_of_a_failed_run() -> None:
+    raw = json.loads((MINI / "v2.2.7-toolcall-error-pvlib__pvlib-python-1606.traj.json").read_text())
+    _fmt, document = parse(raw)
+    assert document["extra"]["exit_status"] == "InternalServerError"
+    assert document["steps"][-1]["extra"]["extra"]["exit_status"] == "InternalServerError"
+    assert counts(document)["tool_calls"] == 4
+
+
+def test_mini_swe_agent_2_text_mode_message_list() -> None:
+    raw = json.loads((MINI / "v2-text-github_issue.traj.json").read_text())
+    assert isinstance(raw, list)
+    assert detect_format(raw) == "mini-swe-agent"
+    fmt, document = parse(raw, "mini-swe-agent")
+    assert fmt == "mini-swe-agent"
+    # 22 messages: system, task, then 10 actions (```mswea_bash_command) each with its output.
+    assert counts(document) == {"steps": 12, "tool_calls": 10, "observations": 10, "with_tokens": 0, "with_time": 0}
+    assert document["steps"][2]["tool_calls"][0]["arguments"] == {
+        "command": "cat /Users/fuchur/Documents/24/git_sync/swe-agent-test-repo/tests/./missing_colon.py"
+    }
+
+
+def test_mini_swe_agent_1_text_mode_file() -> None:
+    raw = json.loads((MINI / "v1.13.4-text-rfc.traj.json").read_text())
+    _fmt, document = parse(raw)
+    assert document["agent"]["version"] == "1.13.4"
+    assert counts(document) == {"steps": 5, "tool_calls": 3, "observations": 3, "with_tokens": 3, "with_time": 0}
+    assert document["extra"]["exit_status"] == "Submitted"
+
+
+def test_atif_continuation_pair_is_joined() -> None:
+    head = json.loads((HARBOR / "linear-history" / "trajectory.json").read_text())
+    cont = json.loads((HARBOR / "linear-history" / "trajectory.cont-1.json").read_text())
+    joined, files = join_continuations(head, {"trajectory.cont-1.json": cont}.__getitem__)
+    assert files == ["trajectory.cont-1.json"]
+    _fmt, document = parse(joined)
+    assert [step["step_id"] for step in document["steps"]] == list(range(1, 14))
+    assert document["steps"][-1]["message"] == cont["steps"][-1]["message"]
+    assert document["steps"][5]["extra"]["continuation"] == {"file": "trajectory.cont-1.json", "step_id": 1}
+    assert document["final_metrics"] == cont["final_metrics"]
+    assert "continued_trajectory_ref" not in document.get("extra", {}).get("document_fields", {})
+
+
+@pytest.mark.parametrize("ref", ["../trajectory.cont-1.json", "/etc/passwd", ".."])
+def test_a_continuation_outside_the_folder_is_refused(ref: str) -> None:
+    head = json.loads((HARBOR / "linear-history" / "trajectory.json").read_text())
+    head["continued_trajectory_ref"] = ref
+    with pytest.raises(TrajectoryFormatError) as caught:
+        join_continuations(head, dict[str, Any]().__getitem__)
+    assert caught.value.errors == [
+        f"the trajectory: continued_trajectory_ref must name a file in the same folder, got {ref!r}"
+    ]
+
+
+def test_a_missing_continuation_is_named() -> None:
+    head = json.loads((HARBOR / "linear-history" / "trajectory.json").read_text())
+    with pytest.raises(TrajectoryFormatError) as caught:
+        join_continuations(head, dict[str, Any]().__getitem__)
+    assert caught.value.errors == [
+        "the trajectory: its continuation 'trajectory.cont-1.json' is missing "
+        "(give the files of the trajectory together)"
+    ]
+
+
+def test_streaming_jsonl_is_one_document() -> None:
+    whole = json.loads((FIXTURES / "atif" / "hello-world.trajectory.json").read_text())
+    document = loads_text((HARBOR / "openhands-hello-world.trajectory.jsonl").read_text())
+    assert document == whole
+    with pytest.raises(json.JSONDecodeError, match="line 3 of JSONL"):
+        loads_text('{"schema_version": "ATIF-v1.5"}\n{"step_id": 1}\n{oops\n')
+
+
+def test_a_list_of_trajectories_names_its_count() -> None:
+    runs = json.loads((FIXTURES / "tau-bench" / "gpt-4o-airline.first-3.json").read_text())
+    with pytest.raises(TrajectoryListError) as caught:
+        parse(runs)
+    assert (caught.value.count, caught.value.kind) == (3, "tau-bench runs")
+    assert caught.value.errors == [
+        "document: this is a list of 3 tau-bench runs, not one trajectory; import each into its own trial"
+    ]
+    atif = json.loads((FIXTURES / "atif" / "hello-world.trajectory.json").read_text())
+    with pytest.raises(TrajectoryListError, match="a list of 2 ATIF trajectories"):
+        parse([atif, atif])
+
+
+def test_a_tau_bench_run_keeps_tool_names() -> None:
+    run = json.loads((FIXTURES / "tau-bench" / "gpt-4o-airline.first-3.json").read_text())[0]
+    fmt, document = parse(run)
+    assert fmt == "openai"
+    assert document["session_id"] == "task-0-trial-0"
+    assert document["extra"]["source_fields"]["reward"] == 0.0
+    tool_messages = [m for m in run["traj"] if m["role"] == "tool"]
+    results = [r for step in document["steps"] for r in step.get("observation", {}).get("results", [])]
+    assert [r["extra"]["name"] for r in results] == [m["name"] for m in tool_messages]
+    assert len(results) == 8
+
+
+@pytest.mark.parametrize(
+    ("name", "looks_like"),
+    [
+        ("openhands-events.json", "an OpenHands event list (7 events)"),
+        ("gemini-cli-session.json", "a gemini-cli session"),
+    ],
+)
+def test_unsupported_producers_are_named_in_one_line(name: str, looks_like: str) -> None:
+    assert errors_of(json.loads((HARBOR / name).read_text())) == [
+        f"document: looks like {looks_like}; supported: {SUPPORTED}"
+    ]
+
+
+def test_lenient_keeps_off_spec_steps_and_lists_deviations() -> None:
+    document = copy.deepcopy(VALID)
+    document["steps"][0]["source"] = "environment"
+    document["steps"][1]["tool_calls"][0]["arguments"] = "ls -la"
+    assert len(errors_of(document)) == 2
+    _fmt, kept = parse(document, lenient=True)
+    assert kept["extra"]["deviations"] == [
+        "steps[0].source: must be one of system, user, agent, got 'environment'",
+        "steps[1].tool_calls[0].arguments: must be an object, got a string",
+    ]
+    assert [(s["source"], s["message"]) for s in kept["steps"]] == [("system", "Add 2 and 3."), ("agent", "Reading.")]
+    assert kept["steps"][1]["extra"]["off_spec"] == document["steps"][1]
+
+
+def test_atif_1_7_trajectory_id_and_embedded_subagents() -> None:
+    document = copy.deepcopy(VALID)
+    document["schema_version"] = "ATIF-v1.7"
+    del document["session_id"]
+    document["trajectory_id"] = "t-1"
+    child = copy.deepcopy(VALID)
+    child["steps"][0]["step_id"] = 3
+    document["subagent_trajectories"] = [child]
+    assert errors_of(document) == [
+        "subagent_trajectories[0].steps[0].step_id: expected 1 (step ids are sequential from 1), got 3"
+    ]
+    child["steps"][0]["step_id"] = 1
+    _fmt, normalized = parse(document)
+    assert normalized["session_id"] == "t-1"
+    assert len(normalized["extra"]["subagent_trajectories"]) == 1
+
+
+def test_jsonl_of_whole_trajectories_is_a_list() -> None:
+    line = (FIXTURES / "atif" / "hello-world.trajectory.json").read_text().replace("\n", "")
+    document = loads_text(f"{line}\n{line}\n")
+    with pytest.raises(TrajectoryListError, match="a list of 2 ATIF trajectories"):
+        parse(document)
+
+
+def test_mini_swe_agent_1_message_timestamps() -> None:
+    # mini-swe-agent 1.x's add_message stamps each message with time.time() at the top level.
+    messages = [
+        {"role": "system", "content": "s", "timestamp": 1760000000.25},
+        {"role": "user", "content": "task", "timestamp": 1760000001.0},
+        {"role": "assistant", "content": "ok\n```bash\nls\n```", "timestamp": 1760000002.5},
+        {"role": "user", "content": "<returncode>0</returncode>", "timestamp": 1760000003.0},
+    ]
+    _fmt, document = parse({"info": {"mini_version": "1.17.5"}, "messages": messages})
+    assert [step.get("timestamp") for step in document["steps"]] == [
+        "2025-10-09T08:53:20.250000Z",
+        "2025-10-09T08:53:21Z",
+        "2025-10-09T08:53:22.500000Z",
+    ]
+    assert document["steps"][2]["observation"]["results"][0]["extra"] == {"timestamp": 1760000003.0}

@@ -16,6 +16,7 @@ from evolution import selectors
 from evolution.models import (
     AtomicEdit,
     Candidate,
+    CertifiedDecision,
     CertifiedResult,
     Evaluation,
     Experiment,
@@ -198,6 +199,18 @@ def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(exam
     assert re.search(r'<li class="fail"><strong>payload digest</strong>', html)
     assert re.search(r'<li class="fail"><strong>signature</strong>', html)
     assert re.search(r'<li class="fail"><strong>names its predecessor</strong>', html)
+
+
+def test_a_record_after_a_decision_record_links_to_it_on_the_record_page(example_world, client_as) -> None:
+    # Decisions share the chain: the record before an evaluation may be a gate decision.
+    evaluations = set(CertifiedResult.objects.filter(experiment=example_world).values_list("seq", flat=True))
+    decisions = CertifiedDecision.objects.filter(experiment=example_world, kind="gate").order_by("seq")
+    decision = next(d for d in decisions if d.seq + 1 in evaluations)
+    record = CertifiedResult.objects.get(experiment=example_world, seq=decision.seq + 1)
+    html = page(client_as("viewer").get(reverse("review:record", args=[record.pk])))
+    assert "record checks out ✓" in html
+    assert f"record #{decision.seq} has digest {decision.record_digest[:16]}…" in html
+    assert '<li class=""><strong>links to the record before it</strong>' in html
 
 
 def test_a_record_whose_payload_is_not_an_object_shows_as_failing(example_world, client_as) -> None:

@@ -23,7 +23,7 @@ from evolution.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, Tr
 pytestmark = pytest.mark.django_db(transaction=True)
 
 _numbers = itertools.count(1)
-MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "11")
+MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "10b", "11")
 
 
 def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
@@ -86,6 +86,11 @@ def test_forged_records_fail_without_verification(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr("evolution.trust.tamper.records_verify", lambda **kwargs: VerifyReport())
     expect_failure("10-forged-records", "example", tmp_path, "records_verify did not name")
+
+
+def test_forged_decisions_pass_without_the_state_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("evolution.records.candidate_state_problems", lambda *args, **kwargs: [])
+    expect_failure("10b-forged-decisions", "harbor", tmp_path, "rejected shown accepted with a forged reason")
 
 
 def test_evidence_fails_when_the_api_shows_sealed_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """Import an experiment bundle (written by export_experiment) into this database.
 
-Exit codes: 0 imported (or already here), 1 the bundle does not verify or
-conflicts with what is here (nothing written), 2 unreadable file or one
-over an input limit (size, decompression ratio, depth, counts:
-docs/security.md), refused before anything is written.
+Exit codes: 0 imported (or already here), 1 the bundle conflicts with what
+is here, 2 an unreadable file, one over an input limit (size, decompression
+ratio, depth, counts: docs/security.md), or a bundle that does not verify
+(the checks of ``verify_records --bundle``, which lists every problem).
+Nothing is written unless the import succeeds.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class Command(BaseCommand):
         try:
             experiment = bundle_import(bundle=bundle, key=settings.RSI_RECORDS_KEY, name=options["name"])
         except BundleError as exc:
+            if exc.problems:  # it does not verify: one line, the full list is verify_records --bundle's
+                more = f" and {len(exc.problems) - 1} more" if len(exc.problems) > 1 else ""
+                raise CommandError(
+                    f"{options['file']}: the bundle does not verify ({exc.problems[0]}{more}); nothing was imported",
+                    returncode=2,
+                ) from exc
             raise CommandError(str(exc), returncode=1) from exc
         self.stdout.write(
             f"experiment {experiment.pk} {experiment.name!r} ({experiment.uid}): "
