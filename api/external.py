@@ -1,4 +1,5 @@
-"""Ingest results produced outside the platform: POST /api/v1/candidates/<pk>/external-results/.
+"""Ingest results produced outside the platform: POST /api/v1/candidates/<pk>/external-results/,
+and a whole Harbor job: POST /api/v1/harbor-jobs/.
 
 Stored marked external and never certified (evolution.services.external).
 """
@@ -19,7 +20,19 @@ from rest_framework.views import APIView
 
 from api.permissions import requires
 from evolution.models import Candidate
-from evolution.services.external import MAX_COUNTS, MAX_INDEX, ExternalResultsError, external_results_ingest
+from evolution.services.external import (
+    MAX_COUNTS,
+    MAX_ERROR_CHARS,
+    MAX_INDEX,
+    ExternalResultsError,
+    external_results_ingest,
+)
+from evolution.services.harbor_jobs import (
+    HarborJobError,
+    HarborJobRefused,
+    harbor_job_from_documents,
+    harbor_job_store,
+)
 from review import access
 
 
@@ -31,6 +44,12 @@ class ExternalResultInput(serializers.Serializer):
     score = serializers.FloatField(required=False, help_text="in [0, 1]; default 1 for a pass, 0 for a fail")
     tokens = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COUNTS["tokens"])
     steps = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COUNTS["steps"])
+    error = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=MAX_ERROR_CHARS,
+        help_text="the trial errored (infrastructure, agent crash): stored as an error with no score",
+    )
 
 
 class ExternalResultsInput(serializers.Serializer):
@@ -82,7 +101,10 @@ class ExternalResultsView(APIView):
         try:
             evaluation = external_results_ingest(
                 candidate=candidate,
-                results=[dict(item) for item in data.validated_data["results"]],
+                results=[
+                    {key: value for key, value in item.items() if not (key == "error" and value is None)}
+                    for item in data.validated_data["results"]
+                ],
                 source=data.validated_data["source"],
             )
         except ExternalResultsError as exc:
@@ -102,6 +124,73 @@ class ExternalResultsView(APIView):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
+class HarborTrialInput(serializers.Serializer):
+    result = serializers.DictField(help_text="the trial folder's result.json (Harbor's TrialResult)")
+    trajectory = serializers.DictField(
+        required=False, allow_null=True, help_text="the trial folder's agent/trajectory.json (ATIF), if any"
+    )
+
+
+class HarborJobInput(serializers.Serializer):
+    experiment = serializers.CharField(
+        required=False, max_length=200, help_text="experiment name; created when missing; default the job's name"
+    )
+    config = serializers.DictField(help_text="the job folder's config.json (Harbor's JobConfig)")
+    result = serializers.DictField(help_text="the job folder's result.json (Harbor's JobResult)")
+    trials = HarborTrialInput(many=True, allow_empty=False)
+
+
+class HarborJobOutput(serializers.Serializer):
+    experiment = serializers.IntegerField()
+    candidate = serializers.IntegerField()
+    evaluation = serializers.IntegerField(allow_null=True)
+    created = serializers.BooleanField()
+    trials = serializers.IntegerField()
+    notes = serializers.ListField(child=serializers.CharField())
+
+
+class HarborJobView(APIView):
+    permission_classes = [requires(access.OPERATE)]
+
+    @extend_schema(
+        request=HarborJobInput,
+        responses={
+            201: HarborJobOutput,
+            200: OpenApiResponse(HarborJobOutput, description="the job was imported before; nothing added"),
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="not a valid Harbor job; nothing was written"),
+            401: OpenApiResponse(OpenApiTypes.OBJECT, description="not authenticated"),
+            403: OpenApiResponse(OpenApiTypes.OBJECT, description="needs the operator permission"),
+        },
+        summary="Import a Harbor job (its config, result and trial results) as external results, never certified",
+    )
+    def post(self, request: Request) -> Response:
+        data = HarborJobInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        try:
+            job = harbor_job_from_documents(
+                config=values["config"],
+                result=values["result"],
+                trials=[(trial["result"], trial.get("trajectory")) for trial in values["trials"]],
+                label="api upload",
+            )
+            report = harbor_job_store(job=job, experiment=values.get("experiment"))
+        except (HarborJobError, HarborJobRefused) as exc:
+            raise ValidationError({"detail": str(exc)}) from exc
+        body = HarborJobOutput(
+            {
+                "experiment": report.experiment.pk,
+                "candidate": report.candidate.pk,
+                "evaluation": report.evaluation.pk if report.evaluation else None,
+                "created": report.created,
+                "trials": report.evaluation.trials_total if report.evaluation else 0,
+                "notes": report.notes,
+            }
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED if report.evaluation else status.HTTP_200_OK)
+
+
 urlpatterns = [
     path("candidates/<str:pk>/external-results/", ExternalResultsView.as_view(), name="external-results"),
+    path("harbor-jobs/", HarborJobView.as_view(), name="harbor-jobs"),
 ]

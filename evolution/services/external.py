@@ -25,7 +25,8 @@ MAX_RESULTS = 10_000
 MAX_INDEX = 32_767  # PositiveSmallIntegerField
 MAX_SOURCE_BYTES = 16_384
 MAX_COUNTS = {"tokens": 2**63 - 1, "steps": 2**31 - 1}  # the columns' ranges
-RESULT_FIELDS = frozenset({"task", "split", "index", "passed", "score", "tokens", "steps"})
+RESULT_FIELDS = frozenset({"task", "split", "index", "passed", "score", "tokens", "steps", "error"})
+MAX_ERROR_CHARS = 2_000
 
 
 class ExternalResultsError(ValueError):
@@ -87,15 +88,28 @@ def _check_result(
         value = item.get(key)
         if value is not None and (not _count(value) or value > limit):
             errors[f"{where}.{key}"] = f"must be a non-negative integer or null, got {value!r}"
+    error = item.get("error")
+    if error is not None and (not isinstance(error, str) or not error or len(error) > MAX_ERROR_CHARS):
+        errors[f"{where}.error"] = f"must be a message of 1 to {MAX_ERROR_CHARS} characters or null"
+    elif error is not None and passed is True:
+        errors[f"{where}.error"] = "a trial that errored cannot pass"
     if membership is None or any(key == where or key.startswith(where + ".") for key in errors):
         return None
     assert isinstance(index, int)  # else an error for it was recorded above
-    values = {
+    values: dict[str, Any] = {
+        "state": Trial.State.DONE,
         "outcome": Trial.Outcome.PASS if passed else Trial.Outcome.FAIL,
         "score": float(score),
         "tokens": item.get("tokens"),
         "steps": item.get("steps"),
     }
+    if error is not None:
+        # An error (the infrastructure failed, the agent crashed) is neither a
+        # pass nor a fail: no score, so it never lowers or raises a rate.
+        values.update(
+            state=Trial.State.ERROR, outcome=Trial.Outcome.ERROR, score=None, error_kind=Trial.ErrorKind.INFRA
+        )
+        values["error"] = error
     return membership, index, values
 
 
@@ -104,8 +118,9 @@ def external_results_ingest(
 ) -> Evaluation:
     """Store externally produced trial results of ``candidate`` as one external evaluation.
 
-    ``results``: ``{"task", "split"?, "index", "passed", "score"?, "tokens"?, "steps"?}``
-    each; ``task`` is a task id of the experiment's benchmark (``benchmark/id``
+    ``results``: ``{"task", "split"?, "index", "passed", "score"?, "tokens"?, "steps"?,
+    "error"?}`` each (a trial with an ``error`` message is stored as an error,
+    with no score); ``task`` is a task id of the experiment's benchmark (``benchmark/id``
     for held-out tasks); ``split`` when given must be the task's split; a
     missing score is 1 for a pass and 0 for a fail. ``source`` describes where
     the results came from and is stored as given.
@@ -175,7 +190,6 @@ def external_results_ingest(
                 task_id=membership.task_id,
                 split=membership.split,
                 index=index,
-                state=Trial.State.DONE,
                 sandbox_profile="external",
                 finished_at=now,
                 **values,

@@ -48,8 +48,22 @@ ARCHIVE = "archive.jsonl"
 # generation is kept (a later event may not rewrite what was measured).
 STAMPED = ("score", "task_vector", "cost", "evaluator_fingerprint", "task_set_hash")
 PASS_WORDS = frozenset({"pass", "passed", "success", "succeeded", "resolved", "ok", "correct", "solved"})
+# RSIHub's outcome classes (src/evolve/evaluation/results.py, Outcome): a trial's
+# ``status`` says whether the benchmark ran, its ``reward`` how well it did.
+COMPLETE = "benchmark_complete"
+ERROR_OUTCOMES = frozenset({"infrastructure_failed", "candidate_invalid", "timeout", "cancelled", "missing"})
+# A timeout owned by the benchmark (the agent or verifier ran out of time) with
+# a reward is scored by RSIHub; any other non-complete trial is not.
+BENCHMARK_OWNERS = frozenset({"benchmark_agent", "benchmark_verifier"})
+# Generations RSIHub records without a tag: the proposal was refused before
+# any evaluation (driver._append_candidate_rejected and its siblings).
+PROPOSAL_REJECTED = frozenset(
+    {"no_proposal", "invalid_proposal", "rejected_validation", "rejected_novelty", "operator_failed"}
+)
 KEEP_VERDICTS = frozenset({"keep", "kept", "accept", "accepted", "adopt", "adopted", "improved"})
 DISCARD_VERDICTS = frozenset({"discard", "discarded", "reject", "rejected", "revert", "reverted", "regressed"})
+# Fields of an evaluation's source that a later event may change (the gate's decision).
+SOURCE_UPDATED = ("verdict", "reason", "status", "outcome", "pending_gate_record", "valid_parent")
 SURFACE_SPEC = 'include: ["**"]\ncomponents: {"**": config}\n'
 # The placeholder evaluator: runs nothing, fails loudly if anybody tries.
 PLACEHOLDER_CODE = (
@@ -133,9 +147,11 @@ def _trial(where: str, raw: Any) -> dict[str, Any]:
     score = _number(score_raw)
     if score_raw is not None and (score is None or not 0 <= score <= 1):
         raise WorkspaceError(f"{where}: score {score_raw!r} is not a number in [0, 1]")
+    status = raw.get("status", raw.get("outcome"))
+    if isinstance(status, str) and (status == COMPLETE or status in ERROR_OUTCOMES):
+        return _rsihub_trial(where, raw, status, score)
     passed = raw.get("passed")
     if not isinstance(passed, bool):
-        status = raw.get("status", raw.get("outcome"))
         if isinstance(status, str) and status:
             passed = status.strip().lower() in PASS_WORDS
         elif score is not None:
@@ -148,6 +164,23 @@ def _trial(where: str, raw: Any) -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             result[key] = value
     return result
+
+
+def _rsihub_trial(where: str, raw: Mapping[str, Any], status: str, reward: float | None) -> dict[str, Any]:
+    """A trial as RSIHub's TrialResult writes it: ``status`` is the outcome
+    class, ``reward`` the score. Only a scored trial is a pass or a fail; an
+    infrastructure failure (or any trial RSIHub does not score) is an error,
+    which counts neither way."""
+    scored = reward is not None and (
+        status == COMPLETE or (status == "timeout" and raw.get("owner") in BENCHMARK_OWNERS)
+    )
+    if scored:
+        assert reward is not None
+        return {"passed": reward >= 1.0, "score": reward}
+    if status == COMPLETE:
+        raise WorkspaceError(f"{where}: a benchmark_complete trial needs a reward")
+    detail = ": ".join(str(raw[key]) for key in ("exception_type", "exception_message") if raw.get(key))
+    return {"passed": False, "error": f"{status}{' (' + detail + ')' if detail else ''}"[:2000]}
 
 
 def _task_vector(where: str, vector: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -233,8 +266,12 @@ def archive_parse(text: str, *, known: Collection[str] = ()) -> list[Generation]
         if event.get("task_set_hash") is not None and first_hash is not None and event["task_set_hash"] != first_hash:
             generation.ignored.append({"line": number, "task_set_hash": event["task_set_hash"]})
             continue
+        # RSIHub's merged rows: the first evaluation (an event with a task-set
+        # hash) replaces what an earlier placeholder stamped, e.g. generation
+        # 0's set-up cost of 0 gives way to the genesis evaluation's cost.
+        replaces = event.get("task_set_hash") is not None and first_hash is None
         for key, value in event.items():
-            if key in STAMPED and record.get(key) is not None:
+            if key in STAMPED and record.get(key) is not None and not replaces:
                 continue
             record[key] = value
         parent = event.get("parent")
@@ -268,18 +305,45 @@ def archive_parse(text: str, *, known: Collection[str] = ()) -> list[Generation]
 
 def _state(generation: Generation) -> tuple[str, str]:
     """Candidate state and reason for a source verdict. Never ACCEPTED or
-    CERTIFIED: those say *we* certified it."""
-    verdict = generation.record.get("verdict")
+    CERTIFIED: those say *we* certified it. A verdict RSIHub marks
+    provisional (``pending_gate_record``: its gate has not decided yet) is not
+    a discard: the candidate is evaluated and awaiting the source's gate."""
+    record = generation.record
+    verdict = record.get("verdict")
     word = verdict.strip().lower() if isinstance(verdict, str) else ""
+    outcome = record.get("outcome")
+    if isinstance(outcome, str) and outcome in ERROR_OUTCOMES:
+        return Candidate.State.FAILED, f"imported: the source's evaluation ended {outcome!r} ({record.get('reason')!r})"
+    if record.get("pending_gate_record") is True:
+        return Candidate.State.EVALUATED, "imported: evaluated, awaiting the source's gate; not certified here"
     if word in KEEP_VERDICTS:
         return Candidate.State.EVALUATED, f"imported: the source kept it (verdict {verdict!r}); not certified here"
     if word in DISCARD_VERDICTS:
         return Candidate.State.REJECTED_GATE, f"imported: the source discarded it (verdict {verdict!r})"
     if generation.results:
         return Candidate.State.EVALUATED, f"imported: source verdict {verdict!r}; not certified here"
-    status = str(generation.record.get("status") or "")
+    status = str(record.get("status") or "")
     state = Candidate.State.FAILED if "fail" in status.lower() else Candidate.State.CANCELLED
     return state, f"imported: the source recorded no results (verdict {verdict!r}, status {status!r})"
+
+
+def _proposal_rejected(generation: Generation) -> dict[str, Any] | None:
+    """The rejected proposal a tagless generation stands for, or None."""
+    record = generation.record
+    status = record.get("status")
+    if generation.results or not isinstance(status, str) or status not in PROPOSAL_REJECTED:
+        return None
+    return {
+        "genid": generation.genid,
+        "parent": generation.parent,
+        "status": status,
+        "reason": str(record.get("reason") or record.get("note") or ""),
+        "mutated": [str(path) for path in record.get("mutated") or [] if isinstance(path, str)][:100],
+        "surface_violations": [str(path) for path in record.get("surface_violations") or [] if isinstance(path, str)][
+            :100
+        ],
+        "archive_line": generation.line,
+    }
 
 
 def _commit(repo: Path, tag: str) -> str:
@@ -334,10 +398,19 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
         raise WorkspaceRefused(str(exc)) from None
     except UnicodeDecodeError as exc:
         raise WorkspaceError(f"{archive}: not UTF-8 ({exc})") from None
-    generations = archive_parse(text, known=imported)
-    new = [generation for generation in generations if generation.genid not in imported]
-    skipped = [generation.genid for generation in generations if generation.genid in imported]
+    rejected: dict[str, dict[str, Any]] = {}
+    if experiment is not None:
+        rejected = dict(experiment.run_settings["imported_from"].get("proposals_rejected", {}))
+    generations = archive_parse(text, known=[*imported, *rejected])
+    new = [g for g in generations if g.genid not in imported and g.genid not in rejected]
+    skipped = [g.genid for g in generations if g.genid in imported or g.genid in rejected]
     for generation in new:
+        generation.commit = _commit(path, generation.tag)
+        proposal = _proposal_rejected(generation) if not generation.commit else None
+        if proposal is not None:
+            # RSIHub refused the proposal before evaluating it and made no tag.
+            rejected[generation.genid] = proposal
+            continue
         try:
             generation.entries = read_git(
                 path,
@@ -347,18 +420,27 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
             )
         except SnapshotError as exc:
             raise WorkspaceError(f"{ARCHIVE} line {generation.line} (generation {generation.genid}): {exc}") from None
-        generation.commit = _commit(path, generation.tag)
+    tagged = [generation for generation in new if generation.genid not in rejected]
+    earlier = [generation for generation in generations if generation.genid in imported]
 
     notes: list[str] = []
     with transaction.atomic():
         created = experiment is None
         if experiment is None:
-            experiment = _experiment_create(name=name, slug=slug, path=path, generations=new)
+            experiment = _experiment_create(name=name, slug=slug, path=path, generations=tagged)
         else:
             experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
-        _tasks_add(experiment, new)
+        _tasks_add(experiment, tagged + earlier)
         by_genid = {genid: Candidate.objects.get(pk=pk) for genid, pk in imported.items()}
+        for generation in earlier:
+            _refresh(by_genid[generation.genid], generation, path, notes)
         for generation in new:
+            if generation.genid in rejected:
+                proposal = rejected[generation.genid]
+                notes.append(
+                    f"generation {generation.genid}: proposal rejected ({proposal['status']}: {proposal['reason']})"
+                )
+                continue
             candidate = _candidate(experiment, generation, by_genid, notes)
             by_genid[generation.genid] = candidate
             imported[generation.genid] = candidate.pk
@@ -374,6 +456,7 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
             "imported_from": {
                 **experiment.run_settings.get("imported_from", {}),
                 "generations": imported,
+                "proposals_rejected": rejected,
             },
         }
         experiment.split_digests = split_digests_compute(experiment=experiment)
@@ -466,6 +549,31 @@ def _candidate(
     return candidate
 
 
+def _refresh(candidate: Candidate, generation: Generation, path: Path, notes: list[str]) -> None:
+    """Apply what a later import reads about a generation imported before:
+    the gate's event after a provisional verdict, an evaluation recorded
+    after the generation was first seen. Safe to repeat."""
+    evaluation = candidate.evaluations.filter(external=True, source__genid=generation.genid).first()
+    if evaluation is None and generation.results:
+        _scores(candidate, generation, path)
+        notes.append(f"generation {generation.genid}: evaluation imported")
+    elif evaluation is not None:
+        fields = {key: generation.record.get(key) for key in SOURCE_UPDATED}
+        if any(evaluation.source.get(key) != value for key, value in fields.items()):
+            evaluation.source = {**evaluation.source, **fields}
+            evaluation.save(update_fields=["source"])
+    state, reason = _state(generation)
+    if candidate.origin != Candidate.Origin.IMPORTED or (candidate.state, candidate.state_reason) == (state, reason):
+        return
+    # Imported candidates mirror the source's verdict (the engine's state
+    # machine is for what we run); the condition keeps a concurrent change safe.
+    updated = Candidate.objects.filter(pk=candidate.pk, origin=Candidate.Origin.IMPORTED, state=candidate.state).update(
+        state=state, state_reason=reason
+    )
+    if updated:
+        notes.append(f"generation {generation.genid}: {candidate.state} -> {state} ({reason})")
+
+
 def _scores(candidate: Candidate, generation: Generation, path: Path) -> Evaluation:
     record = generation.record
     source = {
@@ -477,9 +585,8 @@ def _scores(candidate: Candidate, generation: Generation, path: Path) -> Evaluat
         "tag": generation.tag,
         "commit": generation.commit,
         "parent": generation.parent,
-        **{key: record.get(key) for key in ("verdict", "score", "cost", "evaluator_fingerprint", "task_set_hash")},
-        "reason": record.get("reason"),
-        "status": record.get("status"),
+        **{key: record.get(key) for key in ("score", "cost", "evaluator_fingerprint", "task_set_hash")},
+        **{key: record.get(key) for key in SOURCE_UPDATED},
     }
     try:
         return external_results_ingest(candidate=candidate, results=generation.results, source=source)

@@ -235,14 +235,26 @@ def _score_metric(experiment: Experiment) -> str:
     return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
 
 
-def _reported_trials(user: Any) -> QuerySet[Trial]:
+def _reported_trials(user: Any, *, external: bool = False) -> QuerySet[Trial]:
     """Trials shown per task: every evaluation we ran but the seed's noise
     repeats, sealed ones only for users who may see them (``user`` None:
     all of them, for aggregates). External results are left out: we did not
     run them, so they must not sit in a cell as if we had (the candidate page
-    shows them apart, labelled external)."""
-    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES, evaluation__external=False)
+    shows them apart, labelled external); ``external`` includes them, for an
+    experiment that is all imported (``_imported_from``)."""
+    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES)
+    if not external:
+        trials = trials.filter(evaluation__external=False)
     return trials if user is None else access.hide_sealed(trials, user)
+
+
+def _imported_from(experiment: Experiment) -> str:
+    """The format an experiment was imported from (an RSIHub workspace, Harbor
+    jobs), or "". Such an experiment holds only external results, none of
+    ours, so its matrix shows them, under a notice saying so."""
+    origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
+    fmt = origin.get("format") if isinstance(origin, dict) else None
+    return fmt if fmt in ("rsihub-workspace", "harbor-job") else ""
 
 
 def _url_maker(name: str) -> Any:
@@ -300,9 +312,13 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
 
     # An evaluation's trials are created with it (trials_total counts them):
     # probing the evaluations is far cheaper than probing the trials.
+    imported_from = _imported_from(experiment)
     with_trials = Exists(
         Evaluation.objects.filter(
-            candidate=OuterRef("pk"), purpose__in=REPORTED_PURPOSES, external=False, trials_total__gt=0
+            candidate=OuterRef("pk"),
+            purpose__in=REPORTED_PURPOSES,
+            trials_total__gt=0,
+            **({} if imported_from else {"external": False}),
         )
     )
     candidates = Candidate.objects.filter(with_trials, experiment=experiment)
@@ -339,7 +355,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     # are made for the visible tasks only.
     shown_tasks = {task_id for task_id, _, _ in tasks}
     aggregated = (
-        _reported_trials(None)
+        _reported_trials(None, external=bool(imported_from))
         .filter(candidate_id__in=[*column_ids, *parent_ids])
         .values("candidate_id", "task_id", "split")
         .annotate(
@@ -406,7 +422,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
     page_tasks = [row.task_id for row in page_rows]
     if page_tasks and column_ids:
         links = (
-            _reported_trials(request.user)
+            _reported_trials(request.user, external=bool(imported_from))
             .filter(candidate_id__in=column_ids, task_id__in=page_tasks)
             .order_by("index", "pk")
             .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
@@ -459,6 +475,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         "split_links": split_links,
         "change_links": change_links,
         "sealed_hidden": sealed_hidden,
+        "imported_from": imported_from,
         "selected": selected,
         "candidates_total": candidate_pages.count,
         "candidate_page": shown,

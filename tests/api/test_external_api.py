@@ -67,6 +67,34 @@ def test_operator_ingests_external_results() -> None:
 
 
 @URLCONF
+def test_a_result_with_an_error_is_an_error_trial_without_a_score() -> None:
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    data = body(experiment)
+    data["results"][1] = {**data["results"][1], "passed": False, "error": "infrastructure_failed (docker)"}
+    del data["results"][1]["score"]
+    response = client_for("operator").post(url(seed_id(experiment)), data, format="json")
+    assert response.status_code == 201, response.content
+    rows = Trial.objects.order_by("task__external_id").values_list("state", "outcome", "score", "error")
+    assert list(rows) == [
+        (Trial.State.DONE, Trial.Outcome.PASS, 1.0, ""),
+        (Trial.State.ERROR, Trial.Outcome.ERROR, None, "infrastructure_failed (docker)"),
+    ]
+
+
+@URLCONF
+def test_an_error_on_a_passed_result_is_a_400_and_writes_nothing() -> None:
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    data = body(experiment)
+    data["results"][0]["error"] = "boom"
+    response = client_for("operator").post(url(seed_id(experiment)), data, format="json")
+    assert (response.status_code, response.json()) == (
+        400,
+        {"results[0].error": ["a trial that errored cannot pass"]},
+    )
+    assert not Evaluation.objects.exists()
+
+
+@URLCONF
 @pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("annotator", 403), (None, 401)])
 def test_without_the_operate_permission_the_post_is_refused(role: str | None, status: int) -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
