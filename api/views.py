@@ -51,8 +51,7 @@ from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
 from review import access
 from review.flags import flag_task_visible, with_task_access
-from review.views.candidates import _visible_payload as visible_payload
-from review.views.experiments import start_recipe
+from review.selectors import recipe_for_start
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="field-level messages, or {'detail': ...}")
 TEXT = {(200, "text/plain"): OpenApiTypes.STR}
@@ -137,7 +136,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         data = form.validated_data
         experiment = data["experiment"]
         try:
-            recipe = start_recipe(
+            recipe = recipe_for_start(
                 name=data["recipe"], experiment=experiment, candidates_per_round=data.get("candidates_per_round")
             )
         except (RecipeError, loop.LoopError) as exc:
@@ -265,7 +264,9 @@ class CertifiedResultViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
         def shown(record: CertifiedResult) -> tuple[dict[str, Any], int]:
             if not sealed and record.experiment_id not in names:
                 names[record.experiment_id] = access.sealed_task_names(record.experiment_id)
-            return visible_payload(record.payload, sealed=sealed, sealed_tasks=names.get(record.experiment_id))
+            return access.record_payload_visible(
+                record.payload, sealed=sealed, sealed_tasks=names.get(record.experiment_id)
+            )
 
         return {**super().get_serializer_context(), "visible_payload": shown}
 

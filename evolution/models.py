@@ -14,24 +14,17 @@ from django.db import models
 from django.db.models import Q
 
 from evolution.fields import CanonicalJSONField
+from evolution.surfaces import COMPONENT_KINDS
+from evolution.surfaces import STRUCTURAL_KINDS as STRUCTURAL_KINDS  # the loop and the screens import it from here
 
 # --- Vocabularies -------------------------------------------------------------
 
 
-class ComponentKind(models.TextChoices):
-    PROMPT = "prompt"
-    CONTROL_FLOW = "control_flow"
-    CONFIG = "config"
-    OUTPUT_PLUMBING = "output_plumbing"
-    CONTEXT_MGMT = "context_mgmt"
-    CLIENT_TOOL = "client_tool"
-    SKILL = "skill"
-    MEMORY = "memory"
-    SUBAGENT = "subagent"
-
-
-STRUCTURAL_KINDS = frozenset(
-    {ComponentKind.CLIENT_TOOL, ComponentKind.SKILL, ComponentKind.MEMORY, ComponentKind.SUBAGENT}
+# The vocabulary is evolution.surfaces.COMPONENT_KINDS (pure, no Django); the
+# choices are made from it so the two cannot differ. Members: PROMPT = "prompt", ...
+# (django-stubs types TextChoices' member constructor, not Enum's functional API, hence the ignore.)
+ComponentKind: type[models.TextChoices] = models.TextChoices(  # type: ignore[call-overload]  # stubs lack Enum's functional API
+    "ComponentKind", [(kind.upper(), kind) for kind in COMPONENT_KINDS]
 )
 
 

@@ -50,6 +50,22 @@ def known_operators() -> dict[str, set[str]]:
     return {stage: set(names) for stage, names in _REGISTRY.items()}
 
 
+def operators_load() -> None:
+    """Import the modules that register operators: the bundled proposers, the LLM operators and
+    ``settings.RSI_OPERATOR_MODULES`` (a module that is not installed is skipped; an import error inside one is
+    raised). Call it before ``known_operators()`` or ``get()``. Safe to repeat: a module is imported once."""
+    import importlib
+
+    from django.conf import settings
+
+    for module in ("evolution.proposers", "evolution.llm_operators", *settings.RSI_OPERATOR_MODULES):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
 # --- Proposal -----------------------------------------------------------------
 
 

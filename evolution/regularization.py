@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evolution.metrics import relative_cost_change
-from evolution.surfaces import COMPONENT_KINDS
+from evolution.surfaces import COMPONENT_KINDS, STRUCTURAL_KINDS
 
 __all__ = [
     "EPSILON",
@@ -59,10 +59,6 @@ __all__ = [
     "unexplored_kinds",
     "unregularized_gate",
 ]
-
-# Mirrors evolution.models.STRUCTURAL_KINDS; kept here so this module needs no
-# Django setup (a test asserts the two stay equal).
-STRUCTURAL_KINDS: frozenset[str] = frozenset({"client_tool", "skill", "memory", "subagent"})
 
 EPSILON = 1e-9
 

@@ -49,8 +49,8 @@ import yaml
 from evolution import limits
 from evolution.gitdiff import FileChange, parse_git_diff, whole_file_texts
 
-# Mirrors evolution.models.ComponentKind; kept here so this module needs no
-# Django setup (a test asserts the two stay equal).
+# The closed vocabulary of component kinds, defined here only: this module needs
+# no Django setup, and evolution.models builds ComponentKind's choices from it.
 COMPONENT_KINDS: tuple[str, ...] = (
     "prompt",
     "control_flow",
@@ -62,6 +62,8 @@ COMPONENT_KINDS: tuple[str, ...] = (
     "memory",
     "subagent",
 )
+# The structural kinds: a candidate that adopts one first earns the lambda_N bonus.
+STRUCTURAL_KINDS: frozenset[str] = frozenset({"client_tool", "skill", "memory", "subagent"})
 DEFAULT_RESERVED: tuple[str, ...] = ("evaluator/", "tasks/", ".rsi/", "records/")
 STRUCTURED_FORMATS: dict[str, str] = {".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 

@@ -106,6 +106,32 @@ def sealed_task_names(experiment: Experiment | int) -> frozenset[str]:
     return frozenset(names.values_list("external_id", flat=True))
 
 
+def record_payload_visible(
+    payload: Any, *, sealed: bool, sealed_tasks: frozenset[str] | None = None
+) -> tuple[dict[str, Any], int]:
+    """A certified record's payload as a user sees it: sealed per-task rows removed unless ``sealed`` (the user may
+    see them): rows of the sealed split, and rows of tasks in ``sealed_tasks``, the record's tasks sealed in some
+    experiment (``sealed_task_names``). Returns it with the number of rows removed. The screens and the API both
+    show a record so."""
+    if sealed:
+        return payload, 0
+    if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
+        return {}, 0
+    trials = payload.get("trials") or []
+    hidden = sealed_tasks or frozenset()
+    kept = [
+        row
+        for row in trials
+        if isinstance(row, dict)
+        and row.get("split") != SplitName.SEALED
+        and isinstance(row.get("task"), str)
+        and row["task"] not in hidden
+    ]
+    shown = dict(payload)
+    shown["trials"] = kept
+    return shown, len(trials) - len(kept)
+
+
 # Any view function; the decorators below keep its own signature.
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from django.utils.safestring import SafeString
+
+from review.lineage import Layout
 
 # One colour per split, shared with the dashboard's tables (dashboard.css).
 SPLIT_COLOURS: dict[str, str] = {
@@ -703,3 +705,57 @@ def thin_rounds(rounds: Sequence[RoundScores], limit: int) -> list[RoundScores]:
     """At most ``limit`` rounds to plot, evenly sampled (the first and the
     last kept), so the lines keep their shape over thousands of rounds."""
     return _evenly(rounds, limit)
+
+
+# --- Lineage tree ---------------------------------------------------------------------
+
+LIGHT_CATEGORIES = frozenset({"flagged", "other"})  # dark text on these node colours
+
+
+def lineage_svg(
+    tree: Layout, *, reasons: dict[int, str], href: Callable[[int], str], highlight: int | None
+) -> tuple[SafeString, SafeString]:
+    """The nodes and the edges of a ``review.lineage.layout`` as SVG (the template wraps them in ``<svg>``).
+
+    Written here, not by a template loop: hundreds of nodes with a dozen attributes each cost more in a template
+    loop than the rest of the page; nor through ``format_html``, which took 2.3 times as long (33 against 15 ms
+    for 400 nodes). Labels, states, reasons and links are escaped; the rest are numbers formatted here and this
+    module's colours. ``reasons``: candidate id -> why it is in its state; ``href``: candidate id -> its page."""
+    escape = html.escape
+    node_width, node_height = f"{tree.node_width:.0f}", f"{tree.node_height:.0f}"
+    parts = []
+    for node in tree.nodes:
+        score = f"{node.score:.3f}" if node.score is not None else ""
+        reason = reasons.get(node.id, "")
+        label = node.label if len(node.label) <= 12 else node.label[:11] + "…"
+        title = (
+            f"#{node.id} {node.label} · {node.state} · round {node.round}"
+            + (f" · S {score}" if score else "")
+            + (f" · {reason}" if reason else "")
+        )
+        colour = CATEGORY_COLOURS.get(node.category, CATEGORY_COLOURS["other"])
+        ink = "#1d2330" if node.category in LIGHT_CATEGORIES else "#fff"
+        stroke = "#1d2330" if node.id == highlight else "none"
+        text_y = f"{node.y + tree.node_height / 2 + 4:.1f}"
+        parts.append(
+            f'<a href="{escape(href(node.id))}" class="node cat-{escape(node.category)}'
+            f'{" main" if node.on_path else ""}" aria-label="candidate {node.id} {escape(node.label)}, '
+            f'{escape(node.state)}"><title>{escape(title)}</title>'
+            f'<rect x="{node.x:.1f}" y="{node.y:.1f}" width="{node_width}" height="{node_height}" rx="4" '
+            f'fill="{colour}" stroke="{stroke}" stroke-width="2"/>'
+            f'<text x="{node.x + 6:.1f}" y="{text_y}" font-size="11" fill="{ink}" font-weight="600">#{node.id} '
+            f'<tspan font-weight="400">{escape(label)}</tspan></text>'
+            + (
+                f'<text x="{node.x + tree.node_width - 6:.1f}" y="{text_y}" font-size="10.5" fill="{ink}" '
+                f'text-anchor="end">{score}</text>'
+                if score
+                else ""
+            )
+            + "</a>"
+        )
+    edges = "".join(
+        f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
+        f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+        for edge in tree.edges
+    )
+    return SafeString("".join(parts)), SafeString(edges)  # every string from a candidate went through escape

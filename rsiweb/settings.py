@@ -142,6 +142,7 @@ INSTALLED_APPS = [
     "evolution",
     "review",
     "api",
+    "lab",
 ]
 
 MIDDLEWARE = [

@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db import connection
 from kombu import pools as kombu_pools
 
-# The product's versions (the trust suite's harness); re-exported for the tests.
-from evolution.trust.context import WorkerProcess, database_url_for_subprocess
+# The same workers the trust suite and the benchmarks start; re-exported for the tests.
+from lab.processes import WorkerProcess, database_url_for_subprocess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("RSI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -416,7 +416,6 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
         )
 
         def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
-            assert experiment.recipe is not None
             return records.review_payload(
                 experiment_uid=str(experiment.uid),
                 seq=seq,
@@ -429,7 +428,7 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
                 derived_tree=derived,
                 state=candidate.state,
                 state_reason=candidate.state_reason,
-                recipe=recipe or (experiment.recipe.digest if experiment.recipe_id else None),
+                recipe=recipe or (experiment.recipe.digest if experiment.recipe is not None else None),
                 surface=_surface_digest(experiment),
             )
 

@@ -210,32 +210,6 @@ def record_checks(record: CertifiedResult, *, previous_digest: str | None = None
     return checks
 
 
-def _visible_payload(
-    payload: dict[str, Any], *, sealed: bool, sealed_tasks: frozenset[str] | None = None
-) -> tuple[dict[str, Any], int]:
-    """The payload as shown: sealed per-task rows removed unless ``sealed``
-    (rows of the sealed split, and rows of tasks in ``sealed_tasks``, the
-    record's tasks sealed in some experiment: ``access.sealed_task_names``);
-    returns it with the number of rows removed."""
-    if sealed:
-        return payload, 0
-    if not isinstance(payload, dict):  # unreadable: it may hold sealed rows
-        return {}, 0
-    trials = payload.get("trials") or []
-    hidden = sealed_tasks or frozenset()
-    kept = [
-        row
-        for row in trials
-        if isinstance(row, dict)
-        and row.get("split") != SplitName.SEALED
-        and isinstance(row.get("task"), str)
-        and row["task"] not in hidden
-    ]
-    shown = dict(payload)
-    shown["trials"] = kept
-    return shown, len(trials) - len(kept)
-
-
 @dataclass(frozen=True)
 class TrialCount:
     split: str
@@ -796,7 +770,7 @@ def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if report is not None and request.htmx:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
     sealed = access.can_see_sealed(request.user)
-    payload, hidden = _visible_payload(
+    payload, hidden = access.record_payload_visible(
         rec.payload, sealed=sealed, sealed_tasks=None if sealed else access.sealed_task_names(rec.experiment_id)
     )
     certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not

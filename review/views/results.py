@@ -12,30 +12,26 @@ candidates, trials or steps there are.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Sum
+from django.db.models import F, Q
 from django.db.models.functions import MD5
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
-from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
 from evolution.models import (
     EVOLVE_SPLITS,
-    Candidate,
     CertifiedResult,
     Evaluation,
     Experiment,
-    SplitMembership,
     SplitName,
     Trajectory,
     TrajectoryStep,
@@ -44,20 +40,15 @@ from evolution.models import (
 from evolution.selectors import REPORTED_PURPOSES
 from evolution.trajectory_formats import STEP_FIELDS
 from review import access
+from review import selectors as review_selectors
 from review import trajectories as tj
+from review.matrix import CHANGES, Cell, Column, Row, cells_html
 
 CANDIDATES_PER_PAGE = 30
 TASKS_PER_PAGE = 200
 STEPS_PER_PAGE = 100
 SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
-CHANGES = {
-    "improved": "improved against the parent",
-    "regressed": "regressed against the parent",
-    "unchanged": "unchanged against the parent",
-}
 STEP_COLUMNS = ("pk", *STEP_FIELDS, "extra")
-FINISHED = (Trial.State.DONE, Trial.State.ERROR)
-UNFINISHED = (Trial.State.PENDING, Trial.State.RUNNING)
 ERROR_STEPS_LISTED = 50
 SOURCE_SHOWN_CHARS = 300
 
@@ -90,135 +81,6 @@ def _query(base: str, **params: Any) -> str:
 # --- Screen 5: the results matrix ----------------------------------------------
 
 
-@dataclass
-class Cell:
-    """One candidate's trials on one task (noise repeats of the seed left out)."""
-
-    candidate_id: int
-    task_id: int
-    n: int = 0  # finished trials
-    passes: int = 0
-    errors: int = 0
-    pending: int = 0
-    first_trial: int | None = None
-    first_href: str = ""  # the first trial's page, built in the view
-    parent: Cell | None = None
-    has_parent: bool = False
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    dim: bool = False
-
-    @property
-    def rate(self) -> float | None:
-        return self.passes / self.n if self.n else None
-
-    @property
-    def outcome(self) -> str:
-        if not self.n:
-            return "running" if self.pending else "none"
-        if self.errors == self.n:
-            return "error"
-        if self.passes == self.n:
-            return "pass"
-        return "some" if self.passes else "fail"
-
-    @property
-    def change(self) -> str:
-        """improved / regressed / unchanged against the parent's cell of the
-        same task; "" when either side has no finished trial."""
-        if self.parent is None or self.rate is None or self.parent.rate is None:
-            return ""
-        if self.rate > self.parent.rate:
-            return "improved"
-        if self.rate < self.parent.rate:
-            return "regressed"
-        return "unchanged"
-
-    @property
-    def title(self) -> str:
-        if not self.n:
-            return "trials still running" if self.pending else "not run on this task"
-        words = f"{self.passes} of {self.n} trials passed"
-        if self.errors:
-            words += f", {self.errors} ended in an error"
-        if self.pending:
-            words += f", {self.pending} still running"
-        if self.parent is not None and self.parent.n:
-            words += f"; parent: {self.parent.passes} of {self.parent.n}"
-        elif self.has_parent:
-            words += "; the parent has no trial here"
-        return words
-
-
-@dataclass
-class Column:
-    pk: int
-    label: str
-    round: int | None
-    state: str
-    origin: str
-    parent_id: int | None
-    score: float | None = None
-    score_trials: int = 0
-    shown_passes: int = 0
-    shown_n: int = 0
-
-
-@dataclass
-class Row:
-    task_id: int
-    external_id: str
-    split: str
-    cells: list[Cell]
-    cells_html: SafeString = SafeString("")  # the row's cells, built by _cells_html for the shown rows
-
-    @property
-    def passed_by(self) -> int:
-        return sum(1 for cell in self.cells if cell.passes)
-
-    @property
-    def run_by(self) -> int:
-        return sum(1 for cell in self.cells if cell.n)
-
-
-CHANGE_MARKS = {
-    "improved": '<span class="chg up" aria-label="improved against the parent">▲</span>',
-    "regressed": '<span class="chg down" aria-label="regressed against the parent">▼</span>',
-}
-_escape = html.escape  # django.utils.html.escape without its lazy-string wrapper
-
-
-def _cells_html(cells: list[Cell]) -> SafeString:
-    """A row's cells as HTML. Built here, not by a template loop: a page of
-    the matrix has thousands of cells, and resolving a dozen template
-    variables in each cost more than the rest of the page. Numbers, ids and
-    the view's own words only; every string is escaped all the same."""
-    out = []
-    for cell in cells:
-        change = cell.change
-        classes = f"cell o-{cell.outcome}" + (f" chg-{change}" if change else "") + (" dim" if cell.dim else "")
-        if cell.first_trial:
-            text = f"{cell.passes}/{cell.n}" if cell.n else "…"
-            link = f'<a class="cell-link" href="{_escape(cell.first_href)}">{text}</a>'
-        else:
-            link = '<span class="muted">–</span>'
-        trials = ""
-        if len(cell.trials) > 1:
-            trials = (
-                '<span class="trial-links">'
-                + "".join(
-                    f'<a href="{_escape(t["href"])}" class="o-{_escape(t["outcome"] or "running")}" '
-                    f'title="trial index {t["index"]}: {_escape(t["outcome"] or t["state"])}">{t["index"]}</a>'
-                    for t in cell.trials
-                )
-                + "</span>"
-            )
-        out.append(
-            f'<td class="{classes}" data-cell="{cell.candidate_id}:{cell.task_id}" title="{_escape(cell.title)}">'
-            f"{link}{CHANGE_MARKS.get(change, '')}{trials}</td>"
-        )
-    return mark_safe("".join(out))  # every string above is escaped, the rest are numbers
-
-
 def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
     spec = experiment.recipe.spec if experiment.recipe is not None else {}
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
@@ -233,28 +95,6 @@ def _score_metric(experiment: Experiment) -> str:
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
     metric = evaluation.get("score_metric") if isinstance(evaluation, dict) else None
     return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
-
-
-def _reported_trials(user: Any, *, external: bool = False) -> QuerySet[Trial]:
-    """Trials shown per task: every evaluation we ran but the seed's noise
-    repeats, sealed ones only for users who may see them (``user`` None:
-    all of them, for aggregates). External results are left out: we did not
-    run them, so they must not sit in a cell as if we had (the candidate page
-    shows them apart, labelled external); ``external`` includes them, for an
-    experiment that is all imported (``_imported_from``)."""
-    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES)
-    if not external:
-        trials = trials.filter(evaluation__external=False)
-    return trials if user is None else access.hide_sealed(trials, user)
-
-
-def _imported_from(experiment: Experiment) -> str:
-    """The format an experiment was imported from (an RSIHub workspace, Harbor
-    jobs), or "". Such an experiment holds only external results, none of
-    ours, so its matrix shows them, under a notice saying so."""
-    origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
-    fmt = origin.get("format") if isinstance(origin, dict) else None
-    return fmt if fmt in ("rsihub-workspace", "harbor-job") else ""
 
 
 def _url_maker(name: str) -> Any:
@@ -283,96 +123,48 @@ def _parse_candidate_ids(raw: str) -> list[int]:
     return ids
 
 
-@require_GET
-@access.permission_required()
-def matrix(request: HttpRequest, pk: int) -> HttpResponse:
-    """Tasks (rows) by candidates (columns), each cell the candidate's trials on the task."""
-    experiment = get_object_or_404(Experiment.objects.select_related("recipe", "benchmark"), pk=pk)
-    try:
-        split = request.GET.get("split", "")
-        if split and split not in SplitName.values:
-            raise InputError(f"unknown split {split[:40]!r}: use one of {', '.join(SplitName.values)}")
-        change = request.GET.get("change", "")
-        if change and change not in CHANGES:
-            raise InputError(f"unknown change {change[:40]!r}: use one of {', '.join(CHANGES)}")
-        selected = _parse_candidate_ids(request.GET.get("candidates", ""))
-        candidate_page = _positive_int(request.GET.get("cpage"), "cpage")
-        task_page = _positive_int(request.GET.get("page"), "page")
-    except InputError as exc:
-        return _bad_request(request, str(exc))
-    can_sealed = access.can_see_sealed(request.user)
+@dataclass(frozen=True)
+class MatrixQuery:
+    """What the matrix's query string asks for."""
 
-    # Aggregates per split are not per-task data: everyone may see the counts.
-    split_counts = dict(
-        SplitMembership.objects.filter(experiment=experiment)
-        .values_list("split")
-        .annotate(n=Count("pk"))
-        .values_list("split", "n")
+    split: str
+    change: str
+    selected: list[int]
+    raw_candidates: str
+    candidate_page: int
+    task_page: int
+
+
+def _matrix_query(request: HttpRequest) -> MatrixQuery:
+    """The query string, checked; InputError names the first unusable parameter."""
+    split = request.GET.get("split", "")
+    if split and split not in SplitName.values:
+        raise InputError(f"unknown split {split[:40]!r}: use one of {', '.join(SplitName.values)}")
+    change = request.GET.get("change", "")
+    if change and change not in CHANGES:
+        raise InputError(f"unknown change {change[:40]!r}: use one of {', '.join(CHANGES)}")
+    return MatrixQuery(
+        split=split,
+        change=change,
+        selected=_parse_candidate_ids(request.GET.get("candidates", "")),
+        raw_candidates=request.GET.get("candidates", ""),
+        candidate_page=_positive_int(request.GET.get("cpage"), "cpage"),
+        task_page=_positive_int(request.GET.get("page"), "page"),
     )
 
-    # An evaluation's trials are created with it (trials_total counts them):
-    # probing the evaluations is far cheaper than probing the trials.
-    imported_from = _imported_from(experiment)
-    with_trials = Exists(
-        Evaluation.objects.filter(
-            candidate=OuterRef("pk"),
-            purpose__in=REPORTED_PURPOSES,
-            trials_total__gt=0,
-            **({} if imported_from else {"external": False}),
-        )
-    )
-    candidates = Candidate.objects.filter(with_trials, experiment=experiment)
-    if selected:
-        candidates = candidates.filter(pk__in=selected)
-    # Paginated in the database: one count and one page of rows.
-    candidate_rows = candidates.order_by(F("round").asc(nulls_first=True), "pk").values(
-        "pk", "label", "round", "state", "origin", "parent_id"
-    )
-    candidate_pages = Paginator(candidate_rows, CANDIDATES_PER_PAGE)
-    candidate_page = min(candidate_page, candidate_pages.num_pages)
-    shown = candidate_pages.page(candidate_page)
-    columns = [Column(**row) for row in shown]  # the values() above are exactly Column's leading fields
-    column_ids = [column.pk for column in columns]
+
+def _grid(
+    columns: list[Column], *, shown_tasks: set[int], evolve: tuple[str, ...], metric: str, external: bool
+) -> dict[tuple[int, int], Cell]:
+    """The cells of the shown candidates and of their parents on the ``shown_tasks`` (one aggregated query); sets
+    each column's evolve score S. Scores are aggregates, which every user may see: they count every trial (a task
+    sealed in another experiment is still scored here), while cells are made for the visible tasks only."""
     parent_ids = {column.parent_id for column in columns if column.parent_id is not None}
-
-    memberships = access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), request.user)
-    # Tasks of this experiment sealed here or in another experiment (the sealed rule).
-    sealed_hidden = 0 if can_sealed else sum(split_counts.values()) - memberships.count()
-    if split:
-        memberships = memberships.filter(split=split)
-    tasks = sorted(
-        memberships.values_list("task_id", "task__external_id", "split"),
-        key=lambda row: (SPLIT_ORDER.index(row[2]) if row[2] in SPLIT_ORDER else 9, row[1]),
-    )
-
-    # The whole grid (shown candidates and their parents, every visible task)
-    # in one aggregated query.
-    evolve = _evolve_splits(experiment)
     grid: dict[tuple[int, int], Cell] = {}
     score_parts: dict[int, list[float]] = {}
-    # Scores are aggregates, which every user may see: they count every trial
-    # (a task sealed in another experiment is still scored here), while cells
-    # are made for the visible tasks only.
-    shown_tasks = {task_id for task_id, _, _ in tasks}
-    aggregated = (
-        _reported_trials(None, external=bool(imported_from))
-        .filter(candidate_id__in=[*column_ids, *parent_ids])
-        .values("candidate_id", "task_id", "split")
-        .annotate(
-            n=Count("pk", filter=Q(state__in=FINISHED)),
-            passes=Count("pk", filter=Q(state__in=FINISHED, outcome=Trial.Outcome.PASS)),
-            errors=Count(
-                "pk", filter=Q(state__in=FINISHED) & (Q(outcome=Trial.Outcome.ERROR) | Q(state=Trial.State.ERROR))
-            ),
-            pending=Count("pk", filter=Q(state__in=UNFINISHED)),
-            score_sum=Sum("score", filter=Q(state=Trial.State.DONE) & ~Q(outcome=Trial.Outcome.ERROR), default=0.0),
-            first_trial=Min("pk"),
-        )
-        .order_by()
-    )
-    metric = _score_metric(experiment)
     trial_href = _url_maker("review:trial")
-    for row in aggregated:
+    shown_ids = [*(c.pk for c in columns), *parent_ids]
+    for row in review_selectors.matrix_cells(user=None, candidate_ids=shown_ids, external=external):
         if row["split"] in evolve and row["n"]:
             parts = score_parts.setdefault(row["candidate_id"], [0.0, 0])
             parts[0] += row["passes"] if metric == "pass_at_1" else float(row["score_sum"] or 0.0)
@@ -394,7 +186,14 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         value, trials = score_parts.get(column.pk, (0.0, 0))
         column.score = value / trials if trials else None
         column.score_trials = int(trials)
+    return grid
 
+
+def _rows(
+    tasks: list[tuple[int, str, str]], columns: list[Column], grid: dict[tuple[int, int], Cell], change: str
+) -> tuple[list[Row], dict[str, int]]:
+    """One row per task, with a cell per column (its parent's cell beside it); with ``change``, only the rows
+    with a cell of that change, the other cells dimmed. Also how many cells of each change there are."""
     rows = []
     change_counts = dict.fromkeys(CHANGES, 0)
     for task_id, external_id, task_split in tasks:
@@ -413,19 +212,20 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
             for cell in cells:
                 cell.dim = cell.change != change
         rows.append(Row(task_id=task_id, external_id=external_id, split=task_split, cells=cells))
+    return rows, change_counts
 
-    task_pages = Paginator(rows, TASKS_PER_PAGE)
-    task_page = min(task_page, task_pages.num_pages)
-    page_rows = list(task_pages.page(task_page))
 
-    # Links to every trial of the cells on this page (k of them per cell).
+def _fill_page(
+    user: Any, page_rows: list[Row], columns: list[Column], grid: dict[tuple[int, int], Cell], *, external: bool
+) -> None:
+    """Links to every trial of the cells on this page (k of them per cell), the columns' totals over the page, and
+    each row's cells as HTML."""
     page_tasks = [row.task_id for row in page_rows]
+    column_ids = [column.pk for column in columns]
     if page_tasks and column_ids:
-        links = (
-            _reported_trials(request.user, external=bool(imported_from))
-            .filter(candidate_id__in=column_ids, task_id__in=page_tasks)
-            .order_by("index", "pk")
-            .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
+        trial_href = _url_maker("review:trial")
+        links = review_selectors.matrix_trials(
+            user=user, candidate_ids=column_ids, task_ids=page_tasks, external=external
         )
         for link in links:
             linked = grid.get((link["candidate_id"], link["task_id"]))
@@ -435,10 +235,20 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         for column, cell in zip(columns, task_row.cells, strict=True):
             column.shown_passes += cell.passes
             column.shown_n += cell.n
-        task_row.cells_html = _cells_html(task_row.cells)
+        task_row.cells_html = cells_html(task_row.cells)
 
-    base = reverse("review:matrix", args=[experiment.pk])
-    keep = {"split": split, "change": change, "candidates": request.GET.get("candidates", "")}
+
+def _filter_links(
+    base: str,
+    query: MatrixQuery,
+    split_counts: dict[str, int],
+    change_counts: dict[str, int],
+    *,
+    can_sealed: bool,
+    sealed_hidden: int,
+) -> dict[str, Any]:
+    """The split and change filters as plain links, each with its count."""
+    keep = {"split": query.split, "change": query.change, "candidates": query.raw_candidates}
     split_links = [
         {
             "value": value,
@@ -463,38 +273,85 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
             for value in CHANGES
         ),
     ]
-    context = {
-        "experiment": experiment,
-        "columns": columns,
-        "rows": page_rows,
-        "rows_total": len(rows),
-        "tasks_total": len(tasks),
-        "split": split,
-        "change": change,
-        "change_words": CHANGES.get(change, ""),
-        "split_links": split_links,
-        "change_links": change_links,
-        "sealed_hidden": sealed_hidden,
-        "imported_from": imported_from,
-        "selected": selected,
-        "candidates_total": candidate_pages.count,
-        "candidate_page": shown,
+    return {"split_links": split_links, "change_links": change_links, "sealed_hidden": sealed_hidden}
+
+
+def _pager_links(
+    base: str, query: MatrixQuery, candidate_pages: Paginator, candidate_page: int, task_pages: Paginator
+) -> dict[str, Any]:
+    keep = {"split": query.split, "change": query.change, "candidates": query.raw_candidates}
+    return {
         "candidate_pages": [
             {"number": number, "url": _query(base, **keep, cpage=number), "gap": gap}
             for number, gap in _pager_numbers(candidate_page, candidate_pages.num_pages)
         ]
         if candidate_pages.num_pages > 1
         else [],
-        "task_page": task_pages.page(task_page),
         "task_pages": [
             {"number": number, "url": _query(base, **keep, cpage=candidate_page, page=number)}
             for number in task_pages.page_range
         ]
         if task_pages.num_pages > 1
         else [],
+    }
+
+
+@require_GET
+@access.permission_required()
+def matrix(request: HttpRequest, pk: int) -> HttpResponse:
+    """Tasks (rows) by candidates (columns), each cell the candidate's trials on the task."""
+    experiment = get_object_or_404(Experiment.objects.select_related("recipe", "benchmark"), pk=pk)
+    try:
+        query = _matrix_query(request)
+    except InputError as exc:
+        return _bad_request(request, str(exc))
+    split_counts = review_selectors.split_counts(experiment=experiment)
+    imported_from = review_selectors.imported_from(experiment)
+    external = bool(imported_from)
+    # Paginated in the database: one count and one page of rows.
+    candidate_rows = review_selectors.matrix_candidates(
+        experiment=experiment, selected=query.selected, external=external
+    )
+    candidate_pages = Paginator(candidate_rows, CANDIDATES_PER_PAGE)
+    candidate_page = min(query.candidate_page, candidate_pages.num_pages)
+    shown = candidate_pages.page(candidate_page)
+    columns = [Column(**row) for row in shown]  # the values() are exactly Column's leading fields
+    can_sealed = access.can_see_sealed(request.user)
+    # Tasks of this experiment sealed here or in another experiment (the sealed rule).
+    visible = review_selectors.visible_task_count(experiment=experiment, user=request.user)
+    sealed_hidden = 0 if can_sealed else sum(split_counts.values()) - visible
+    tasks = sorted(
+        review_selectors.visible_tasks(experiment=experiment, user=request.user, split=query.split),
+        key=lambda row: (SPLIT_ORDER.index(row[2]) if row[2] in SPLIT_ORDER else 9, row[1]),
+    )
+    evolve, metric = _evolve_splits(experiment), _score_metric(experiment)
+    shown_tasks = {task_id for task_id, _, _ in tasks}
+    grid = _grid(columns, shown_tasks=shown_tasks, evolve=evolve, metric=metric, external=external)
+    rows, change_counts = _rows(tasks, columns, grid, query.change)
+    task_pages = Paginator(rows, TASKS_PER_PAGE)
+    task_page = min(query.task_page, task_pages.num_pages)
+    page_rows = list(task_pages.page(task_page))
+    _fill_page(request.user, page_rows, columns, grid, external=external)
+    base = reverse("review:matrix", args=[experiment.pk])
+    context = {
+        "experiment": experiment,
+        "columns": columns,
+        "rows": page_rows,
+        "rows_total": len(rows),
+        "tasks_total": len(tasks),
+        "split": query.split,
+        "change": query.change,
+        "change_words": CHANGES.get(query.change, ""),
+        "imported_from": imported_from,
+        "selected": query.selected,
+        "candidates_total": candidate_pages.count,
+        "candidate_page": shown,
+        "task_page": task_pages.page(task_page),
         "evolve_splits": " + ".join(evolve),
         "score_metric": "mean score" if metric == "mean_score" else "pass@1",
-        "clear_selection_url": _query(base, split=split, change=change),
+        "clear_selection_url": _query(base, split=query.split, change=query.change),
+        **_filter_links(base, query, split_counts, change_counts, can_sealed=can_sealed, sealed_hidden=sealed_hidden),
+        **_pager_links(base, query, candidate_pages, candidate_page, task_pages),
     }
     return render(request, "review/results/matrix.html", context)
 

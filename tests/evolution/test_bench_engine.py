@@ -19,14 +19,14 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from evolution import records, sandbox
-from evolution.bench import REGISTRY, BenchResult, load_benchmarks, orchestration
 from evolution.fields import CanonicalJSONField
-from evolution.management.commands import bench as bench_command
 from evolution.models import Benchmark, CertifiedResult, Evaluator, Experiment, Trial
+from lab.bench import REGISTRY, BenchResult, load_benchmarks, orchestration
+from lab.management.commands import bench as bench_command
 
 
 def run_quick(name: str, module: str) -> BenchResult:
-    importlib.import_module(f"evolution.bench.{module}")
+    importlib.import_module(f"lab.bench.{module}")
     bench = REGISTRY[name]
     before = Experiment.objects.count(), Benchmark.objects.count(), Evaluator.objects.count()
     result = bench.run(**bench.quick)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evolution import faults
-from evolution.trust.context import process_state
+from lab.processes import process_state
 from tests.conftest import wait_until
 
 

@@ -14,7 +14,7 @@ from evolution.models import Candidate, CertifiedResult, Run
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 from evolution.services import loop
 from evolution.services.records import records_verify
-from evolution.trust.context import record_contents, records_digest
+from lab.records import record_contents, records_digest
 from tests.conftest import wait_until
 from tests.factories import make_tiny_experiment
 

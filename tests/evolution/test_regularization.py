@@ -16,7 +16,6 @@ import pytest
 
 from evolution.regularization import (
     GATE_RULES,
-    STRUCTURAL_KINDS,
     CandidateStats,
     GateParams,
     GateVerdict,
@@ -508,9 +507,3 @@ def test_pruning_ignores_rounds_outside_the_window() -> None:
 def test_pruning_refuses_entries_from_a_later_round() -> None:
     with pytest.raises(ValueError, match="^ledger entry of round 5 is after the current round 4$"):
         pruning_targets(LEDGER, current_round=4, window=3, threshold=0.0)
-
-
-def test_structural_kinds_match_the_model() -> None:
-    from evolution.models import STRUCTURAL_KINDS as MODEL_STRUCTURAL_KINDS
-
-    assert frozenset(str(kind) for kind in MODEL_STRUCTURAL_KINDS) == STRUCTURAL_KINDS

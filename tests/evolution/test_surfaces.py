@@ -20,7 +20,6 @@ import pytest
 
 from evolution.gitdiff import DiffParseError, FileChange, Hunk, parse_git_diff, whole_file_texts
 from evolution.surfaces import (
-    COMPONENT_KINDS,
     SurfaceSpec,
     SurfaceSpecError,
     SurfaceVerdict,
@@ -168,12 +167,6 @@ def test_surface_from_dict_accepts_a_loaded_mapping() -> None:
     parsed = surface_from_dict({"include": ["a/**"], "components": {"a/**": "skill"}, "allow_symlinks": True})
 
     assert parsed == SurfaceSpec(include=("a/**",), components={"a/**": "skill"}, allow_symlinks=True)
-
-
-def test_component_kinds_match_the_model_choices() -> None:
-    from evolution.models import ComponentKind
-
-    assert list(COMPONENT_KINDS) == list(ComponentKind.values)
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from evolution.bench import REGISTRY, BenchResult
-from evolution.bench import diffs as diff_bench
-from evolution.bench import pages as pages_bench
 from evolution.models import Annotation, Candidate, Experiment, TrajectoryStep, Trial
+from lab.bench import REGISTRY, BenchResult
+from lab.bench import diffs as diff_bench
+from lab.bench import pages as pages_bench
 from review import diffs
 
 

@@ -11,7 +11,7 @@ import pytest
 from evolution.models import Run
 from evolution.services import loop
 from evolution.services.records import records_verify
-from evolution.trust.context import record_contents
+from lab.records import record_contents
 from tests.conftest import wait_until
 from tests.evolution.test_loop_crash import WORKER_ENV, finished, recipe
 from tests.factories import make_tiny_experiment

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evolution.trust.context import records_difference, records_digest
+from lab.records import records_difference, records_digest
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 pytestmark = pytest.mark.django_db

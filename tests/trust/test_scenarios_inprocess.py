@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from evolution.management.commands.load_example import Command as LoadExample
-from evolution.management.commands.load_harbor_example import EXAMPLE_DIR as HARBOR_DIR
-from evolution.management.commands.load_harbor_example import harbor_experiment_create
-from evolution.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, TrustFailure
+from evolution.agents.setup import EXAMPLE_DIR as HARBOR_DIR
+from evolution.agents.setup import harbor_experiment_create
+from evolution.example.setup import example_experiment_create
+from lab.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, TrustFailure
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,7 +29,7 @@ MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "10b", "11")
 def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
     number = next(_numbers)
     if benchmark == "example":
-        experiment = LoadExample(stdout=open("/dev/null", "w")).create(f"trust-example-{number}")  # noqa: SIM115
+        experiment = example_experiment_create(name=f"trust-example-{number}")
     else:
         experiment = harbor_experiment_create(folder=HARBOR_DIR, name=f"trust-harbor-{number}")
     folder = workdir / f"trial-{number}"
@@ -40,7 +40,7 @@ def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
 def names() -> list[str]:
     # Only this file's modules: the others (crash.py) are written elsewhere.
     for module in ("tamper", "evidence", "sandbox_abuse"):
-        importlib.import_module(f"evolution.trust.{module}")
+        importlib.import_module(f"lab.trust.{module}")
     return sorted(name for name in REGISTRY if name.startswith(MINE))
 
 
@@ -84,7 +84,7 @@ def test_tampered_verifier_fails_without_the_blob_check(monkeypatch: pytest.Monk
 def test_forged_records_fail_without_verification(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from evolution.services.records import VerifyReport
 
-    monkeypatch.setattr("evolution.trust.tamper.records_verify", lambda **kwargs: VerifyReport())
+    monkeypatch.setattr("lab.trust.tamper.records_verify", lambda **kwargs: VerifyReport())
     expect_failure("10-forged-records", "example", tmp_path, "records_verify did not name")
 
 

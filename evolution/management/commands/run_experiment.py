@@ -73,7 +73,7 @@ class Command(BaseCommand):
         name = options["recipe"]
         proposer = options["proposer"]
         try:
-            loop._load_operators()
+            operators.operators_load()
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
                 if proposer is None:  # the bundled example runs presets with its own offline proposer

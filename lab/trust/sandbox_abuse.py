@@ -31,8 +31,8 @@ from django.conf import settings
 from evolution import selectors
 from evolution.models import Trial
 from evolution.sandbox import RUN_ID_BASE, SandboxError, sandbox_profile
-from evolution.trust import Inapplicable, TrialContext, expect, scenario
-from evolution.trust.tamper import agent_report, evaluate_inline, hostile_experiment
+from lab.trust import Inapplicable, TrialContext, expect, scenario
+from lab.trust.tamper import agent_report, evaluate_inline, hostile_experiment
 
 CANARY_ENV = "RSI_TRUST_CANARY"
 MARKER_ENV = "RSI_TRUST_MARKER"

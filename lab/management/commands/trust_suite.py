@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution.trust import BENCHMARKS, Inapplicable, TrustFailure, load_scenarios
+from lab.trust import BENCHMARKS, Inapplicable, TrustFailure, load_scenarios
 
 
 class Command(BaseCommand):
@@ -31,7 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from evolution.trust.context import Suite
+        from lab.trust.context import Suite
 
         scenarios = load_scenarios()
         if options["list"]:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evolution import selectors
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.orchestration import SPLITS, wait_certified, with_bench_experiment, worker_start
 from evolution.models import Evaluation, Experiment, Trial
 from evolution.services import evaluation as evaluation_services
-from evolution.trust.context import WorkerProcess as Worker
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.orchestration import SPLITS, wait_certified, with_bench_experiment, worker_start
+from lab.processes import WorkerProcess as Worker
 
 
 def rss_kib(pid: int) -> int:

@@ -1,4 +1,4 @@
-"""``python -m evolution.trust.worker <celery worker options>``: the Celery
+"""``python -m lab.trust.worker <celery worker options>``: the Celery
 worker of rsiweb, on the queue named by ``RSI_TRUST_QUEUE``.
 
 The trust suite runs its workers on a queue of its own, so that neither its

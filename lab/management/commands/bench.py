@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
-from evolution.bench import load_benchmarks
+from lab.bench import load_benchmarks
 
 
 class Command(BaseCommand):

@@ -24,18 +24,10 @@ from typing import Any
 
 from evolution import faults
 from evolution.models import Evaluation, Experiment, Run, Trial
-from evolution.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
-from evolution.trust.context import (
-    REPO_ROOT,
-    PrivateRedis,
-    Suite,
-    no_half_made_parent,
-    process_argv,
-    process_state,
-    record_contents,
-    records_difference,
-    records_digest,
-)
+from lab.processes import REPO_ROOT, PrivateRedis, process_argv, process_state
+from lab.records import record_contents, records_difference, records_digest
+from lab.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
+from lab.trust.context import Suite, no_half_made_parent
 
 FAULT_TIMEOUT = 120.0
 
@@ -221,7 +213,7 @@ def crash_certify(ctx: TrialContext) -> str:
 
 @scenario(4, "4-duplicate-delivery", "every task message delivered twice", needs_worker=True)
 def duplicate_delivery(ctx: TrialContext) -> str:
-    from evolution.trust.worker import duplicate_publish
+    from lab.trust.worker import duplicate_publish
     from rsiweb.celery import app
 
     _suite(ctx).control_digest(ctx.benchmark, "loop")
@@ -251,7 +243,7 @@ def lost_publish(ctx: TrialContext) -> str:
     env = _suite(ctx).worker_env(_suite(ctx).fault_env(point, marker))
     standby = _suite(ctx).start_worker(hold=True)
     web = subprocess.Popen(
-        [sys.executable, "-m", "evolution.trust.web_process", key, str(ctx.experiment.pk)],
+        [sys.executable, "-m", "lab.trust.web_process", key, str(ctx.experiment.pk)],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -386,7 +378,7 @@ if os.environ.get(INNER_PG):
     def db_restart_inner(ctx: TrialContext) -> str:
         from django.db import connection
 
-        from evolution.trust.context import PrivatePostgres
+        from lab.processes import PrivatePostgres
 
         facts = json.loads(os.environ[INNER_PG])
         cluster = PrivatePostgres.__new__(PrivatePostgres)

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from evolution.models import Experiment
-    from evolution.trust.context import Suite
+    from lab.trust.context import Suite
 
 SCENARIO_MODULES = (
-    "evolution.trust.crash",
-    "evolution.trust.tamper",
-    "evolution.trust.evidence",
-    "evolution.trust.sandbox_abuse",
+    "lab.trust.crash",
+    "lab.trust.tamper",
+    "lab.trust.evidence",
+    "lab.trust.sandbox_abuse",
 )
 
 # The two benchmarks every scenario runs on: the bundled example (exact-match
@@ -53,7 +53,7 @@ class TrialContext:
     trial alone (same benchmark, evaluator, seed harness and splits as the
     suite's other trials of that benchmark, so certified records compare).
     ``workdir`` is an empty folder of this trial's. ``suite`` is the
-    ``evolution.trust.context.Suite`` running the trials: workers, brokers,
+    ``lab.trust.context.Suite`` running the trials: workers, brokers,
     control runs and digests (see there).
     """
 

@@ -33,9 +33,9 @@ from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment,
 from evolution.services import loop
 from evolution.services.candidates import candidate_accept
 from evolution.services.experiments import TaskInput
-from evolution.trust import TrialContext, expect, scenario
-from evolution.trust.context import proposer_python
-from evolution.trust.tamper import certified, evaluate_inline, paused_run, probe_experiment
+from lab.trust import TrialContext, expect, scenario
+from lab.trust.context import proposer_python
+from lab.trust.tamper import certified, evaluate_inline, paused_run, probe_experiment
 
 CANARY_ENV = "RSI_TRUST_CANARY"
 

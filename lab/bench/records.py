@@ -18,8 +18,6 @@ from django.db.models import TextField
 from django.db.models.functions import Cast
 
 from evolution import digests, records
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.orchestration import SPLITS, with_bench_experiment
 from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from evolution.services.evaluation import trial_seed
 from evolution.services.experiments import split_digests_compute
@@ -31,6 +29,8 @@ from evolution.services.records import (
     trial_row,
     trial_rows_by_seq,
 )
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.orchestration import SPLITS, with_bench_experiment
 
 BATCH = 2000
 

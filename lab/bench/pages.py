@@ -33,8 +33,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from evolution import digests, selectors
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.scratch import bench_experiment, scratch_database, served_hosts
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -59,6 +57,8 @@ from evolution.services.loop import recipe_store
 from evolution.services.records import split_stats_store
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.scratch import bench_experiment, scratch_database, served_hosts
 from review.access import roles_ensure
 
 TARGET_MS = 300.0

@@ -16,17 +16,16 @@ A suite owns, for its whole life and nothing longer:
 - per benchmark and key, the digest of an uninterrupted control run, made
   once and cached (``control_digest``).
 
-The helpers below it (``records_digest``, ``no_half_made_parent``,
-``database_url_for_subprocess``, ``WorkerProcess``) are used by the tests too.
+Workers and servers come from ``lab.processes``, record comparisons from
+``lab.records`` (the tests use both); ``no_half_made_parent`` is the suite's
+check that no half-made candidate could be a parent.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,18 +33,26 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
-from evolution import digests, selectors
+from evolution import selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
-from evolution.trust import BENCHMARKS, TrialContext, TrustFailure
+from lab.processes import (
+    PrivatePostgres,
+    PrivateRedis,
+    WorkerProcess,
+    database_url_for_subprocess,
+    use_broker,
+    worker_spawn,
+)
+from lab.records import record_contents, records_digest
+from lab.trust import BENCHMARKS, TrialContext, TrustFailure
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Short leases and a fast reaper so a killed worker's work is sent again in
@@ -67,249 +74,7 @@ BREAK = os.environ.get("RSI_TRUST_BREAK", "")
 RUN_TIME_VARIABLES = ("RSI_FAULT_",)
 
 
-# --- Helpers shared with the tests ---------------------------------------------------------------
-
-
-def database_url_for_subprocess() -> str:
-    """A DATABASE_URL that reaches the database this process uses now (the
-    test database once one was created)."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    user = quote(db.get("USER") or "", safe="")
-    password = quote(db.get("PASSWORD") or "", safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = db.get("HOST") or "localhost"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}{host}{port}/{db['NAME']}"
-
-
-def process_stats() -> Iterator[tuple[int, str, list[str]]]:
-    """(pid, command name, the fields after the name) of every live process,
-    from /proc/<pid>/stat; the fields start at the state (field 3 of proc(5))."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name is in parentheses and may hold spaces: split after it.
-        yield int(entry), stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-
-
-def process_descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, grandchildren...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for child, _name, fields in process_stats():
-        children.setdefault(int(fields[1]), []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def process_argv(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def process_state(pid: int) -> str:
-    """The one-letter state of ``pid`` from /proc (R, S, T, Z...), "" when gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rpartition(")")[2].split()[0]
-
-
-@dataclass
-class WorkerProcess:
-    """A Celery worker started as its own process group."""
-
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    hostname: str
-    env: dict[str, str] = field(default_factory=dict)
-    hold_path: Path | None = None
-    pending_env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def child_pids(self) -> list[int]:
-        """The worker's descendants: pool children, and whatever they run."""
-        return process_descendants(self.process.pid) if self.alive() else []
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait for Celery's ready line; RuntimeError with the log's tail when
-        the worker exits or is not ready in time."""
-        deadline = time.monotonic() + timeout
-        while " ready." not in self.log():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"worker not ready after {timeout:.0f} s:\n{self.log()[-4000:]}")
-            time.sleep(0.05)
-
-    def release(self, extra_env: dict[str, str] | None = None, timeout: float = 60.0) -> None:
-        """Let a standby worker (started with ``hold``) consume, with
-        ``extra_env`` (variables read at run time only, such as fault points)
-        added to its environment, and wait until it does."""
-        if self.hold_path is not None and not self.hold_path.exists():
-            env = {**self.pending_env, **(extra_env or {})}
-            self.env.update(env)
-            temporary = self.hold_path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(env))
-            temporary.replace(self.hold_path)
-        self.wait_ready(timeout)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._kill_group()
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool children)."""
-        if self.process.poll() is None:
-            self._kill_group()
-            self.process.wait(timeout=20)
-
-    def _kill_group(self) -> None:
-        with suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-
-
-def worker_spawn(
-    *,
-    env: dict[str, str],
-    log_path: Path,
-    hostname: str,
-    concurrency: int = 2,
-    beat: bool = False,
-    schedule_path: Path | None = None,
-    ready_timeout: float = 60.0,
-    hold: bool = False,
-) -> WorkerProcess:
-    """Start ``python -m evolution.trust.worker`` (Celery's worker of rsiweb,
-    on ``RSI_TRUST_QUEUE`` when set) and wait until it is ready. Raises
-    RuntimeError, with the log's tail, when it exits or is not ready in time.
-    With ``hold`` it returns at once and the worker loads everything but
-    consumes nothing until ``release()``."""
-    argv = [
-        sys.executable,
-        "-m",
-        "evolution.trust.worker",
-        "--loglevel=INFO",
-        f"--concurrency={concurrency}",
-        f"--hostname={hostname}@%h",
-        "--without-mingle",
-        "--without-gossip",
-        "--pool=prefork",
-    ]
-    if beat:
-        argv += ["--beat", f"--schedule={schedule_path or log_path.with_suffix('.beat')}"]
-    hold_path = None
-    if hold:
-        hold_path = log_path.with_suffix(".go")
-        env = {**env, "RSI_TRUST_HOLD": str(hold_path)}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    worker = WorkerProcess(process=process, log_path=log_path, hostname=hostname, env=env, hold_path=hold_path)
-    if not hold:
-        worker.wait_ready(ready_timeout)
-    return worker
-
-
-def record_contents(experiment: Experiment) -> list[str]:
-    """Sorted digests of what each certified record of ``experiment``
-    certifies, without what legitimately differs between two experiments
-    (their id, chain position and link) and without any timestamp."""
-    contents = []
-    for payload in CertifiedResult.objects.filter(experiment=experiment).values_list("payload", flat=True):
-        body = {k: v for k, v in payload.items() if k not in {"experiment", "seq", "prev"} and not k.endswith("_at")}
-        contents.append(digests.json_digest(body))
-    return sorted(contents)
-
-
-def records_difference(control: Experiment, experiment: Experiment, *, limit: int = 6) -> str:
-    """What differs between the certified records of two experiments, in
-    words: records on one side only, paired by candidate tree, purpose and
-    repeat, with the payload fields and trial rows that differ."""
-
-    def bodies(of: Experiment) -> dict[tuple[str, str, int], dict[str, Any]]:
-        found = {}
-        for payload in CertifiedResult.objects.filter(experiment=of).values_list("payload", flat=True):
-            body = {
-                k: v for k, v in payload.items() if k not in {"experiment", "seq", "prev"} and not k.endswith("_at")
-            }
-            evaluation = body.get("evaluation", {})
-            key = (str(body["candidate"]["tree"]), str(evaluation.get("purpose")), int(evaluation.get("repeat", 0)))
-            found[key] = body
-        return found
-
-    want, got = bodies(control), bodies(experiment)
-    notes = [f"{len(want)} records in the control, {len(got)} here"]
-    for key in sorted(set(want) ^ set(got)):
-        notes.append(f"only {'in the control' if key in want else 'here'}: tree {key[0][:12]} {key[1]} repeat {key[2]}")
-    for key in sorted(set(want) & set(got)):
-        a, b = want[key], got[key]
-        fields = sorted(k for k in set(a) | set(b) if k != "trials" and a.get(k) != b.get(k))
-        rows_a = {(r.get("task"), r.get("index")): r for r in a.get("trials", [])}
-        rows_b = {(r.get("task"), r.get("index")): r for r in b.get("trials", [])}
-        trials = [
-            f"{task}#{index}: "
-            + ", ".join(
-                f"{k} {rows_a.get((task, index), {}).get(k)!r} -> {rows_b.get((task, index), {}).get(k)!r}"
-                for k in sorted(set(rows_a.get((task, index), {})) | set(rows_b.get((task, index), {})))
-                if rows_a.get((task, index), {}).get(k) != rows_b.get((task, index), {}).get(k)
-            )
-            for task, index in sorted(set(rows_a) | set(rows_b), key=str)
-            if rows_a.get((task, index)) != rows_b.get((task, index))
-        ]
-        if fields or trials:
-            notes.append(f"tree {key[0][:12]} {key[1]} repeat {key[2]}: fields {fields}; trials {trials[:limit]}")
-    notes = notes[: limit + 1]
-    # What the differing side's errors said, and how often its trials were
-    # taken over (an attempt above 1), which a record does not keep.
-    errors = (
-        Trial.objects.filter(evaluation__experiment=experiment)
-        .exclude(error_kind="")
-        .values_list("task__external_id", "index", "attempt", "error_kind", "error")
-        .order_by("pk")[:limit]
-    )
-    notes += [
-        f"error here: {task}#{index} attempt {attempt} {kind}: {error[:300]!r}"
-        for task, index, attempt, kind, error in errors
-    ]
-    retried = Trial.objects.filter(evaluation__experiment=experiment, attempt__gt=1).count()
-    if retried:
-        notes.append(f"{retried} trial(s) here ran more than once (attempt > 1)")
-    return "; ".join(notes)
-
-
-def records_digest(experiment: Experiment) -> str:
-    """One digest of ``record_contents``: equal for two experiments exactly
-    when they certified the same results."""
-    return digests.json_digest(record_contents(experiment))
+# --- Checks ---------------------------------------------------------------------------------------
 
 
 def no_half_made_parent(experiment: Experiment) -> None:
@@ -325,111 +90,6 @@ def no_half_made_parent(experiment: Experiment) -> None:
     report = records_verify(experiment=experiment)
     if not report.ok:
         raise TrustFailure("records do not verify: " + "; ".join(report.problems)[:500])
-
-
-def use_broker(url: str, transport_options: dict[str, Any]) -> None:
-    """Point this process's Celery app at ``url`` with ``transport_options``."""
-    from kombu import pools as kombu_pools
-
-    from rsiweb.celery import app
-
-    app.conf.update(broker_url=url)
-    app.conf.broker_transport_options = transport_options
-    # Drop every cached connection and producer pool (kombu keeps a global
-    # registry), so the next publish connects to the new broker.
-    kombu_pools.reset()
-    app._pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
-    app.amqp._producer_pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class PrivateRedis:
-    """A redis-server of the suite's own on a free port (never the machine's),
-    so a scenario may stop and start it."""
-
-    def __init__(self, folder: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise FileNotFoundError("redis-server is not installed")
-        self.binary = binary
-        self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        argv += ["--dir", str(self.folder)]
-        log = (self.folder / "redis.log").open("ab")
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"private redis-server did not start on port {self.port}") from None
-                time.sleep(0.05)
-
-    def stop(self, *, kill: bool = True) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            self.process.wait(timeout=10)
-        self.process = None
-
-
-class PrivatePostgres:
-    """A PostgreSQL cluster of the suite's own (initdb into a folder, run as
-    the postgres user on a free port), never the machine's: a scenario may
-    stop it immediately and start it again."""
-
-    def __init__(self, folder: Path) -> None:
-        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-        if not found:
-            raise FileNotFoundError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
-        if os.geteuid() != 0 or shutil.which("runuser") is None:
-            raise FileNotFoundError("a private cluster is started as user postgres: needs root and runuser")
-        self.bin = found[-1].parent
-        self.folder = folder
-        self.data = folder / "data"
-        self.port = free_port()
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _as_postgres(self, *argv: str, timeout: float = 300) -> None:
-        # initdb and a start-up take seconds on a quiet machine and over a
-        # minute on a loaded one (seen: initdb past 60 s).
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *argv],
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-            cwd="/",
-        )
-
-    def create(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        shutil.chown(self.folder, "postgres", "postgres")
-        self._as_postgres(
-            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
-        )
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._as_postgres(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"), "-w", "start"
-        )
-
-    def stop(self, mode: str = "immediate") -> None:
-        if (self.data / "postmaster.pid").exists():
-            self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
 
 # --- The suite -----------------------------------------------------------------------------------
@@ -886,52 +546,16 @@ def experiment_benchmark(experiment: Experiment) -> str:
 
 def _create_base(benchmark: str, *, name: str) -> Experiment:
     if benchmark == "example":
-        return _create_example_base(name)
+        # The bundled example as ``load_example`` creates it, on its first
+        # ``EXAMPLE_TASKS`` tasks so a run takes seconds.
+        from evolution.example.setup import example_experiment_create
+
+        return example_experiment_create(name=name, task_limit=EXAMPLE_TASKS)
     if benchmark == "harbor":
-        from evolution.management.commands.load_harbor_example import EXAMPLE_DIR, harbor_experiment_create
+        from evolution.agents.setup import EXAMPLE_DIR, harbor_experiment_create
 
         return harbor_experiment_create(folder=EXAMPLE_DIR, name=name)
     raise ValueError(f"unknown benchmark {benchmark!r} (known: {', '.join(BENCHMARKS)})")
-
-
-def _create_example_base(name: str) -> Experiment:
-    """The bundled example as ``load_example`` creates it (evaluator, surface,
-    seed harness, split seed and ratios, run settings), on its first
-    ``EXAMPLE_TASKS`` tasks so a run takes seconds (a benchmark of its own
-    name, never mixed with the full one)."""
-    import tomllib
-
-    from evolution.management.commands.load_example import EXAMPLE_DIR, read_tasks
-    from evolution.services.experiments import (
-        benchmark_from_config,
-        evaluator_from_config,
-        experiment_create,
-        surface_create,
-    )
-    from evolution.services.snapshots import tree_import_directory
-
-    config = tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())
-    bench, evaluator_config = config["benchmark"], config["evaluator"]
-    tasks = read_tasks(EXAMPLE_DIR / bench["tasks"])[:EXAMPLE_TASKS]
-    seed_dir = EXAMPLE_DIR / bench["seed_harness"]
-    harness_config = tomllib.loads((seed_dir / "config.toml").read_text())
-    with transaction.atomic():
-        return experiment_create(
-            name=name,
-            description=bench.get("description", ""),
-            benchmark=benchmark_from_config(
-                config={**bench, "name": f"{bench['name']}-first-{len(tasks)}"}, tasks=tasks
-            ),
-            evaluator=evaluator_from_config(
-                config=evaluator_config, files=tree_import_directory(path=EXAMPLE_DIR / evaluator_config["files"])
-            ),
-            surface=surface_create(name=f"{bench['name']} surface", spec=(EXAMPLE_DIR / bench["surface"]).read_text()),
-            seed_tree=tree_import_directory(path=seed_dir),
-            split_seed=int(config["splits"]["seed"]),
-            split_ratios=config["splits"]["ratios"],
-            trials_per_task=int(config["trials"]["k"]),
-            run_settings={"model": harness_config.get("model", ""), "seed": 0},
-        )
 
 
 def proposer_python() -> str:

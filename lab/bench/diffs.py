@@ -38,10 +38,10 @@ from django.urls import reverse
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.scratch import bench_experiment, child_candidate, client_for, maybe_scratch, served_hosts
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.scratch import bench_experiment, child_candidate, client_for, maybe_scratch, served_hosts
 from review import diffs
 
 TARGET = 2.0

@@ -35,7 +35,6 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from evolution import sandbox, selectors
-from evolution.bench import BenchResult, benchmark, stopwatch
 from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
@@ -48,8 +47,9 @@ from evolution.services.experiments import (
 from evolution.services.snapshots import tree_materialize, tree_store
 from evolution.trees import FileEntry
 from evolution.trials import parse_verdict
-from evolution.trust.context import WorkerProcess as Worker
-from evolution.trust.context import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.processes import WorkerProcess as Worker
+from lab.processes import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
 
 # A fixed trivial agent: answers from the harness, reports its usage.
 BENCH_AGENT = textwrap.dedent(

@@ -41,8 +41,8 @@ from evolution.services.records import records_verify, result_certify
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.surfaces import check_diff, component_for, in_surface, parse_surface
 from evolution.trees import FileEntry
-from evolution.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
-from evolution.trust.context import proposer_python
+from lab.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
+from lab.trust.context import proposer_python
 
 INLINE_OWNER = "trust-suite-inline"
 SPLITS = ("train", "gate", "sealed")
@@ -188,7 +188,7 @@ def paused_run(experiment: Experiment, *, proposer: str = "example", params: Map
     it by hand, and no worker advances it."""
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 
-    loop._load_operators()
+    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data["proposal"] = {"operator": proposer, "params": dict(params or {})}
     recipe = parse_recipe(data, known_operators=operators.known_operators())
@@ -993,7 +993,7 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     from evolution.services.inline import run_drive
     from evolution.services.review import review_decide
 
-    loop._load_operators()
+    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=1, candidates_per_round=3)
     data["proposal"] = {"operator": "trust-decisions", "params": {}}

@@ -1,4 +1,4 @@
-"""``python -m evolution.trust.web_process loop|evaluation <experiment id>``:
+"""``python -m lab.trust.web_process loop|evaluation <experiment id>``:
 what a web request does to start work, in a process of its own.
 
 The lost-publish scenario runs it with a fault point between the commit and
@@ -26,7 +26,7 @@ def main(what: str, experiment_id: int) -> None:
     from evolution.models import Evaluation, Experiment
     from evolution.services import loop
     from evolution.services.evaluation import evaluation_start
-    from evolution.trust.context import EVAL_SPLITS, experiment_benchmark, loop_recipe
+    from lab.trust.context import EVAL_SPLITS, experiment_benchmark, loop_recipe
 
     experiment = Experiment.objects.get(pk=experiment_id)
     benchmark = experiment_benchmark(experiment)

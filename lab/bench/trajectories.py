@@ -24,9 +24,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from evolution import selectors
-from evolution.bench import BenchResult, benchmark, stopwatch
-from evolution.bench.orchestration import SPLITS, with_bench_experiment
 from evolution.models import Evaluation, Experiment, SplitMembership, Trajectory, TrajectoryStep, Trial
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.orchestration import SPLITS, with_bench_experiment
 
 FIXTURE = "hello-world.trajectory.json"
 

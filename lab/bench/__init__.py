@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BENCH_MODULES = (
-    "evolution.bench.orchestration",
-    "evolution.bench.diffs",
-    "evolution.bench.pages",
-    "evolution.bench.records",
-    "evolution.bench.trajectories",
-    "evolution.bench.memory",
+    "lab.bench.orchestration",
+    "lab.bench.diffs",
+    "lab.bench.pages",
+    "lab.bench.records",
+    "lab.bench.trajectories",
+    "lab.bench.memory",
 )
 
 

@@ -1,0 +1,355 @@
+"""Reads of the review screens (and the API's run start): plain keyword-only functions over the ORM.
+
+Each returns rows in a fixed number of queries, whatever the experiment's size: aggregates and ``values()``, never
+a query per candidate. Per-task rows go through ``access.hide_sealed``. The views only parse, call these and
+``evolution.selectors``, lay out (``review.charts``, ``review.lineage``, ``review.matrix``) and render.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Left
+
+from evolution import regularization, selectors
+from evolution.models import (
+    Candidate,
+    Evaluation,
+    Experiment,
+    GateDecision,
+    LedgerEntry,
+    Run,
+    SplitMembership,
+    Trial,
+)
+from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe, recipe_to_dict
+from evolution.selectors import REPORTED_PURPOSES
+from evolution.services import loop
+from review import access
+
+if TYPE_CHECKING:  # django-stubs-ext is a development requirement
+    from django_stubs_ext import WithAnnotations
+
+# --- Runs ------------------------------------------------------------------------------
+
+
+def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round: int | None) -> Recipe:
+    """The recipe a start request names: a preset, or ``run-<pk>`` for the
+    recipe of one of the experiment's runs; with ``candidates_per_round``
+    overriding its own (``loop.run_create`` overrides rounds, k and the
+    proposer itself, and checks the operators after its overrides, so they
+    are not checked here: the preset's proposer may be replaced).
+    Raises RecipeError or LoopError. The start form and ``POST /api/v1/runs/`` both call it."""
+    if name in PRESET_NAMES:
+        recipe = load_preset(name)
+    elif name.startswith("run-") and name[4:].isdigit():
+        run = Run.objects.filter(pk=int(name[4:]), experiment=experiment).select_related("recipe").first()
+        if run is None:
+            raise loop.LoopError(f"no run {name[4:]} in this experiment")
+        recipe = parse_recipe(run.recipe.spec)
+    else:
+        raise loop.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
+    if candidates_per_round is not None and candidates_per_round != recipe.candidates_per_round:
+        data = recipe_to_dict(recipe)
+        data["candidates_per_round"] = candidates_per_round
+        recipe = parse_recipe(data)
+    return recipe
+
+
+def recipe_of(run: Run) -> Recipe | None:
+    """The run's recipe, or None when it names an operator this process does not load (shown without a plan)."""
+    try:
+        return loop.run_recipe(run)
+    except (RecipeError, ValueError):
+        return None
+
+
+class _LatestRun(TypedDict):
+    latest_run_id: int | None
+
+
+def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun]]:
+    """Every experiment with its overview counts and ``latest_run_id``."""
+    latest = Subquery(Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk").values("pk")[:1])
+    return list(selectors.experiment_overview().annotate(latest_run_id=latest))
+
+
+def runs_by_id(*, run_ids: Iterable[int]) -> dict[int, Run]:
+    return {run.pk: run for run in Run.objects.filter(pk__in=list(run_ids)).select_related("recipe")}
+
+
+def experiment_runs(*, experiment: Experiment) -> list[Run]:
+    """The experiment's runs, newest first, with what the dashboard shows of each."""
+    return list(
+        Run.objects.filter(experiment=experiment)
+        .select_related("recipe", "started_by", "current_candidate")
+        .order_by("-pk")
+    )
+
+
+def split_sizes(*, experiment_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Per experiment: tasks per split (one query)."""
+    sizes: dict[int, dict[str, int]] = defaultdict(dict)
+    for row in (
+        SplitMembership.objects.filter(experiment_id__in=experiment_ids)
+        .values("experiment_id", "split")
+        .annotate(n=Count("pk"))
+    ):
+        sizes[row["experiment_id"]][row["split"]] = row["n"]
+    return sizes
+
+
+def candidate_state_counts(*, experiment: Experiment) -> list[tuple[str, int]]:
+    return list(
+        Candidate.objects.filter(experiment=experiment).values_list("state").annotate(n=Count("pk")).order_by("state")
+    )
+
+
+def round_state_counts(*, run: Run) -> dict[int, Counter[str]]:
+    """Per round of ``run``: its proposed candidates counted by state (one query)."""
+    states: dict[int, Counter[str]] = defaultdict(Counter)
+    rows = (
+        Candidate.objects.filter(run=run)
+        .exclude(origin=Candidate.Origin.SEED)
+        .values("round", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for row in rows:
+        states[row["round"] or 0][row["state"]] += row["n"]
+    return states
+
+
+def gate_choices(*, run: Run) -> list[Mapping[str, Any]]:
+    """The run's gate decisions that accepted or chose a candidate, in order."""
+    return list(
+        GateDecision.objects.filter(Q(accepted=True) | Q(chosen=True), run=run)
+        .values("candidate_id", "round", "accepted", "chosen")
+        .order_by("pk")
+    )
+
+
+def run_failures(*, run: Run, user: Any) -> dict[str, list[Mapping[str, Any]]]:
+    """What went wrong in ``run``: failed evaluations and candidates, error trials by kind, and the latest error
+    trials (per-task rows: sealed ones only for a user who may see them)."""
+    error_trials = Trial.objects.filter(evaluation__run=run, state=Trial.State.ERROR)
+    return {
+        "failed_evaluations": list(
+            Evaluation.objects.filter(run=run, state=Evaluation.State.FAILED)
+            .exclude(error="")
+            .values("pk", "candidate_id", "purpose", "error")
+            .order_by("-pk")[:10]
+        ),
+        "failed_candidates": list(
+            Candidate.objects.filter(run=run, state=Candidate.State.FAILED)
+            .values("pk", "label", "state_reason")
+            .order_by("-pk")[:10]
+        ),
+        "error_kinds": list(error_trials.values("error_kind").annotate(n=Count("pk")).order_by("-n")),
+        "error_trials": list(
+            access.hide_sealed(error_trials, user, split_field="split")
+            .values("pk", "candidate_id", "split", "error_kind", "error", task_name=F("task__external_id"))
+            .order_by("-pk")[:5]
+        ),
+    }
+
+
+def unexplored_kinds(*, run: Run) -> list[str]:
+    """The component kinds ``run`` has never edited and measured, by the loop's own rule."""
+    return regularization.unexplored_kinds(run.state.get("measured_components", []))
+
+
+def exploration_rejects(*, run: Run) -> list[Mapping[str, Any]]:
+    """Candidates refused while the run was stalled because they explored no new kind."""
+    return list(
+        Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_BUDGET, state_reason__startswith="stalled")
+        .annotate(reason=Left("state_reason", 240))
+        .values("pk", "label", "round", "reason")
+        .order_by("pk")
+    )
+
+
+def chart_candidates(*, experiment: Experiment, run: Run) -> QuerySet[Candidate]:
+    """The candidates a run's cost chart draws: the run's, the seed and those of no run (imported)."""
+    return Candidate.objects.filter(
+        Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
+    )
+
+
+# --- Ledger ------------------------------------------------------------------------------
+
+
+def component_ledger(*, run: Run, window_after: int) -> list[Mapping[str, Any]]:
+    """Per component kind with ledger entries: edits measured and accepted, best dS overall and in the rounds
+    after ``window_after``, last round (one query)."""
+    return list(
+        LedgerEntry.objects.filter(run=run)
+        .values("component")
+        .annotate(
+            edits=Count("pk"),
+            accepted_edits=Count("pk", filter=Q(accepted=True)),
+            best=Max("delta_score"),
+            best_window=Max("delta_score", filter=Q(round__gt=window_after)),
+            last_round=Max("round"),
+        )
+        .order_by("component")
+    )
+
+
+def ledger_entries(
+    *, run: Run | None, component: str = "", text: str = "", accepted: bool | None = None, order: Sequence[str] = ()
+) -> QuerySet[LedgerEntry]:
+    """The run's ledger entries filtered by component, hypothesis text and acceptance (none without a run)."""
+    if run is None:
+        return LedgerEntry.objects.none()
+    entries = LedgerEntry.objects.filter(run=run).select_related("candidate")
+    if component:
+        entries = entries.filter(component=component)
+    if text:
+        entries = entries.filter(hypothesis__icontains=text)
+    if accepted is not None:
+        entries = entries.filter(accepted=accepted)
+    return entries.order_by(*order)
+
+
+# --- Lineage -----------------------------------------------------------------------------
+
+
+def lineage_counts(*, experiment: Experiment) -> list[tuple[int | None, str, str, int]]:
+    """(round, state, origin, count) of the experiment's candidates (one query)."""
+    return list(
+        Candidate.objects.filter(experiment=experiment)
+        .values_list("round", "state", "origin")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+
+
+def lineage_window(*, experiment: Experiment, first: int, last: int) -> QuerySet[Candidate]:
+    """The candidates of rounds ``first`` to ``last`` (the seed's none counts as 0) and their parents."""
+    in_window = Q(round__gte=first, round__lte=last)
+    if first == 0:
+        in_window |= Q(round__isnull=True)
+    window = Candidate.objects.filter(in_window, experiment=experiment)
+    return Candidate.objects.filter(in_window | Q(pk__in=window.values("parent_id")), experiment=experiment)
+
+
+def lineage_nodes(*, shown: QuerySet[Candidate]) -> list[Mapping[str, Any]]:
+    return list(
+        shown.annotate(reason=Left("state_reason", 240))
+        .values("pk", "parent_id", "state", "origin", "round", "label", "reason")
+        .order_by("pk")
+    )
+
+
+# --- Results matrix ----------------------------------------------------------------------
+
+FINISHED = (Trial.State.DONE, Trial.State.ERROR)
+UNFINISHED = (Trial.State.PENDING, Trial.State.RUNNING)
+
+
+def reported_trials(user: Any | None, *, external: bool = False) -> QuerySet[Trial]:
+    """Trials shown per task: every evaluation we ran but the seed's noise
+    repeats, sealed ones only for users who may see them (``user`` None:
+    all of them, for aggregates). External results are left out: we did not
+    run them, so they must not sit in a cell as if we had (the candidate page
+    shows them apart, labelled external); ``external`` includes them, for an
+    experiment that is all imported (``imported_from``)."""
+    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES)
+    if not external:
+        trials = trials.filter(evaluation__external=False)
+    return trials if user is None else access.hide_sealed(trials, user)
+
+
+def imported_from(experiment: Experiment) -> str:
+    """The format an experiment was imported from (an RSIHub workspace, Harbor
+    jobs), or "". Such an experiment holds only external results, none of
+    ours, so its matrix shows them, under a notice saying so."""
+    origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
+    fmt = origin.get("format") if isinstance(origin, dict) else None
+    return fmt if fmt in ("rsihub-workspace", "harbor-job") else ""
+
+
+def split_counts(*, experiment: Experiment) -> dict[str, int]:
+    """Tasks per split. Aggregates per split are not per-task data: everyone may see the counts."""
+    return dict(
+        SplitMembership.objects.filter(experiment=experiment)
+        .values_list("split")
+        .annotate(n=Count("pk"))
+        .values_list("split", "n")
+    )
+
+
+def matrix_candidates(
+    *, experiment: Experiment, selected: list[int], external: bool = False
+) -> QuerySet[Candidate, Mapping[str, Any]]:
+    """The candidates with trials of their own (all, or the ``selected`` ids), in round order, as values;
+    ``external``: external evaluations count too (see ``reported_trials``).
+
+    An evaluation's trials are created with it (trials_total counts them):
+    probing the evaluations is far cheaper than probing the trials."""
+    with_trials = Exists(
+        Evaluation.objects.filter(
+            candidate=OuterRef("pk"),
+            purpose__in=REPORTED_PURPOSES,
+            trials_total__gt=0,
+            **({} if external else {"external": False}),
+        )
+    )
+    candidates = Candidate.objects.filter(with_trials, experiment=experiment)
+    if selected:
+        candidates = candidates.filter(pk__in=selected)
+    return candidates.order_by(F("round").asc(nulls_first=True), "pk").values(
+        "pk", "label", "round", "state", "origin", "parent_id"
+    )
+
+
+def visible_task_count(*, experiment: Experiment, user: Any) -> int:
+    """How many of the experiment's tasks ``user`` may see per task (every split)."""
+    return access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), user).count()
+
+
+def visible_tasks(*, experiment: Experiment, user: Any, split: str) -> list[tuple[int, str, str]]:
+    """(task id, external id, split) of the tasks ``user`` may see, of one split or all (unsorted)."""
+    memberships = access.hide_sealed(SplitMembership.objects.filter(experiment=experiment), user)
+    if split:
+        memberships = memberships.filter(split=split)
+    return list(memberships.values_list("task_id", "task__external_id", "split"))
+
+
+def matrix_cells(
+    *, user: Any | None, candidate_ids: list[int], external: bool = False
+) -> QuerySet[Trial, Mapping[str, Any]]:
+    """Per candidate, task and split: finished trials, passes, errors, pending, score sum and first trial id (the
+    whole grid of the shown candidates and their parents in one aggregated query; ``user`` None: every task)."""
+    return (
+        reported_trials(user, external=external)
+        .filter(candidate_id__in=candidate_ids)
+        .values("candidate_id", "task_id", "split")
+        .annotate(
+            n=Count("pk", filter=Q(state__in=FINISHED)),
+            passes=Count("pk", filter=Q(state__in=FINISHED, outcome=Trial.Outcome.PASS)),
+            errors=Count(
+                "pk", filter=Q(state__in=FINISHED) & (Q(outcome=Trial.Outcome.ERROR) | Q(state=Trial.State.ERROR))
+            ),
+            pending=Count("pk", filter=Q(state__in=UNFINISHED)),
+            score_sum=Sum("score", filter=Q(state=Trial.State.DONE) & ~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+            first_trial=Min("pk"),
+        )
+        .order_by()
+    )
+
+
+def matrix_trials(
+    *, user: Any, candidate_ids: list[int], task_ids: list[int], external: bool = False
+) -> QuerySet[Trial, Mapping[str, Any]]:
+    """Every trial of those candidates on those tasks (k per cell), for the cells' links."""
+    return (
+        reported_trials(user, external=external)
+        .filter(candidate_id__in=candidate_ids, task_id__in=task_ids)
+        .order_by("index", "pk")
+        .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
+    )

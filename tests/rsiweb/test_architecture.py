@@ -1,0 +1,243 @@
+"""Which way imports go, checked from the source (docs/architecture.md draws it).
+
+``evolution`` (the domain and the engine) never imports ``review``, ``api``, ``lab`` or a management command, even
+inside a function; its modules import each other without a cycle; and no module reads another module's ``_private``
+names. Each rule is also run on a small tree written here, so a rule that could never fire shows up as a failure.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+PROJECT_PACKAGES = ("evolution", "review", "api", "lab", "rsiweb")
+ABOVE_EVOLUTION = ("review", "api", "lab")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" not in path.parts:
+                found[module_name(root, path)] = path
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(tree: ast.Module) -> Iterator[tuple[str, list[str], bool, int]]:
+    """(module, names imported from it, at module level?, line) for every absolute import in the file.
+
+    Module level means Python runs it when the file is imported: not inside a function, not under TYPE_CHECKING.
+    """
+
+    def walk(nodes: list[ast.stmt], top: bool) -> Iterator[tuple[str, list[str], bool, int]]:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield alias.name, [], top, node.lineno
+            elif isinstance(node, ast.ImportFrom):
+                if node.level == 0 and node.module:
+                    yield node.module, [alias.name for alias in node.names], top, node.lineno
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield from walk(node.body, False)
+            elif isinstance(node, ast.If) and _type_checking(node):
+                yield from walk(node.body, False)
+                yield from walk(node.orelse, top)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    children = getattr(node, field, None)
+                    if isinstance(children, list):
+                        yield from walk([child for child in children if isinstance(child, ast.stmt)], top)
+                if isinstance(node, ast.Try):
+                    for handler in node.handlers:
+                        yield from walk(handler.body, top)
+
+    yield from walk(tree.body, True)
+
+
+def targets(module: str, names: list[str], known: dict[str, Path]) -> set[str]:
+    """The project modules an import statement names: ``from a.b import c`` is ``a.b.c`` when that is a module."""
+    found = {module} if module in known else set()
+    found |= {f"{module}.{name}" for name in names if f"{module}.{name}" in known}
+    return found
+
+
+def boundary_violations(root: Path) -> list[str]:
+    """Imports from ``evolution`` (anywhere in a file) of ``review``, ``api``, ``lab`` or a management command."""
+    found = []
+    for path in project_modules(root, ("evolution",)).values():
+        for imported, names, _, line in imports(ast.parse(path.read_text(encoding="utf-8"))):
+            reached = [imported] + [f"{imported}.{name}" for name in names]
+            for name in reached:
+                if name.split(".")[0] in ABOVE_EVOLUTION or ".management.commands." in f"{name}.":
+                    found.append(f"{path.relative_to(root)}:{line} imports {name}")
+                    break
+    return found
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Strongly connected components of more than one module among ``evolution``'s module-level imports."""
+    known = project_modules(root, ("evolution",))
+    graph: dict[str, set[str]] = {module: set() for module in known}
+    for module, path in known.items():
+        for imported, names, top, _ in imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if top:
+                graph[module] |= targets(imported, names, known) - {module}
+    # Tarjan's algorithm, iterative so a deep graph cannot exhaust the stack.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def private_reads(root: Path, packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
+    """``from other import _name`` and ``other._name`` where ``other`` is another project module."""
+    known = project_modules(root, packages)
+    found = []
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}
+        for imported, names, _, line in imports(tree):
+            if imported.split(".")[0] not in packages:
+                continue
+            for name in names:
+                if name.startswith("_") and not name.startswith("__") and imported != module:
+                    found.append(f"{path.relative_to(root)}:{line} imports {imported}.{name}")
+                elif f"{imported}.{name}" in known:
+                    aliases[name] = f"{imported}.{name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.alias) and node.asname and node.name in known:
+                aliases[node.asname] = node.name
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    if alias.asname and f"{node.module}.{alias.name}" in known:
+                        aliases[alias.asname] = f"{node.module}.{alias.name}"
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and aliases[node.value.id] != module
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{path.relative_to(root)}:{node.lineno} reads {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def markup_in_views(root: Path) -> list[str]:
+    """Views that mark text safe themselves (``mark_safe`` or ``SafeString(...)``): markup is built in
+    ``review.charts``, ``review.matrix``, ``review.diffs`` or a template, never in a view."""
+    found = []
+    for path in sorted((root / "review" / "views").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                if name in {"mark_safe", "SafeString"}:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} calls {name}")
+    return found
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_evolution_imports_nothing_above_it() -> None:
+    assert boundary_violations(REPO_ROOT) == []
+
+
+def test_evolution_modules_import_each_other_without_a_cycle() -> None:
+    assert import_cycles(REPO_ROOT) == []
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    assert private_reads(REPO_ROOT) == []
+
+
+def test_views_mark_nothing_safe_themselves() -> None:
+    assert markup_in_views(REPO_ROOT) == []
+
+
+def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path,
+        {
+            "evolution/__init__.py": "",
+            "evolution/a.py": "from evolution import b\n",
+            "evolution/b.py": "import evolution.c\n",
+            "evolution/c.py": "from evolution.a import thing\n\ndef later():\n    from review.access import roles\n",
+            "evolution/d.py": "def f():\n    from evolution.management.commands.load import Command\n",
+            "evolution/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from evolution import a\n",
+            "evolution/management/__init__.py": "",
+            "evolution/management/commands/__init__.py": "",
+            "evolution/management/commands/load.py": "from lab import trust\n",
+            "review/__init__.py": "",
+            "review/access.py": "from evolution.a import _hidden\nfrom evolution import d as dee\n\ndee._step()\n",
+            "review/views/page.py": "from django.utils import safestring\n\nsafestring.mark_safe('<b>')\n",
+        },
+    )
+
+    assert boundary_violations(root) == [
+        "evolution/c.py:4 imports review.access",
+        "evolution/d.py:2 imports evolution.management.commands.load",
+        "evolution/management/commands/load.py:1 imports lab",
+    ]
+    # a -> b -> c -> a at module level is a cycle; e's import under TYPE_CHECKING is not an edge.
+    assert import_cycles(root) == [["evolution.a", "evolution.b", "evolution.c"]]
+    assert private_reads(root, ("evolution", "review")) == [
+        "review/access.py:1 imports evolution.a._hidden",
+        "review/access.py:4 reads evolution.d._step",
+    ]
+    assert markup_in_views(root) == ["review/views/page.py:3 calls mark_safe"]
