@@ -19,6 +19,12 @@ Two guards keep ordinary text from being flagged:
   so "I can't log in to my account" written by hand does not count as a copy
   of a task that happens to say the same.
 
+One rule is not about the tasks: ``hidden_unicode`` flags an edit that adds
+hidden characters (bidirectional controls, zero-width and other invisible
+characters, look-alike letters in ASCII words; ``evolution.hidden_chars``),
+which make a line read differently from what it does, with the code point,
+line and column as evidence.
+
 Tasks are indexed once (:func:`build_index`); :func:`critique` accepts the
 index or the tasks. Everything is case-insensitive and compares text with
 runs of whitespace collapsed.
@@ -33,9 +39,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolution import hidden_chars
 from evolution.gitdiff import FileChange, parse_git_diff, whole_file_texts
 
-RULES = ("task_id", "task_path", "shared_ngram", "long_substring", "rare_literal", "keyed_condition", "inert")
+RULES = (
+    "task_id",
+    "task_path",
+    "shared_ngram",
+    "long_substring",
+    "rare_literal",
+    "keyed_condition",
+    "inert",
+    "hidden_unicode",
+)
 
 
 @dataclass(frozen=True)
@@ -764,6 +780,30 @@ def _unreferenced_definitions(
         yield _inert(line, name, f"{kind} {name} is defined but referenced nowhere")
 
 
+# --- Hidden characters ----------------------------------------------------------
+
+
+def hidden_flags(changes: Sequence[FileChange]) -> list[Flag]:
+    """One ``hidden_unicode`` flag per line and hidden character an edit adds
+    (the net increase of its code point over the file, see
+    ``hidden_chars.introduced``), with its code point, name, kind, line and
+    columns as evidence; a new file name counts as an added line without a
+    number. ``matched`` is the character itself, so the diff marks it. Pure."""
+    flags: list[Flag] = []
+    for change in changes:
+        grouped: dict[tuple[int | None, str], list[hidden_chars.Added]] = {}
+        for found in hidden_chars.introduced_by(change):
+            grouped.setdefault((found.line, found.hit.char), []).append(found)
+        for (number, char), group in grouped.items():
+            first = group[0]
+            evidence = first.evidence
+            if len(group) > 1:
+                columns = ", ".join(str(item.hit.column) for item in group)
+                evidence = evidence.replace(f"column {first.hit.column}", f"columns {columns}", 1)
+            flags.append(Flag("hidden_unicode", change.path, number, first.text, char, None, evidence))
+    return flags
+
+
 # --- Entry point ----------------------------------------------------------------
 
 
@@ -812,6 +852,8 @@ def critique(
                 [parent.text] + [line.text for other, lines in added_by_change if other is not change for line in lines]
             )
             flags += _rule_inert(change, added, _new_text(change, parent_text), elsewhere)
+    if "hidden_unicode" in enabled:
+        flags += hidden_flags(changes)
     order = {rule: number for number, rule in enumerate(RULES)}
     unique = {(f.rule, f.path, f.line_number, f.matched, f.task_id): f for f in flags}
     return sorted(

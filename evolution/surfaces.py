@@ -8,6 +8,7 @@ Pure functions and dataclasses, no ORM. A surface is written as YAML::
     protected_keys: {"config.toml": ["model", "agent.reasoning_effort"]}
     allow_symlinks: false   # optional
     allow_unicode: false    # optional
+    refuse_hidden_characters: false   # optional
 
 Patterns are matched segment by segment on normalized paths (never with
 ``fnmatch``, whose ``*`` crosses ``/`` and accepts ``..``): ``*`` matches
@@ -31,6 +32,11 @@ segments, (4) the fewest ``*``, (5) the fewest ``?``, (6) the
 lexicographically smallest pattern text (only so that a full tie is
 deterministic). So ``tools/*.md`` beats ``tools/**``, which beats ``**``,
 and ``*/memory/**`` beats ``**``.
+
+With ``refuse_hidden_characters: true`` a diff that adds hidden or
+look-alike characters (``evolution.hidden_chars``: bidirectional controls,
+zero-width and other invisible characters, look-alike letters in ASCII
+words) to any file is refused, each file with the code points and lines.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from evolution import limits
+from evolution import hidden_chars, limits
 from evolution.gitdiff import FileChange, parse_git_diff, whole_file_texts
 
 # The closed vocabulary of component kinds, defined here only: this module needs
@@ -71,7 +77,17 @@ REGULAR_MODES = frozenset({"100644", "100755"})
 SYMLINK_MODE = "120000"
 GITLINK_MODE = "160000"
 
-_SPEC_KEYS = ("include", "exclude", "components", "protected_keys", "allow_symlinks", "allow_unicode")
+_SPEC_KEYS = (
+    "include",
+    "exclude",
+    "components",
+    "protected_keys",
+    "allow_symlinks",
+    "allow_unicode",
+    "refuse_hidden_characters",
+)
+# How many hidden characters one violation names before "and N more".
+HIDDEN_SHOWN = 5
 # Latin look-alikes (after case folding) that NFKC does not map: enough to
 # catch the classic Cyrillic/Greek substitutions in a file name.
 _CONFUSABLES = str.maketrans(
@@ -98,6 +114,7 @@ class SurfaceSpec:
     protected_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     allow_symlinks: bool = False
     allow_unicode: bool = False
+    refuse_hidden_characters: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,7 @@ def surface_from_dict(data: Mapping[str, Any]) -> SurfaceSpec:
         raise SurfaceSpecError(str(exc)) from exc
     allow_symlinks = _flag(data, "allow_symlinks")
     allow_unicode = _flag(data, "allow_unicode")
+    refuse_hidden = _flag(data, "refuse_hidden_characters")
     include = _pattern_list(data, "include", allow_unicode)
     exclude = _pattern_list(data, "exclude", allow_unicode)
 
@@ -195,6 +213,7 @@ def surface_from_dict(data: Mapping[str, Any]) -> SurfaceSpec:
         protected_keys=protected,
         allow_symlinks=allow_symlinks,
         allow_unicode=allow_unicode,
+        refuse_hidden_characters=refuse_hidden,
     )
 
 
@@ -474,7 +493,8 @@ def check_changes(
     """Check parsed file changes. Every path a change touches (both sides
     of a rename) must be on the surface and have a component kind; modes may
     only flip the executable bit; symlinks need ``allow_symlinks`` and a
-    target on the surface; protected keys must keep their values.
+    target on the surface; protected keys must keep their values; with
+    ``refuse_hidden_characters``, no file may gain hidden characters.
 
     Protected-key fallback: when neither the file maps nor the hunks give
     the whole old and new document, any added or removed line that uses a
@@ -566,6 +586,20 @@ def _check_change(
         _check_path(spec, change.path, reserved, collector)
     _check_modes(spec, change, new_files, reserved, collector)
     _check_protected(spec, change, old_files, new_files, collector)
+    if spec.refuse_hidden_characters:
+        _check_hidden(change, collector)
+
+
+def _check_hidden(change: FileChange, collector: _Collector) -> None:
+    """One violation per file that gains hidden characters, naming them."""
+    found = hidden_chars.introduced_by(change)
+    if not found:
+        return
+    named = "; ".join(item.evidence for item in found[:HIDDEN_SHOWN])
+    more = len(found) - HIDDEN_SHOWN
+    if more > 0:
+        named += f"; and {more} more"
+    collector.add(change.path, f"adds hidden characters: {named} (the surface sets refuse_hidden_characters)")
 
 
 def _check_modes(

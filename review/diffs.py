@@ -17,7 +17,9 @@ Pure functions and dataclasses, no ORM. The pipeline:
 3. ``render_file`` turns one file into table rows (unified or split). Each
    line is highlighted by pygments (lexer guessed from the file name), with
    changed characters of paired -/+ lines wrapped in ``<span class="x">``
-   and leakage evidence in ``<mark class="leak">``.
+   and leakage evidence in ``<mark class="leak">``. Hidden and look-alike
+   characters (``evolution.hidden_chars``) become visible markers
+   (``review.hidden``), and a file holding any gets a warning banner.
 
 Everything taken from the diff (file content, paths, hunk headers, flag
 text) is untrusted. Line HTML is assembled here from ``escape()``-d pieces
@@ -49,8 +51,9 @@ from pygments.util import ClassNotFound
 from unidiff import PatchSet
 from unidiff.patch import Hunk as UnidiffHunk
 
-from evolution import digests
+from evolution import digests, hidden_chars
 from evolution.trees import FileChange, FileEntry, diff_changes, diff_entries, is_binary
+from review.hidden import escape_marked, reveal_html
 
 # A file with more changed lines than this is collapsed behind a "Load diff" button.
 COLLAPSE_LINES = 400
@@ -133,6 +136,9 @@ class FileDiff:
     language: str = ""
     # Set by render_file: the table rows as HTML (see ``rows_html``).
     body_html: SafeString | None = None
+    # Set by list_file_diffs: the hidden characters each side's whole text holds.
+    hidden_old: hidden_chars.Summary | None = None
+    hidden_new: hidden_chars.Summary | None = None
 
     @property
     def path(self) -> str:
@@ -195,6 +201,21 @@ class FileDiff:
     @property
     def content_changed(self) -> bool:
         return self.old_digest != self.new_digest
+
+    @property
+    def hidden_banners(self) -> list[str]:
+        """The file's warnings about hidden characters (new side first)."""
+        banners = []
+        if self.hidden_new is not None:
+            banners.append(self.hidden_new.message("file"))
+        if self.hidden_old is not None:
+            subject = "file's previous version" if self.new is not None else "deleted file"
+            banners.append(self.hidden_old.message(subject))
+        return banners
+
+    @property
+    def bidi(self) -> bool:
+        return any(summary is not None and summary.bidi for summary in (self.hidden_new, self.hidden_old))
 
     @property
     def kinds(self) -> list[str]:
@@ -416,6 +437,10 @@ def list_file_diffs(
             added=None,
             removed=None,
         )
+        if not binary and before != after:
+            # Whole files, as the code hosts warn: a collapsed file is warned about too.
+            fd.hidden_old = hidden_chars.summarize(hidden_chars.bytes_hidden(before))
+            fd.hidden_new = hidden_chars.summarize(hidden_chars.bytes_hidden(after))
         if binary or before == after:
             fd.added = fd.removed = 0
         else:
@@ -653,13 +678,17 @@ _escape = html.escape
 
 
 def line_html(
-    segments: Sequence[Segment], changes: Sequence[Span] = (), leaks: Sequence[tuple[int, int, str]] = ()
+    segments: Sequence[Segment],
+    changes: Sequence[Span] = (),
+    leaks: Sequence[tuple[int, int, str]] = (),
+    hidden: Sequence[hidden_chars.Hit] = (),
 ) -> SafeString:
     """One line as HTML: each segment's text escaped on its own, wrapped in
     its pygments class; changed ranges in ``<span class="x">`` and leak
     ranges in ``<mark class="leak" title=...>``, nested mark > x > token and
-    reopened around every token boundary so the tags always balance."""
-    if not leaks:
+    reopened around every token boundary so the tags always balance.
+    ``hidden`` (found in the whole line) become markers, never raw text."""
+    if not leaks and not hidden:
         return _line_html_changes(segments, changes)
     cuts = {0}
     position = 0
@@ -696,7 +725,7 @@ def line_html(
                 out.append('<span class="x">')
             open_leak, open_change = leak, change
         css = classes[segment][2]
-        piece = _escape(text[start:end])
+        piece = escape_marked(text, hidden, start, end) if hidden else _escape(text[start:end])
         # Class names come from pygments' fixed token table, never from the content.
         out.append(f'<span class="{css}">{piece}</span>' if css else piece)
     if open_change:
@@ -801,8 +830,18 @@ def _decode(data: bytes | None) -> str | None:
         return None
 
 
-def _line_cells(hunk: DiffHunk, hl: _Highlighter, marks: Sequence[LeakMark]) -> list[tuple[DiffLine, str, SafeString]]:
-    """Each hunk line with its CSS kind and its HTML."""
+def _line_hidden(line: DiffLine) -> list[hidden_chars.Hit]:
+    """Hidden characters of one hunk line; a byte order mark opening line 1
+    of its side is the file's own and is not marked."""
+    number = line.old_no if line.kind == "-" else line.new_no
+    return hidden_chars.find(line.text, file_start=number == 1)
+
+
+def _line_cells(
+    hunk: DiffHunk, hl: _Highlighter, marks: Sequence[LeakMark], scan: bool = False
+) -> list[tuple[DiffLine, str, SafeString]]:
+    """Each hunk line with its CSS kind and its HTML; with ``scan``, hidden
+    characters are looked for (only files that hold some need it)."""
     pairs = _pairs(hunk.lines)
     changes: dict[int, list[Span]] = {}
     for old_index, new_index in pairs.items():
@@ -816,7 +855,8 @@ def _line_cells(hunk: DiffHunk, hl: _Highlighter, marks: Sequence[LeakMark]) -> 
         side = "old" if line.kind == "-" else "new"
         kind = {"-": "del", "+": "add"}.get(line.kind, "ctx")
         leaks = leak_spans(line.text, marks) if side == "new" and marks else []
-        cells.append((line, kind, line_html(hl.segments(line, side), changes.get(index, ()), leaks)))
+        hidden = _line_hidden(line) if scan else []
+        cells.append((line, kind, line_html(hl.segments(line, side), changes.get(index, ()), leaks, hidden)))
     return cells
 
 
@@ -853,11 +893,13 @@ def render_file(
         highlight_lines(new_text, lexer) if new_text is not None and fd.hunks else None,
     )
     gaps = _gaps(fd.hunks)
+    # One look at each whole side: most files hold nothing hidden and skip the per-line search.
+    scan = any(text is not None and hidden_chars.has_hidden(text) for text in (old_text, new_text))
     if layout == "unified":
         unified: list[Row] = []
         for hunk, gap in zip(fd.hunks, gaps, strict=True):
             unified.append(Row("hunk", None, None, _hunk_html(hunk), gap))
-            for line, kind, html in _line_cells(hunk, hl, marks):
+            for line, kind, html in _line_cells(hunk, hl, marks, scan):
                 unified.append(Row(kind, line.old_no, line.new_no, html))
         fd.rows = unified
         fd.body_html = rows_html(unified)
@@ -865,7 +907,7 @@ def render_file(
     split: list[SplitRow] = []
     for hunk, gap in zip(fd.hunks, gaps, strict=True):
         split.append(SplitRow("hunk", html=_hunk_html(hunk), gap=gap))
-        split.extend(_split_rows(_line_cells(hunk, hl, marks)))
+        split.extend(_split_rows(_line_cells(hunk, hl, marks, scan)))
     fd.rows = split
     fd.body_html = rows_html(split)
 
@@ -914,7 +956,8 @@ def rows_html(rows: Sequence[Row] | Sequence[SplitRow]) -> SafeString:
 def _hunk_html(hunk: DiffHunk) -> SafeString:
     header = escape(hunk.header)
     if hunk.section:
-        return mark_safe(f'{header} <span class="section">{escape(hunk.section)}</span>')  # both parts escaped
+        section = reveal_html(hunk.section)
+        return mark_safe(f'{header} <span class="section">{section}</span>')  # both parts escaped
     return header
 
 

@@ -4,18 +4,20 @@ Pure functions and frozen dataclasses, no ORM: a step comes in as a mapping
 with the fields of ``TrajectoryStep`` (what ``QuerySet.values()`` returns, or
 an ATIF step dictionary). Every value here is untrusted text from an agent
 run; these functions never build HTML, they only decide what is shown and
-how (collapsed or not, which step is an error), so templates can escape it.
+how (collapsed or not, which step is an error, which hidden characters it
+holds), so templates can escape it and mark those characters (``reveal``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from evolution import limits
+from evolution import hidden_chars, limits
 
 __all__ = [
     "AlignedRow",
@@ -158,10 +160,16 @@ class StepView:
     extra: Text | None
     error: str  # why this step counts as an error, "" when it does not
     position: int = 0  # 1-based ordinal in its trajectory, 0 when unknown
+    # Hidden and look-alike characters in any text of the step, for its warning.
+    hidden: hidden_chars.Summary | None = None
 
     @property
     def source_label(self) -> str:
         return self.source or "unknown"
+
+    @property
+    def hidden_banner(self) -> str:
+        return self.hidden.message("step") if self.hidden is not None else ""
 
 
 def _content_text(content: Any) -> str:
@@ -290,7 +298,7 @@ def step_view(step: Mapping[str, Any], *, position: int = 0) -> StepView:
             )
         )
     extra = step.get("extra")
-    return StepView(
+    view = StepView(
         step_id=int(step.get("step_id") or 0),
         timestamp=str(step.get("timestamp") or ""),
         source=str(step.get("source") or ""),
@@ -304,6 +312,24 @@ def step_view(step: Mapping[str, Any], *, position: int = 0) -> StepView:
         error=step_error(step),
         position=position,
     )
+    return dataclasses.replace(view, hidden=hidden_chars.summarize_texts(_step_texts(view)))
+
+
+def _step_texts(view: StepView) -> Iterator[str]:
+    """Every text of a step the page shows (what its warning counts)."""
+    yield from (view.timestamp, view.source, view.model_name, view.error)
+    for block in (view.message, view.reasoning, view.extra):
+        if block is not None:
+            yield block.shown
+    for call in view.tool_calls:
+        yield from (call.call_id, call.function_name, call.arguments.shown)
+    for observation in view.observations:
+        yield observation.source_call_id
+        yield from observation.refs
+        if observation.content is not None:
+            yield observation.content.shown
+    for name, value in view.metrics.other:
+        yield from (name, value)
 
 
 # --- Alignment of two trajectories ---------------------------------------------

@@ -181,20 +181,26 @@ def _critic_flags(
     """The flags of the recipe's critique operator (``rules`` unless it names
     another, e.g. ``llm``). A critic that cannot answer (an endpoint down)
     never passes a candidate as clean: its failure is one flag, so the
-    policy holds the candidate for a person or rejects it."""
+    policy holds the candidate for a person or rejects it. Whatever the
+    operator, an edit adding hidden characters gets the rules critic's
+    ``hidden_unicode`` flags: a model reading the diff cannot be relied on
+    to notice a character that is not shown."""
     from evolution import operators
-    from evolution.critic import Flag, critique
+    from evolution.critic import Flag, critique, hidden_flags
+    from evolution.gitdiff import parse_git_diff
     from evolution.services.loop import run_recipe
 
     spec = run_recipe(run).critique
     if spec.operator in ("rules", "none", ""):
         return critique(diff_text, task_index, parent_text=parent_text)
+    hidden = hidden_flags(parse_git_diff(diff_text))
     function = operators.get("critique", spec.operator)
     try:
-        return list(function(diff_text, task_index, parent_text=parent_text, params=spec.params))
+        return list(function(diff_text, task_index, parent_text=parent_text, params=spec.params)) + hidden
     except Exception as exc:
         logger.warning("critic %s failed on run %s: %s", spec.operator, run.pk, exc)
-        return [Flag("critic_unavailable", "", None, "", "", None, f"the {spec.operator} critic failed: {exc}")]
+        failed = Flag("critic_unavailable", "", None, "", "", None, f"the {spec.operator} critic failed: {exc}")
+        return [failed, *hidden]
 
 
 def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: TaskIndex | None = None) -> str:

@@ -29,6 +29,7 @@ SCENARIO_MODULES = (
     "lab.trust.tamper",
     "lab.trust.evidence",
     "lab.trust.sandbox_abuse",
+    "lab.trust.hidden",
 )
 
 # The two benchmarks every scenario runs on: the bundled example (exact-match

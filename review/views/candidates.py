@@ -22,7 +22,7 @@ from django.urls import path, reverse
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import records, regularization, selectors
+from evolution import hidden_chars, records, regularization, selectors
 from evolution.models import (
     EVOLVE_SPLITS,
     STRUCTURAL_KINDS,
@@ -52,7 +52,7 @@ SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELD
 DIGEST_RE = re.compile(r"^(?:[0-9a-f]{64})?$")
 DIFF_CACHE_SECONDS = 3600
 # Bump when the rendered rows change shape, so stale cache entries are ignored.
-DIFF_CACHE_VERSION = 2
+DIFF_CACHE_VERSION = 3
 
 # --- Gate decisions in words ------------------------------------------------------
 
@@ -724,13 +724,19 @@ def diff_viewed(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @access.permission_required()
 def candidate_raw(request: HttpRequest, pk: int, path: str) -> HttpResponse:
-    """One file of the candidate's tree as plain text, never interpreted."""
+    """One file of the candidate's tree as plain text, never interpreted.
+
+    The bytes are exact, so a file holding hidden characters (bidi controls,
+    zero-width...) is sent as a download, never shown inline: a browser
+    would apply them. The diff shows them as markers."""
     cand = get_object_or_404(Candidate, pk=pk)
     entry = TreeEntry.objects.filter(tree_id=cand.tree_id, path=path).select_related("blob").first()
     if entry is None:
         raise Http404("no such file in this candidate")
-    response = HttpResponse(bytes(entry.blob.content), content_type="text/plain; charset=utf-8")
-    disposition = content_disposition_header(False, path.rsplit("/", 1)[-1])
+    data = bytes(entry.blob.content)
+    response = HttpResponse(data, content_type="text/plain; charset=utf-8")
+    hidden = bool(hidden_chars.bytes_hidden(data))
+    disposition = content_disposition_header(hidden, path.rsplit("/", 1)[-1])
     if disposition is not None:  # None only for an empty name, which no tree entry has
         response.headers["Content-Disposition"] = disposition
     response.headers["X-Content-Type-Options"] = "nosniff"

@@ -22,11 +22,12 @@ from django.db.models import Count, Exists, F, OuterRef, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
-from django.utils.html import escape, format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.views.decorators.http import require_GET, require_POST
 
+from evolution import hidden_chars
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -46,6 +47,7 @@ from evolution.services.review import (
 )
 from review import access
 from review.flags import flag_matched, flag_task_visible, with_task_access
+from review.hidden import escape_marked, reveal_html
 
 if TYPE_CHECKING:
     from review.display import ShownFlag
@@ -104,14 +106,17 @@ def _spans(text: str, needles: Iterable[str]) -> list[tuple[int, int]]:
 
 
 def mark_matches(text: str, needles: Iterable[str]) -> SafeString:
-    """``text`` escaped, with each occurrence of a needle in ``<mark>``."""
-    segments: list[tuple[str, SafeString | str]] = []
+    """``text`` escaped, with each occurrence of a needle in ``<mark>`` and
+    hidden characters (found in the whole text) shown as markers."""
+    hits = hidden_chars.find(text) if hidden_chars.has_hidden(text) else []
+    out: list[str] = []
     position = 0
     for start, end in _spans(text, needles):
-        segments.append((text[position:start], format_html("<mark>{}</mark>", text[start:end])))
+        out.append(escape_marked(text, hits, position, start))
+        out.append(f"<mark>{escape_marked(text, hits, start, end)}</mark>")
         position = end
-    segments.append((text[position:], ""))
-    return format_html_join("", "{}{}", segments)
+    out.append(escape_marked(text, hits, position))
+    return mark_safe("".join(out))  # every piece of the text went through html.escape
 
 
 # --- Reads -------------------------------------------------------------------------
@@ -374,18 +379,22 @@ def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeStrin
     diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
     needles = [flag.shown_matched for flag in flags]
     shown = []
-    lines = edit.diff.splitlines()
+    # Lines end at LF alone, as git ends them: splitlines() would also cut at
+    # U+2028 or a form feed and hide that character.
+    lines = edit.diff.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     for line in lines[:EDIT_DIFF_LINES]:
         if line.startswith(("+++", "---", "diff ", "index ")):
-            shown.append(format_html('<span class="meta">{}</span>', line))
+            shown.append(format_html('<span class="meta">{}</span>', reveal_html(line)))
         elif line.startswith("+"):
             shown.append(format_html('<span class="add">{}</span>', mark_matches(line, needles)))
         elif line.startswith("-"):
-            shown.append(format_html('<span class="del">{}</span>', line))
+            shown.append(format_html('<span class="del">{}</span>', reveal_html(line)))
         elif line.startswith("@@"):
-            shown.append(format_html('<span class="hunk">{}</span>', line))
+            shown.append(format_html('<span class="hunk">{}</span>', reveal_html(line)))
         else:
-            shown.append(escape(line))
+            shown.append(reveal_html(line))
     return shown, max(0, len(lines) - EDIT_DIFF_LINES)
 
 

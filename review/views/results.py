@@ -27,6 +27,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
+from evolution import hidden_chars
 from evolution.models import (
     EVOLVE_SPLITS,
     CertifiedResult,
@@ -543,6 +544,12 @@ def _error_steps(trajectory: Trajectory) -> list[int]:
     )
 
 
+def _hidden_banner(text: str, subject: str) -> str:
+    """The warning for a text holding hidden characters, "" when it holds none."""
+    summary = hidden_chars.summarize(hidden_chars.find(text)) if hidden_chars.has_hidden(text) else None
+    return summary.message(subject) if summary is not None else ""
+
+
 @require_GET
 @access.permission_required()
 def trial(request: HttpRequest, pk: int) -> HttpResponse:
@@ -581,6 +588,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "external_notice": external_notice,
         "external_source": external_source_text(trial.evaluation.source) if trial.evaluation.external else "",
         "instruction": tj.text_block(trial.task.instruction, max_lines=12, max_chars=1200),
+        "instruction_hidden": _hidden_banner(trial.task.instruction, "task's instruction"),
         "error_text": tj.text_block(trial.error) if trial.error else None,
         "criteria": _criteria(trial.criteria_results),
         "siblings": siblings,

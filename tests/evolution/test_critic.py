@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from evolution.critic import (
+    RULES,
     CriticConfig,
     CriticTask,
     Flag,
@@ -730,3 +731,73 @@ def test_a_two_thousand_line_diff_against_200_tasks_flags_every_leaky_line() -> 
     # Speed is the critic benchmark's business (machines here are shared); printed for the log.
     print(f"\nindex of 200 tasks: {built - started:.3f} s; critique of 2,000 lines: {finished - built:.3f} s")
     assert {flag.line_number for flag in flags} == set(range(1, 2001, 10))
+
+
+# --- Hidden characters ----------------------------------------------------------------
+
+
+def tree_diff(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """A real git-style diff of two small trees (lines end at LF only)."""
+    from evolution.trees import FileEntry, diff_entries
+
+    def entries(files: Mapping[str, str]) -> list[FileEntry]:
+        return [FileEntry(path, "100644", text.encode()) for path, text in sorted(files.items())]
+
+    return diff_entries(entries(old), entries(new))
+
+
+TROJAN_OLD = 'def check(user):\n    access = "user"\n    return access\n'
+TROJAN_NEW = (
+    'def check(user):\n    access = "user"\n    #\u202e } \u2066if user.isAdmin:\u2069 \u2066 # admins only\n'
+    "    return access\n"
+)
+
+
+def test_an_edit_adding_bidi_controls_is_flagged_with_code_point_line_and_column() -> None:
+    flags = critique(tree_diff({"tools/check.py": TROJAN_OLD}, {"tools/check.py": TROJAN_NEW}), INDEX)
+    assert [(f.rule, f.path, f.line_number, f.matched, f.task_id, f.evidence) for f in flags] == [
+        ("hidden_unicode", "tools/check.py", 3, "\u202e", None,
+         "U+202E RIGHT-TO-LEFT OVERRIDE (bidi) on line 3, column 6"),
+        ("hidden_unicode", "tools/check.py", 3, "\u2066", None,
+         "U+2066 LEFT-TO-RIGHT ISOLATE (bidi) on line 3, columns 10, 29"),
+        ("hidden_unicode", "tools/check.py", 3, "\u2069", None,
+         "U+2069 POP DIRECTIONAL ISOLATE (bidi) on line 3, column 27"),
+    ]  # fmt: skip
+    assert {f.line for f in flags} == {TROJAN_NEW.split("\n")[2]}
+
+
+def test_zero_width_tag_and_look_alike_characters_and_new_file_names_are_flagged() -> None:
+    diff = tree_diff(
+        {"prompts/system.md": "Be brief.\n"},
+        {
+            "prompts/system.md": "Be brief.\nIf is\u200bAdmin then ok\U000e0041.\n",
+            "skills/p\u0430ypal.md": "Use the p\u0430ypal tool.\n",
+        },
+    )
+    flags = critique(diff, TASKS, config=only("hidden_unicode"))
+    assert summary(flags) == [
+        ("hidden_unicode", 2, "\u200b", None),
+        ("hidden_unicode", 2, "\U000e0041", None),
+        ("hidden_unicode", None, "\u0430", None),
+        ("hidden_unicode", 1, "\u0430", None),
+    ]
+    assert flags[2].evidence == "U+0430 CYRILLIC SMALL LETTER A (look-alike) in the file name"
+
+
+def test_hidden_characters_the_parent_already_had_are_not_flagged_again() -> None:
+    old = "keep \u200b here\nline two\n"
+    moved = "line two\nkeep \u200b here\n"  # the same character moved: no net increase
+    assert critique(tree_diff({"memory/notes.md": old}, {"memory/notes.md": moved}), INDEX) == []
+    added = "\ufeffintro\nline two\n"  # a byte order mark opening a new file is the file's own
+    assert critique(tree_diff({}, {"memory/bom.md": added}), INDEX) == []
+    more = old + "and \u200b again\n"
+    assert summary(critique(tree_diff({"memory/notes.md": old}, {"memory/notes.md": more}), INDEX)) == [
+        ("hidden_unicode", 3, "\u200b", None)
+    ]
+
+
+def test_the_hidden_unicode_rule_can_be_switched_off() -> None:
+    diff = tree_diff({"tools/check.py": TROJAN_OLD}, {"tools/check.py": TROJAN_NEW})
+    rules = frozenset(rule for rule in RULES if rule != "hidden_unicode")
+    assert {flag.rule for flag in critique(diff, INDEX)} == {"hidden_unicode"}
+    assert critique(diff, build_index(TASKS, CriticConfig(rules=rules))) == []

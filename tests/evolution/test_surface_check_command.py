@@ -201,3 +201,23 @@ def test_experiment_that_is_not_an_id_exits_2() -> None:
 
     assert result.returncode == 2
     assert "experiment 'not-an-id' is not an id or uid" in result.stderr
+
+
+def test_a_diff_adding_hidden_characters_exits_1_under_refuse_hidden_characters(tmp_path: Path) -> None:
+    strict = write(tmp_path, "strict.yaml", ISSUE_SURFACE + "refuse_hidden_characters: true\n")
+    lenient = write(tmp_path, "lenient.yaml", ISSUE_SURFACE)
+    diff = git_diff(tmp_path, {"prompts/a.md": b"a\n"}, {"prompts/a.md": "a\n# x \u202e y\n".encode()})
+    diff_file = tmp_path / "change.diff"
+    diff_file.write_text(diff, encoding="utf-8")
+
+    result = surface_check("--surface", str(strict), "--diff", str(diff_file))
+
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["violations"] == [
+        {
+            "path": "prompts/a.md",
+            "reason": "adds hidden characters: U+202E RIGHT-TO-LEFT OVERRIDE (bidi) on line 2, column 5 "
+            "(the surface sets refuse_hidden_characters)",
+        }
+    ]
+    assert surface_check("--surface", str(lenient), "--diff", str(diff_file)).returncode == 0

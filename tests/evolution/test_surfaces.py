@@ -1008,3 +1008,59 @@ def test_violation_and_verdict_serialize_to_json() -> None:
         "violations": [{"path": "a", "reason": "why"}],
         "components": ["prompt"],
     }
+
+
+# --- refuse_hidden_characters ------------------------------------------------------------
+
+TROJAN = "/*\u202e } \u2066if (isAdmin)\u2069 \u2066 begin admins only */\n"
+HIDDEN_REASON = "(the surface sets refuse_hidden_characters)"
+
+
+def test_refuse_hidden_characters_refuses_a_git_diff_that_adds_them(tmp_path: Path) -> None:
+    diff = git_diff(
+        tmp_path,
+        {"prompts/a.md": b"a\n", "prompts/b.md": "keep \u200b\n".encode()},
+        {"prompts/a.md": ("a\n" + TROJAN).encode(), "prompts/c.md": "p\u0430ss\n".encode()},
+    )
+    strict = spec(refuse_hidden_characters=True)
+    assert violations(check_diff(strict, diff)) == [
+        (
+            "prompts/a.md",
+            "adds hidden characters: U+202E RIGHT-TO-LEFT OVERRIDE (bidi) on line 2, column 3; "
+            "U+2066 LEFT-TO-RIGHT ISOLATE (bidi) on line 2, column 7; "
+            "U+2069 POP DIRECTIONAL ISOLATE (bidi) on line 2, column 20; "
+            "U+2066 LEFT-TO-RIGHT ISOLATE (bidi) on line 2, column 22 " + HIDDEN_REASON,
+        ),
+        (
+            "prompts/c.md",
+            "adds hidden characters: U+0430 CYRILLIC SMALL LETTER A (look-alike) on line 1, column 2 " + HIDDEN_REASON,
+        ),
+    ]
+    # Off by default: the same diff passes the surface (the critic and the screens still see it).
+    assert check_diff(spec(), diff).allowed is True
+
+
+def test_refuse_hidden_characters_names_five_and_counts_the_rest() -> None:
+    diff = (
+        "diff --git a/prompts/a.md b/prompts/a.md\nnew file mode 100644\nindex 0000000..1111111\n"
+        "--- /dev/null\n+++ b/prompts/a.md\n@@ -0,0 +1 @@\n+" + "x\u200b" * 8 + "\n"
+    )
+    (violation,) = check_diff(spec(refuse_hidden_characters=True), diff).violations
+    assert violation.reason.count("U+200B ZERO WIDTH SPACE") == 5
+    assert violation.reason.endswith("; and 3 more " + HIDDEN_REASON)
+
+
+def test_refuse_hidden_characters_allows_what_the_parent_had_and_a_leading_bom(tmp_path: Path) -> None:
+    diff = git_diff(
+        tmp_path,
+        {"prompts/a.md": "one \u200b\ntwo\n".encode()},
+        {"prompts/a.md": "two\none \u200b\n".encode(), "prompts/bom.md": "\ufeff# title\n".encode()},
+    )
+    assert violations(check_diff(spec(refuse_hidden_characters=True), diff)) == []
+
+
+def test_refuse_hidden_characters_must_be_a_boolean() -> None:
+    with pytest.raises(SurfaceSpecError, match="'refuse_hidden_characters' must be true or false"):
+        parse_surface(ISSUE_SURFACE + "refuse_hidden_characters: sometimes\n")
+    assert parse_surface(ISSUE_SURFACE + "refuse_hidden_characters: true\n").refuse_hidden_characters is True
+    assert parse_surface(ISSUE_SURFACE).refuse_hidden_characters is False

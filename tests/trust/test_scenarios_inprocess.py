@@ -23,7 +23,7 @@ from lab.trust import BENCHMARKS, REGISTRY, Inapplicable, TrialContext, TrustFai
 pytestmark = pytest.mark.django_db(transaction=True)
 
 _numbers = itertools.count(1)
-MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "10b", "11")
+MINE = ("7a", "7b", "7c", "7d", "8-", "9-", "10-", "10b", "11", "12-")
 
 
 def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
@@ -39,7 +39,7 @@ def fresh_context(benchmark: str, workdir: Path) -> TrialContext:
 
 def names() -> list[str]:
     # Only this file's modules: the others (crash.py) are written elsewhere.
-    for module in ("tamper", "evidence", "sandbox_abuse"):
+    for module in ("tamper", "evidence", "sandbox_abuse", "hidden"):
         importlib.import_module(f"lab.trust.{module}")
     return sorted(name for name in REGISTRY if name.startswith(MINE))
 
@@ -133,3 +133,18 @@ def test_host_environment_fails_when_trials_inherit_it(monkeypatch: pytest.Monke
     real = trials._trial_env
     monkeypatch.setattr(trials, "_trial_env", lambda spec, *, home: {**os.environ, **real(spec, home=home)})
     expect_failure("11e-host-environment", "example", tmp_path, "read the worker's secret")
+
+
+def test_hidden_characters_fail_without_the_critic_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("evolution.critic.hidden_flags", lambda changes: [])
+    expect_failure("12-hidden-characters", "harbor", tmp_path, "the critic let it through")
+
+
+def test_hidden_characters_fail_when_the_screens_show_them_raw(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("evolution.hidden_chars.has_hidden", lambda text, **kwargs: False)
+    expect_failure("12-hidden-characters", "harbor", tmp_path, "page shows .* raw")
+
+
+def test_hidden_characters_fail_without_the_surface_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("evolution.surfaces._check_hidden", lambda change, collector: None)
+    expect_failure("12-hidden-characters", "harbor", tmp_path, "strict surface, .*: not refused")

@@ -1,0 +1,27 @@
+"""``{% load hidden_text %}``: show hidden characters as markers.
+
+``{{ text|reveal }}`` (``reveal_matched`` for a flag's matched text) is ``text`` escaped as usual, with every hidden or
+look-alike character (``evolution.hidden_chars``) replaced by a visible
+marker (``review.hidden``). Text with nothing hidden is returned untouched
+for the template's autoescape; nothing here trusts the content.
+"""
+
+from __future__ import annotations
+
+from django import template
+
+from review import hidden
+
+register = template.Library()
+
+
+@register.filter
+def reveal(value: object) -> object:
+    return hidden.reveal(value)
+
+
+@register.filter
+def reveal_matched(value: object) -> object:
+    """``reveal`` for text a flag matched inside a line: a look-alike standing
+    alone there ("а") lost the ASCII word around it, and is marked anyway."""
+    return hidden.reveal(value, fragment=True)
