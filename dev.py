@@ -318,6 +318,12 @@ def test(pytest_args: list[str]) -> int:
     if lint.returncode != 0:
         say("ruff check failed")
         return lint.returncode
+    # Types: [tool.mypy] in pyproject.toml says what and how strictly; its
+    # incremental cache (.mypy_cache/) makes a run after a small change quick.
+    types = subprocess.run([str(PYTHON), "-m", "mypy"], cwd=ROOT)
+    if types.returncode != 0:
+        say("mypy failed")
+        return types.returncode
     return subprocess.run([str(PYTHON), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 
 

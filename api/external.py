@@ -54,7 +54,8 @@ class ExternalResultInput(serializers.Serializer):
 
 class ExternalResultsInput(serializers.Serializer):
     results = ExternalResultInput(many=True, allow_empty=False)
-    source = serializers.DictField(
+    # DRF's metaclass takes declared fields off the class; the stubs see Field.source (a str) here.
+    source = serializers.DictField(  # type: ignore[assignment]
         required=False, default=dict, help_text="where the results come from (tool, job id, URL, ...)"
     )
 
@@ -67,7 +68,7 @@ class ExternalResultsOutput(serializers.Serializer):
     state = serializers.CharField()
     trials = serializers.IntegerField()
     splits = serializers.ListField(child=serializers.CharField())
-    source = serializers.DictField()
+    source = serializers.DictField()  # type: ignore[assignment]  # as in ExternalResultsInput
 
 
 def _candidate_id(raw: str) -> int:

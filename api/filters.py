@@ -84,7 +84,10 @@ class ReviewDecisionFilter(Filter):
 
 class AnnotationFilter(Filter):
     experiment = serializers.IntegerField(required=False, min_value=1)
-    label = serializers.SlugField(required=False, max_length=60, help_text="label slug")
+    # DRF's metaclass takes declared fields off the class; the stubs see Field.label (a str) here.
+    label = serializers.SlugField(  # type: ignore[assignment]
+        required=False, max_length=60, help_text="label slug"
+    )
     author = serializers.CharField(required=False, max_length=150, help_text="author's username")
     trial = serializers.IntegerField(required=False, min_value=1)
     lookups: ClassVar[dict[str, str]] = {

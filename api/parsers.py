@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.parsers import JSONParser, get_encoding  # type: ignore[attr-defined]  # DRF's; not in its stubs
 from rest_framework.utils.json import strict_constant
 
 from evolution import limits

@@ -7,7 +7,7 @@ by the views (``review.access.hide_sealed``) before it reaches a serializer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count
 from drf_spectacular.types import OpenApiTypes
@@ -34,6 +34,11 @@ from evolution.models import (
 )
 from evolution.recipes import PRESET_NAMES
 from evolution.trajectory_formats import STEP_FIELDS
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from evolution.models import Evaluator
 
 # --- Benchmarks and tasks ---------------------------------------------------------
 
@@ -69,16 +74,16 @@ class TaskSerializer(serializers.ModelSerializer):
 
 
 class ExperimentSerializer(serializers.ModelSerializer):
-    benchmark = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    evaluator = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    benchmark: serializers.SlugRelatedField[Benchmark] = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    evaluator: serializers.SlugRelatedField[Evaluator] = serializers.SlugRelatedField(slug_field="name", read_only=True)
     surface = serializers.CharField(source="surface.name", read_only=True)
     recipe = serializers.SerializerMethodField()
     # A plain string here, the enum in the detail: one choice set per schema component.
-    status = serializers.CharField(read_only=True, help_text="see the detail's status values")
+    status: serializers.Field = serializers.CharField(read_only=True, help_text="see the detail's status values")
 
     class Meta:
         model = Experiment
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "uid",
             "name",
@@ -92,7 +97,7 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "trials_per_task",
             "created_at",
         )
-        read_only_fields = fields
+        read_only_fields: tuple[str, ...] = fields
 
     def get_recipe(self, obj: Experiment) -> str | None:
         return str(obj.recipe) if obj.recipe_id else None
@@ -100,7 +105,9 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
 class ExperimentDetailSerializer(ExperimentSerializer):
     split_sizes = serializers.SerializerMethodField()
-    heldout_benchmarks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    heldout_benchmarks: serializers.SlugRelatedField[Benchmark] = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
     status = serializers.ChoiceField(choices=Experiment.Status.choices, read_only=True)
 
     class Meta(ExperimentSerializer.Meta):
@@ -126,13 +133,13 @@ class ExperimentDetailSerializer(ExperimentSerializer):
 
 class RunSerializer(serializers.ModelSerializer):
     recipe = serializers.SerializerMethodField()
-    started_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    started_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(slug_field="username", read_only=True)
     # A plain string here, the enum in the detail: one choice set per schema component.
-    status = serializers.CharField(read_only=True, help_text="see the detail's status values")
+    status: serializers.Field = serializers.CharField(read_only=True, help_text="see the detail's status values")
 
     class Meta:
         model = Run
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "experiment",
             "recipe",
@@ -149,7 +156,7 @@ class RunSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
         )
-        read_only_fields = fields
+        read_only_fields: tuple[str, ...] = fields
 
     def get_recipe(self, obj: Run) -> str:
         return str(obj.recipe)
@@ -199,12 +206,12 @@ class GateDecisionSerializer(serializers.ModelSerializer):
 class CandidateSerializer(serializers.ModelSerializer):
     digest = serializers.CharField(source="tree_id", read_only=True)
     # Plain strings here, the enums in the detail: one choice set per schema component.
-    state = serializers.CharField(read_only=True, help_text="see the detail's state values")
-    origin = serializers.CharField(read_only=True, help_text="see the detail's origin values")
+    state: serializers.Field = serializers.CharField(read_only=True, help_text="see the detail's state values")
+    origin: serializers.Field = serializers.CharField(read_only=True, help_text="see the detail's origin values")
 
     class Meta:
         model = Candidate
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "experiment",
             "run",
@@ -218,7 +225,7 @@ class CandidateSerializer(serializers.ModelSerializer):
             "certified_at",
             "created_at",
         )
-        read_only_fields = fields
+        read_only_fields: tuple[str, ...] = fields
 
 
 class CandidateDetailSerializer(CandidateSerializer):
@@ -247,7 +254,7 @@ class TreeEntrySerializer(serializers.Serializer):
 class CertifiedResultSerializer(serializers.ModelSerializer):
     class Meta:
         model = CertifiedResult
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "experiment",
             "seq",
@@ -258,7 +265,7 @@ class CertifiedResultSerializer(serializers.ModelSerializer):
             "signature",
             "created_at",
         )
-        read_only_fields = fields
+        read_only_fields: tuple[str, ...] = fields
 
 
 class CertifiedResultDetailSerializer(CertifiedResultSerializer):
@@ -292,7 +299,8 @@ class TrialSerializer(serializers.ModelSerializer):
         read_only=True,
         help_text="true for results ingested from outside: not run or certified by rsiweb",
     )
-    source = serializers.DictField(
+    # DRF's metaclass takes declared fields off the class; the stubs see Field.source (a str) here.
+    source = serializers.DictField(  # type: ignore[assignment]
         source="evaluation.source",
         read_only=True,
         help_text="where an external result came from, as its submitter described it; {} for trials rsiweb ran",
@@ -409,8 +417,10 @@ class LeakageFlagSerializer(serializers.ModelSerializer):
 
 class ReviewDecisionSerializer(serializers.ModelSerializer):
     candidate = serializers.IntegerField(source="item.candidate_id", read_only=True)
-    reviewer = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    rejected_edits = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    reviewer: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    rejected_edits: serializers.PrimaryKeyRelatedField[AtomicEdit] = serializers.PrimaryKeyRelatedField(
+        many=True, read_only=True
+    )
 
     class Meta:
         model = ReviewDecision
@@ -440,7 +450,7 @@ class ReviewDecideSerializer(serializers.Serializer):
 
 
 class AnnotationSerializer(serializers.ModelSerializer):
-    author = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    author: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(slug_field="username", read_only=True)
     label_slug = serializers.CharField(source="label.slug", read_only=True)
     step = serializers.IntegerField(source="step.step_id", allow_null=True, read_only=True)
 
@@ -454,6 +464,9 @@ class AnnotationWriteSerializer(serializers.Serializer):
     """Create (``trial`` required) or update one's own annotation (``trial`` ignored)."""
 
     trial = serializers.IntegerField(min_value=1, required=False)
-    label = serializers.IntegerField(min_value=1, help_text="label id (a default label or the experiment's)")
+    # DRF's metaclass takes declared fields off the class; the stubs see Field.label (a str) here.
+    label = serializers.IntegerField(  # type: ignore[assignment]
+        min_value=1, help_text="label id (a default label or the experiment's)"
+    )
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
     step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)

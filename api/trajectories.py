@@ -203,7 +203,8 @@ class TrajectoryBatchImportView(APIView):
             if item["trial"] not in visible:
                 problems.setdefault(index, {})["trial"] = [f"no trial {item['trial']}"]
         if problems:
-            raise ValidationError({"trajectories": problems})
+            # JSON object keys are text: the item's index as a string, as the response shows it.
+            raise ValidationError({"trajectories": {str(index): found for index, found in problems.items()}})
         try:
             trajectories = trajectories_import(
                 [(visible[item["trial"]], item["document"], item.get("format", "auto")) for item in items],
@@ -211,7 +212,7 @@ class TrajectoryBatchImportView(APIView):
             )
         except TrajectoryBatchError as exc:
             raise ValidationError(
-                {"trajectories": {index: {"document": errors} for index, errors in exc.errors.items()}}
+                {"trajectories": {str(index): {"document": errors} for index, errors in exc.errors.items()}}
             ) from exc
         body = TrajectoryBatchOutput({"imported": [_summary(trajectory) for trajectory in trajectories]})
         return Response(body.data, status=status.HTTP_201_CREATED)

@@ -11,7 +11,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db.models import QuerySet
 from django.http import HttpResponse
@@ -57,12 +57,16 @@ ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="field-level messages, 
 TEXT = {(200, "text/plain"): OpenApiTypes.STR}
 
 
-class FilteredMixin:
+if TYPE_CHECKING:  # what the mixin is mixed into, for the type checker
+    _ViewSet = viewsets.GenericViewSet
+else:
+    _ViewSet = object
+
+
+class FilteredMixin(_ViewSet):
     """Lists validate their query string with ``filter_class`` (400 naming the parameter)."""
 
     filter_class: type[filters.Filter] | None = None
-    request: Request
-    action: str | None
 
     def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.filter_class is None or self.action != "list":
@@ -209,7 +213,7 @@ class CandidateViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
         query.is_valid(raise_exception=True)
         against_id = query.validated_data.get("against")
         if against_id is None:
-            old = candidate.parent.tree if candidate.parent_id else None
+            old = candidate.parent.tree if candidate.parent is not None else None
         else:
             other = Candidate.objects.select_related("tree").filter(pk=against_id).first()
             if other is None:

@@ -21,7 +21,7 @@ from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, pa
 from evolution.services import loop
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(admin.ModelAdmin[Any]):  # Any: one base for every model's admin
     """Viewable, never editable, added or deleted from the admin."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -41,7 +41,7 @@ class BlobAdmin(ReadOnlyAdmin):
     exclude = ("content",)
 
 
-class ReadOnlyInline(admin.options.InlineModelAdmin):
+class ReadOnlyInline(admin.options.InlineModelAdmin[Any, Any]):  # Any: one base for every inline
     """An inline that shows rows and never adds, changes or deletes them."""
 
     extra = 0
@@ -51,7 +51,7 @@ class ReadOnlyInline(admin.options.InlineModelAdmin):
         return False
 
 
-class TreeEntryInline(ReadOnlyInline, admin.TabularInline):
+class TreeEntryInline(ReadOnlyInline, admin.TabularInline[models.TreeEntry, models.Tree]):
     model = models.TreeEntry
     fields = ("path", "mode", "blob")
     readonly_fields = fields
@@ -71,7 +71,7 @@ class TreeEntryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(models.Benchmark)
-class BenchmarkAdmin(admin.ModelAdmin):
+class BenchmarkAdmin(admin.ModelAdmin[models.Benchmark]):
     list_display = ("name", "title", "created_at")
     search_fields = ("name", "title")
 
@@ -100,7 +100,7 @@ class RecipeAdmin(ReadOnlyAdmin):
     list_display = ("name", "version", "digest", "created_at")
 
 
-class SplitMembershipInline(ReadOnlyInline, admin.TabularInline):
+class SplitMembershipInline(ReadOnlyInline, admin.TabularInline[models.SplitMembership, models.Experiment]):
     model = models.SplitMembership
     fields = ("task", "split")
     readonly_fields = fields
@@ -125,12 +125,16 @@ class RunStartAdminForm(forms.Form):
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if any(experiment.recipe_id for experiment in experiments):
             choices.insert(0, (OWN_RECIPE, "the experiment's own recipe"))
-        self.fields["recipe"].choices = choices
-        self.fields["recipe"].initial = choices[0][0]
+        recipe_field = self.fields["recipe"]
+        assert isinstance(recipe_field, forms.ChoiceField)
+        recipe_field.choices = choices
+        recipe_field.initial = choices[0][0]
         operators.operators_load()
         proposers = sorted(operators.known_operators().get("proposal", set()))
         # The preset's own proposer may not be installed here (the llm one needs an endpoint).
-        self.fields["proposer"].choices = [
+        proposer_field = self.fields["proposer"]
+        assert isinstance(proposer_field, forms.ChoiceField)
+        proposer_field.choices = [
             ("", "the last run's, else the recipe's own"),
             *((name, name) for name in proposers),
         ]
@@ -146,7 +150,7 @@ def _start_recipe(experiment: models.Experiment, choice: str) -> Recipe:
 
 
 @admin.register(models.Experiment)
-class ExperimentAdmin(admin.ModelAdmin):
+class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
     list_display = ("name", "benchmark", "status", "trials_per_task", "chain_length", "created_at")
     list_filter = ("status",)
     search_fields = ("name",)
@@ -229,7 +233,8 @@ class RunAdmin(ReadOnlyAdmin):
         return _can_operate(request)
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[models.Run], verb: str, service: Any) -> None:
-        done, refused = [], []
+        done: list[models.Run] = []
+        refused: list[models.Run] = []
         for run in queryset.order_by("pk"):
             (done if service(run=run) else refused).append(run)
         if done:
@@ -257,7 +262,7 @@ class RunAdmin(ReadOnlyAdmin):
         self._apply(request, queryset, "cancelled", lambda run: loop.run_cancel(run=run, reason=reason))
 
 
-class AtomicEditInline(ReadOnlyInline, admin.StackedInline):
+class AtomicEditInline(ReadOnlyInline, admin.StackedInline[models.AtomicEdit, models.Candidate]):
     model = models.AtomicEdit
     fields = ("index", "component", "hypothesis", "paths", "diff")
     readonly_fields = fields
@@ -361,11 +366,11 @@ class ReviewDecisionAdmin(ReadOnlyAdmin):
 
 
 @admin.register(models.AnnotationLabel)
-class AnnotationLabelAdmin(admin.ModelAdmin):
+class AnnotationLabelAdmin(admin.ModelAdmin[models.AnnotationLabel]):
     list_display = ("slug", "name", "experiment")
 
 
 @admin.register(models.Annotation)
-class AnnotationAdmin(admin.ModelAdmin):
+class AnnotationAdmin(admin.ModelAdmin[models.Annotation]):
     list_display = ("trial", "author", "label", "created_at")
     list_filter = ("label",)

@@ -709,7 +709,7 @@ def _apply_hunks(old_text: str, change: FileChange) -> str | None:
 
 def _new_text(change: FileChange, parent_text: Mapping[str, str] | None) -> str | None:
     new = whole_file_texts(change)[1]
-    if new is None and parent_text is not None and change.old_path in parent_text:
+    if new is None and parent_text is not None and change.old_path is not None and change.old_path in parent_text:
         new = _apply_hunks(parent_text[change.old_path], change)
     return new
 
@@ -734,7 +734,7 @@ def _rule_inert(change: FileChange, added: list[_AddedLine], new_text: str | Non
     assert new_text is not None
     for node in ast.walk(tree):
         dead_test = isinstance(node, ast.If | ast.While) and isinstance(node.test, ast.Constant) and not node.test.value
-        if dead_test and node.lineno in by_number:
+        if dead_test and isinstance(node, ast.stmt) and node.lineno in by_number:
             kind = "loop" if isinstance(node, ast.While) else "branch"
             line = by_number[node.lineno]
             yield _inert(line, line.text.strip(), f"{kind} whose condition is always false")
@@ -794,11 +794,11 @@ def hidden_flags(changes: Sequence[FileChange]) -> list[Flag]:
         grouped: dict[tuple[int | None, str], list[hidden_chars.Added]] = {}
         for found in hidden_chars.introduced_by(change):
             grouped.setdefault((found.line, found.hit.char), []).append(found)
-        for (number, char), found in grouped.items():
-            first = found[0]
+        for (number, char), group in grouped.items():
+            first = group[0]
             evidence = first.evidence
-            if len(found) > 1:
-                columns = ", ".join(str(item.hit.column) for item in found)
+            if len(group) > 1:
+                columns = ", ".join(str(item.hit.column) for item in group)
                 evidence = evidence.replace(f"column {first.hit.column}", f"columns {columns}", 1)
             flags.append(Flag("hidden_unicode", change.path, number, first.text, char, None, evidence))
     return flags

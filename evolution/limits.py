@@ -237,7 +237,8 @@ class LimitedSafeLoader(yaml.SafeLoader):
             if self._level > self._max_depth:
                 raise InputLimitError(f"YAML is nested more than {self._max_depth} levels deep (RSI_MAX_INPUT_DEPTH)")
             if self.check_event(yaml.AliasEvent):
-                target = self.anchors.get(self.peek_event().anchor)
+                event = self.peek_event()  # type: ignore[no-untyped-call]  # types-PyYAML leaves it untyped
+                target = self.anchors.get(event.anchor)
                 # Every node composed so far is measured; an anchor that is not is an ancestor of this alias.
                 if target is not None and id(target) not in self._measured:
                     raise InputLimitError("YAML holds an alias to a node that contains it (a recursive structure)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import unidiff
 
@@ -475,7 +475,7 @@ def llm_critique(
         check=lambda doc: verify_flags(doc, added, ids),
         repair_attempts=_int_param(params, "repair_attempts", 1),
     )
-    return flags
+    return cast(list[Flag], flags)
 
 
 # --- Failure analyst ----------------------------------------------------------------------------------------

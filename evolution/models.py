@@ -7,7 +7,7 @@ See ../shared/CONCEPTS.md for the words used here.
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
 from django.db import models
@@ -22,7 +22,10 @@ from evolution.surfaces import STRUCTURAL_KINDS as STRUCTURAL_KINDS  # the loop 
 
 # The vocabulary is evolution.surfaces.COMPONENT_KINDS (pure, no Django); the
 # choices are made from it so the two cannot differ. Members: PROMPT = "prompt", ...
-ComponentKind = models.TextChoices("ComponentKind", [(kind.upper(), kind) for kind in COMPONENT_KINDS])
+# (django-stubs types TextChoices' member constructor, not Enum's functional API, hence the ignore.)
+ComponentKind: type[models.TextChoices] = models.TextChoices(  # type: ignore[call-overload]  # stubs lack Enum's functional API
+    "ComponentKind", [(kind.upper(), kind) for kind in COMPONENT_KINDS]
+)
 
 
 class SplitName(models.TextChoices):
@@ -583,7 +586,11 @@ class TrajectoryStep(models.Model):
 # --- Certified records --------------------------------------------------------
 
 
-class CertifiedResultQuerySet(models.QuerySet["CertifiedResult"]):
+# Shared by the two append-only record tables (results and decisions).
+_Record = TypeVar("_Record", bound=models.Model)
+
+
+class CertifiedResultQuerySet(models.QuerySet[_Record]):
     def update(self, **kwargs: Any) -> int:
         raise PermissionError("certified results are append-only")
 

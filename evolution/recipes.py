@@ -486,7 +486,7 @@ class _Block:
         value = self.data.get(key, default)
         if value not in choices:
             raise RecipeError(self.where(key), f"must be one of {', '.join(choices)}, got {_shown(value)}")
-        return value
+        return str(value)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)

@@ -92,8 +92,8 @@ _RULES: tuple[tuple[str, re.Pattern[str], int, Callable[[str], bool] | None], ..
 # Something every rule above needs in the text it matches, lower-cased (so a
 # superset): a string holding none of these holds no secret, and a few
 # substring searches spare it the thirteen substitutions.
-_TRIGGERS = ("-----begin", "bearer", "sk-", "akia", "asia", "aws_secret_access_key", "github_pat_", "xox", "aiza")
-_TRIGGERS += ("pass", "pwd", "://")
+_TRIGGERS: tuple[str, ...] = ("-----begin", "bearer", "sk-", "akia", "asia", "aws_secret_access_key", "github_pat_")
+_TRIGGERS += ("xox", "aiza", "pass", "pwd", "://")
 _GITHUB_PREFIX = re.compile(r"gh[pousr]_")
 
 

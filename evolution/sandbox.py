@@ -833,7 +833,7 @@ def _result(
 def _read_available(stream: IO[bytes]) -> bytes:
     """What the pipe holds; every writer is gone, so this never blocks."""
     os.set_blocking(stream.fileno(), False)
-    chunks = []
+    chunks: list[bytes] = []
     while len(chunks) < 64:
         try:
             chunk = stream.read(65536)

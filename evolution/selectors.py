@@ -32,6 +32,14 @@ def _count_of(queryset: QuerySet[Any]) -> Coalesce:
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
+def experiment_seed(experiment: Experiment) -> Candidate:
+    """The experiment's seed candidate, which ``experiment_create`` always makes."""
+    seed = experiment.seed_candidate
+    if seed is None:
+        raise ValueError(f"experiment {experiment.name!r} has no seed candidate")
+    return seed
+
+
 def experiment_overview() -> QuerySet[Experiment]:
     """Experiments with candidate and certified-record counts, newest first."""
     return (
@@ -59,13 +67,14 @@ def run_trial_counts(*, run_ids: list[int]) -> dict[int, dict[str, int]]:
         .order_by()
     ):
         counts[row["run_id"]] = {"started": row["started"] or 0, "done": row["done"] or 0, "errors": 0}
-    for row in (
+    for errored in (
         Trial.objects.filter(state=Trial.State.ERROR, evaluation__run_id__in=run_ids)
         .values("evaluation__run_id")
         .annotate(n=Count("pk"))
         .order_by()
     ):
-        counts.setdefault(row["evaluation__run_id"], {"started": 0, "done": 0, "errors": 0})["errors"] = row["n"]
+        run_counts = counts.setdefault(errored["evaluation__run_id"], {"started": 0, "done": 0, "errors": 0})
+        run_counts["errors"] = errored["n"]
     return counts
 
 
@@ -159,7 +168,8 @@ def _plain_rows(queryset: QuerySet[Any]) -> list[tuple[Any, ...]]:
         return []
     with connections[queryset.db].cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
 
 
 def _score_of(parts: list[float], *, mean_score: bool) -> tuple[float, float | None] | None:
@@ -224,7 +234,10 @@ def measured_candidates(
     for key, (n, passed, score_sum, tokens, tokens_n) in sorted(totals.items(), key=lambda item: item[0][0]):
         if n:  # as _score_of, inline: this runs for every measured candidate
             score = (score_sum if mean_score else passed) / n
-            found.append(MeasuredCandidate(*key, score, tokens / tokens_n if tokens_n else None))
+            pk, state, origin, round_number = key
+            found.append(
+                MeasuredCandidate(pk, state, origin, round_number, score, tokens / tokens_n if tokens_n else None)
+            )
     return found
 
 
@@ -398,14 +411,16 @@ def candidate_metrics(*, candidate: Candidate, evolve_splits: tuple[str, ...] = 
             experiment_id=candidate.experiment_id, split=SplitName.HELDOUT
         ).count()
         summaries.update(metrics.split_summaries(heldout, heldout_total))
-    if candidate.parent_id is None:
+    if candidate.parent is None:
         return CandidateMetrics(summaries, None, None, None)
     parent = candidate_trial_records(candidate=candidate.parent)
     mine = [r for r in own if r.split in evolve_splits]
     theirs = [r for r in parent if r.split in evolve_splits]
     if not mine or not theirs:
         return CandidateMetrics(summaries, None, None, None)
-    d_score = metrics.pass_at_1(mine) - metrics.pass_at_1(theirs)
+    new_score, old_score = metrics.pass_at_1(mine), metrics.pass_at_1(theirs)
+    assert new_score is not None and old_score is not None  # both lists have trials
+    d_score = new_score - old_score
     new_cost, old_cost = metrics.mean_tokens(mine), metrics.mean_tokens(theirs)
     d_cost = metrics.relative_cost_change(new_cost, old_cost) if new_cost is not None and old_cost else None
     ci = metrics.paired_bootstrap_ci(

@@ -653,7 +653,7 @@ def _check_symlink(
 
 
 def _new_text(change: FileChange, new_files: Mapping[str, bytes] | None) -> str | None:
-    if new_files is not None and change.new_path in new_files:
+    if new_files is not None and change.new_path is not None and change.new_path in new_files:
         return new_files[change.new_path].decode("utf-8", errors="surrogateescape")
     return whole_file_texts(change)[1]
 

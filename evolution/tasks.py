@@ -7,26 +7,35 @@ process dies, so a SIGKILL at any point loses nothing.
 
 from __future__ import annotations
 
-from celery import shared_task
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from celery import Task, shared_task
 
 from evolution.services import evaluation as evaluation_services
 from evolution.services import loop as loop_services
 from evolution.services import records as record_services
 
-TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-@shared_task(name="evolution.trial_run", **TASK_OPTIONS)
+def task(name: str) -> Callable[[Callable[_P, _R]], Task[_P, _R]]:
+    """Every task's options: acknowledged late, re-queued when its worker dies, no result kept."""
+    return shared_task(name=name, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+
+
+@task("evolution.trial_run")
 def trial_run(trial_id: int) -> bool:
     return evaluation_services.trial_execute(trial_id=trial_id)
 
 
-@shared_task(name="evolution.result_certify", **TASK_OPTIONS)
+@task("evolution.result_certify")
 def result_certify(evaluation_id: int) -> bool:
     return record_services.result_certify(evaluation_id=evaluation_id) is not None
 
 
-@shared_task(name="evolution.lease_reap", **TASK_OPTIONS)
+@task("evolution.lease_reap")
 def lease_reap() -> dict[str, int]:
     counts = evaluation_services.lease_reap()
     # A lost run_advance message would stall a run; every step is idempotent,
@@ -37,11 +46,11 @@ def lease_reap() -> dict[str, int]:
     return {**counts, "runs": len(runs)}
 
 
-@shared_task(name="evolution.run_advance", **TASK_OPTIONS)
+@task("evolution.run_advance")
 def run_advance(run_id: int) -> str:
     return loop_services.run_advance(run_id=run_id)
 
 
-@shared_task(name="evolution.round_propose", **TASK_OPTIONS)
+@task("evolution.round_propose")
 def round_propose(run_id: int, round_number: int) -> int:
     return loop_services.round_propose(run_id=run_id, round_number=round_number)

@@ -273,8 +273,9 @@ def join_continuations(
         for step in following["steps"]:
             if isinstance(step, dict):
                 marked = {**step, "step_id": len(steps) + 1}
+                own_extra = step.get("extra")
                 marked["extra"] = {
-                    **(step.get("extra") if isinstance(step.get("extra"), dict) else {}),
+                    **(own_extra if isinstance(own_extra, dict) else {}),
                     "continuation": {"file": ref, "step_id": step.get("step_id")},
                 }
                 steps.append(marked)
@@ -286,7 +287,8 @@ def join_continuations(
     if files:
         document.pop("continued_trajectory_ref", None)
         document["steps"] = steps
-        extra = document.get("extra") if isinstance(document.get("extra"), dict) else {}
+        document_extra = document.get("extra")
+        extra = document_extra if isinstance(document_extra, dict) else {}
         document["extra"] = {**extra, "continuation_files": files}
     return document, files
 
@@ -597,6 +599,7 @@ def _iso_time(value: Any) -> str | None:
 def _message_time(message: dict[str, Any]) -> str | None:
     """A message's time: mini-swe-agent 2.x's ``extra.timestamp``, 1.x's ``timestamp``."""
     extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    assert extra is not None
     return _iso_time(extra.get("timestamp")) or _iso_time(message.get("timestamp"))
 
 
@@ -604,7 +607,9 @@ def _message_metrics(message: dict[str, Any]) -> dict[str, Any]:
     """Token counts and cost of an assistant message: its own ``usage``, or
     mini-swe-agent's ``extra.response.usage`` and ``extra.cost``."""
     extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    assert extra is not None
     response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+    assert response is not None
     metrics = _usage_metrics(message.get("usage")) or _usage_metrics(response.get("usage"))
     if _is_number(extra.get("cost")) and extra["cost"] >= 0:
         metrics["cost_usd"] = extra["cost"]
@@ -615,6 +620,7 @@ def _text_action(message: dict[str, Any], text: str) -> str | None:
     """The bash command of a text-mode assistant message: 2.x's one
     ``extra.actions`` entry, else the one fenced block of its text."""
     extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    assert extra is not None
     actions = extra.get("actions")
     if isinstance(actions, list) and len(actions) == 1 and isinstance(actions[0], dict):
         command = actions[0].get("command")
@@ -676,7 +682,7 @@ def _messages_to_steps(
             errors.append(f"{path}: must be an object, got {_type_name(message)}")
             continue
         role = message.get("role")
-        extra = {key: value for key, value in message.items() if key not in known}
+        extra: dict[str, Any] = {key: value for key, value in message.items() if key not in known}
         if role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in owner:
@@ -685,7 +691,7 @@ def _messages_to_steps(
                     f"{path}.tool_call_id: {call_id!r} does not name a tool call of an earlier assistant message",
                 )
                 continue
-            result = {"source_call_id": call_id, "content": _text(message.get("content"))}
+            result: dict[str, Any] = {"source_call_id": call_id, "content": _text(message.get("content"))}
             if result_extra := _result_extra(message):
                 result["extra"] = result_extra
             owner[call_id].setdefault("observation", {"results": []})["results"].append(result)
@@ -700,7 +706,11 @@ def _messages_to_steps(
             continue
         pending_text_action = None
         if role == "exit":  # mini-swe-agent 2.x: the run's end, its exit status in extra
-            step = {"step_id": len(steps) + 1, "source": "system", "message": _text(message.get("content"))}
+            step: dict[str, Any] = {
+                "step_id": len(steps) + 1,
+                "source": "system",
+                "message": _text(message.get("content")),
+            }
             timestamp = _message_time(message)
             if timestamp:
                 step["timestamp"] = timestamp
@@ -710,7 +720,7 @@ def _messages_to_steps(
         if role not in ("system", "user", "assistant", "developer"):
             off_spec(message, f"{path}.role: must be {_ROLES}, got {role!r}")
             continue
-        step: dict[str, Any] = {
+        step = {
             "step_id": len(steps) + 1,
             "source": {"assistant": "agent", "developer": "system"}.get(role, role),
             "message": _text(message.get("content")),
@@ -734,7 +744,7 @@ def _messages_to_steps(
                 if not isinstance(call, dict):
                     errors.append(f"{at}: must be an object, got {_type_name(call)}")
                     continue
-                function = call.get("function") if isinstance(call.get("function"), dict) else {}
+                function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
                 call_id = call.get("id")
                 name = function.get("name")
                 if not isinstance(call_id, str) or not call_id:
@@ -821,8 +831,8 @@ def from_mini_swe_agent(document: Any, *, deviations: list[str] | None = None) -
     )
     if errors:
         raise TrajectoryFormatError(errors)
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
-    model_config = config.get("model") if isinstance(config.get("model"), dict) else {}
+    config: dict[str, Any] = info["config"] if isinstance(info.get("config"), dict) else {}
+    model_config: dict[str, Any] = config["model"] if isinstance(config.get("model"), dict) else {}
     model = model_config.get("model_name") if isinstance(model_config.get("model_name"), str) else None
     agent: dict[str, Any] = {"name": "mini-swe-agent", "version": str(info.get("mini_version") or "unknown")}
     if model:
@@ -835,7 +845,8 @@ def from_mini_swe_agent(document: Any, *, deviations: list[str] | None = None) -
         counted = [step["metrics"][theirs] for step in steps if theirs in step.get("metrics", {})]
         if counted:
             final[ours] = sum(counted)
-    stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    model_stats = info.get("model_stats")
+    stats: dict[str, Any] = model_stats if isinstance(model_stats, dict) else {}
     if _is_number(stats.get("instance_cost")):
         final["total_cost_usd"] = stats["instance_cost"]
     extra: dict[str, Any] = {"converted_from": "mini-swe-agent", "info": info}

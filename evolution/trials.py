@@ -385,10 +385,10 @@ def _read_usage(output: Path, result: TrialResult) -> str | None:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return f"{TRAJECTORY_FILE} is not valid JSON: {exc}"
         try:
-            tokens, steps = atif_usage(document)
+            tokens, atif_steps = atif_usage(document)
         except ValueError as exc:
             return f"{TRAJECTORY_FILE} is not an ATIF trajectory: {exc}"
-        result.trajectory, result.tokens, result.steps = document, tokens, steps
+        result.trajectory, result.tokens, result.steps = document, tokens, atif_steps
         if tokens is not None:
             return None
     if usage_path.is_file():

@@ -203,19 +203,20 @@ def use_broker(url: str, transport_options: dict[str, Any]) -> None:
 
     from rsiweb.celery import app
 
-    app.conf.broker_url = url
+    app.conf.update(broker_url=url)
     app.conf.broker_transport_options = transport_options
     # Drop every cached connection and producer pool (kombu keeps a global
     # registry), so the next publish connects to the new broker.
     kombu_pools.reset()
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class PrivateRedis:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponseBase
 
 from evolution.models import Experiment, SplitMembership, SplitName, Task
 
@@ -132,7 +132,8 @@ def record_payload_visible(
     return shown, len(trials) - len(kept)
 
 
-View = Callable[..., HttpResponse]
+# Any view function; the decorators below keep its own signature.
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 
 
 def permission_required(perm: str | None = None) -> Callable[[View], View]:
@@ -144,11 +145,12 @@ def permission_required(perm: str | None = None) -> Callable[[View], View]:
 
     def decorator(view: View) -> View:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.user.has_perm(VIEW) or (perm is not None and not request.user.has_perm(perm)):
                 raise PermissionDenied(f"you need the {perm or VIEW} permission for this")
             return view(request, *args, **kwargs)
 
-        return login_required(wrapped)
+        # Same arguments and response as ``view`` (wraps copies its name and doc).
+        return cast(View, login_required(wrapped))
 
     return decorator

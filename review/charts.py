@@ -355,14 +355,14 @@ def score_chart(
 
     # Accepted candidates: a diamond on S_best, labelled with the candidates.
     best_at = dict(best)
-    for r in rounds:
-        if not r.accepted:
+    for entry in rounds:
+        if not entry.accepted:
             continue
-        value = best_at.get(r.round)
+        value = best_at.get(entry.round)
         if value is None:
-            value = max(r.splits.values(), default=0.0)
-        cx, cy = x(r.round), y(value)
-        names = ", ".join(r.accepted)
+            value = max(entry.splits.values(), default=0.0)
+        cx, cy = x(entry.round), y(value)
+        names = ", ".join(entry.accepted)
         parts.append(
             format_html(
                 '<g class="accepted-mark"><path d="M{} {} l5 5 l-5 5 l-5 -5 z" fill="#1a7f37" stroke="#fff"/>'
@@ -373,7 +373,7 @@ def score_chart(
                 _n(cx),
                 _n(cy - 9),
                 names,
-                r.round,
+                entry.round,
                 names,
             )
         )

@@ -109,8 +109,7 @@ def layout(
     by_id = {row.id: row for row in rows}
     children: dict[int | None, list[int]] = {}
     for row in by_id.values():
-        parent = row.parent_id if row.parent_id in by_id else None
-        children.setdefault(parent, []).append(row.id)
+        children.setdefault(row.parent_id if row.parent_id in by_id else None, []).append(row.id)
 
     # Column key per node: (round, generation within that round), parents first.
     keys: dict[int, tuple[int, int]] = {}
@@ -142,7 +141,7 @@ def layout(
         cursor = parent_id if parent_id in by_id else None
 
     pitch = node_height + row_gap
-    ys: dict[int, float] = {}
+    ys: dict[int | None, float] = {}  # None: a root's parent, never placed
     for column in range(len(column_keys)):
         ordered = sorted(
             members[column],
@@ -177,18 +176,18 @@ def layout(
     placed = {node.id: node for node in nodes}
     edges = []
     for node in nodes:
-        parent = placed.get(node.parent_id) if node.parent_id is not None else None
-        if parent is None:
+        placed_parent = placed.get(node.parent_id) if node.parent_id is not None else None
+        if placed_parent is None:
             continue
-        x1, y1 = parent.x + node_width, parent.y + node_height / 2
+        x1, y1 = placed_parent.x + node_width, placed_parent.y + node_height / 2
         x2, y2 = node.x, node.y + node_height / 2
         middle = (x1 + x2) / 2
         edges.append(
             Edge(
-                source=parent.id,
+                source=placed_parent.id,
                 target=node.id,
                 path=f"M{x1:.1f} {y1:.1f} C{middle:.1f} {y1:.1f} {middle:.1f} {y2:.1f} {x2:.1f} {y2:.1f}",
-                on_path=parent.on_path and node.on_path,
+                on_path=placed_parent.on_path and node.on_path,
             )
         )
     columns = [
@@ -220,7 +219,7 @@ def round_window(counts: dict[int, int], *, start: int | None, end: int | None, 
     else:
         last = end if end is not None else rounds[-1]
         chosen = list(reversed([r for r in rounds if r <= last])) or rounds[:1]
-    total, taken = 0, []
+    total, taken = 0, list[int]()
     for number in chosen:
         if taken and total + counts[number] > cap:
             break

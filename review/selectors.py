@@ -8,8 +8,8 @@ a query per candidate. Per-task rows go through ``access.hide_sealed``. The view
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Left
@@ -29,6 +29,9 @@ from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, pa
 from evolution.selectors import REPORTED_PURPOSES
 from evolution.services import loop
 from review import access
+
+if TYPE_CHECKING:  # django-stubs-ext is a development requirement
+    from django_stubs_ext import WithAnnotations
 
 # --- Runs ------------------------------------------------------------------------------
 
@@ -64,7 +67,11 @@ def recipe_of(run: Run) -> Recipe | None:
         return None
 
 
-def experiments_with_latest_run() -> list[Experiment]:
+class _LatestRun(TypedDict):
+    latest_run_id: int | None
+
+
+def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun]]:
     """Every experiment with its overview counts and ``latest_run_id``."""
     latest = Subquery(Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk").values("pk")[:1])
     return list(selectors.experiment_overview().annotate(latest_run_id=latest))
@@ -116,7 +123,7 @@ def round_state_counts(*, run: Run) -> dict[int, Counter[str]]:
     return states
 
 
-def gate_choices(*, run: Run) -> list[dict[str, Any]]:
+def gate_choices(*, run: Run) -> list[Mapping[str, Any]]:
     """The run's gate decisions that accepted or chose a candidate, in order."""
     return list(
         GateDecision.objects.filter(Q(accepted=True) | Q(chosen=True), run=run)
@@ -125,7 +132,7 @@ def gate_choices(*, run: Run) -> list[dict[str, Any]]:
     )
 
 
-def run_failures(*, run: Run, user: Any) -> dict[str, list[dict[str, Any]]]:
+def run_failures(*, run: Run, user: Any) -> dict[str, list[Mapping[str, Any]]]:
     """What went wrong in ``run``: failed evaluations and candidates, error trials by kind, and the latest error
     trials (per-task rows: sealed ones only for a user who may see them)."""
     error_trials = Trial.objects.filter(evaluation__run=run, state=Trial.State.ERROR)
@@ -155,7 +162,7 @@ def unexplored_kinds(*, run: Run) -> list[str]:
     return regularization.unexplored_kinds(run.state.get("measured_components", []))
 
 
-def exploration_rejects(*, run: Run) -> list[dict[str, Any]]:
+def exploration_rejects(*, run: Run) -> list[Mapping[str, Any]]:
     """Candidates refused while the run was stalled because they explored no new kind."""
     return list(
         Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_BUDGET, state_reason__startswith="stalled")
@@ -175,7 +182,7 @@ def chart_candidates(*, experiment: Experiment, run: Run) -> QuerySet[Candidate]
 # --- Ledger ------------------------------------------------------------------------------
 
 
-def component_ledger(*, run: Run, window_after: int) -> list[dict[str, Any]]:
+def component_ledger(*, run: Run, window_after: int) -> list[Mapping[str, Any]]:
     """Per component kind with ledger entries: edits measured and accepted, best dS overall and in the rounds
     after ``window_after``, last round (one query)."""
     return list(
@@ -230,7 +237,7 @@ def lineage_window(*, experiment: Experiment, first: int, last: int) -> QuerySet
     return Candidate.objects.filter(in_window | Q(pk__in=window.values("parent_id")), experiment=experiment)
 
 
-def lineage_nodes(*, shown: QuerySet[Candidate]) -> list[dict[str, Any]]:
+def lineage_nodes(*, shown: QuerySet[Candidate]) -> list[Mapping[str, Any]]:
     return list(
         shown.annotate(reason=Left("state_reason", 240))
         .values("pk", "parent_id", "state", "origin", "round", "label", "reason")
@@ -278,7 +285,7 @@ def split_counts(*, experiment: Experiment) -> dict[str, int]:
 
 def matrix_candidates(
     *, experiment: Experiment, selected: list[int], external: bool = False
-) -> QuerySet[Candidate, dict[str, Any]]:
+) -> QuerySet[Candidate, Mapping[str, Any]]:
     """The candidates with trials of their own (all, or the ``selected`` ids), in round order, as values;
     ``external``: external evaluations count too (see ``reported_trials``).
 
@@ -315,7 +322,7 @@ def visible_tasks(*, experiment: Experiment, user: Any, split: str) -> list[tupl
 
 def matrix_cells(
     *, user: Any | None, candidate_ids: list[int], external: bool = False
-) -> QuerySet[Trial, dict[str, Any]]:
+) -> QuerySet[Trial, Mapping[str, Any]]:
     """Per candidate, task and split: finished trials, passes, errors, pending, score sum and first trial id (the
     whole grid of the shown candidates and their parents in one aggregated query; ``user`` None: every task)."""
     return (
@@ -338,7 +345,7 @@ def matrix_cells(
 
 def matrix_trials(
     *, user: Any, candidate_ids: list[int], task_ids: list[int], external: bool = False
-) -> QuerySet[Trial, dict[str, Any]]:
+) -> QuerySet[Trial, Mapping[str, Any]]:
     """Every trial of those candidates on those tasks (k per cell), for the cells' links."""
     return (
         reported_trials(user, external=external)

@@ -32,13 +32,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponseBase
 from django.shortcuts import render
 from django.utils import timezone
 
 from review.models import LoginFailure
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def client_address(request: HttpRequest) -> str:
@@ -74,7 +74,7 @@ def account_key(username: str) -> str:
     return name.casefold()[:255]
 
 
-def _keys(username: str, address: str) -> list[tuple[str, str, int]]:
+def _keys(username: str, address: str) -> list[tuple[LoginFailure.Scope, str, int]]:
     keys = [(LoginFailure.Scope.ADDRESS, address, settings.RSI_LOGIN_ADDRESS_FAILURES)]
     account = account_key(username)
     if account:
@@ -125,7 +125,7 @@ def throttled(view: View) -> View:
     failure) with the throttle in front of its POST."""
 
     @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if request.method != "POST":
             return view(request, *args, **kwargs)
         username = str(request.POST.get("username", ""))
@@ -133,9 +133,9 @@ def throttled(view: View) -> View:
         wait = login_wait_seconds(username=username, address=address)
         if wait:
             context = {"locked": lockout_message(wait), "next": request.POST.get("next", "")}
-            response = render(request, "registration/login.html", context, status=429)
-            response["Retry-After"] = str(wait)
-            return response
+            refused = render(request, "registration/login.html", context, status=429)
+            refused["Retry-After"] = str(wait)
+            return refused
         response = view(request, *args, **kwargs)
         if response.status_code in (301, 302, 303):
             login_succeeded(username=username)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from review.views import annotations, candidates, experiments, lineage, queue, results, runs
+# Aliased: the name ``annotations`` is taken by the __future__ import.
+from review.views import annotations as annotation_views
+from review.views import candidates, experiments, lineage, queue, results, runs
 
 app_name = "review"
 
@@ -13,5 +15,5 @@ urlpatterns = [
     *candidates.urlpatterns,
     *results.urlpatterns,
     *queue.urlpatterns,
-    *annotations.urlpatterns,
+    *annotation_views.urlpatterns,
 ]

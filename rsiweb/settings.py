@@ -20,7 +20,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
+
+# Lets the code write the generic types django-stubs gives (``admin.ModelAdmin[Run]``).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

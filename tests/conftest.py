@@ -91,15 +91,15 @@ def _use_broker(url: str | None) -> None:
     """Point this process's Celery app at ``url`` (None: back to settings)."""
     from rsiweb.celery import app
 
-    app.conf.broker_url = url or settings.CELERY_BROKER_URL
+    app.conf.update(broker_url=url or settings.CELERY_BROKER_URL)
     app.conf.broker_transport_options = (
         {"visibility_timeout": 3600} if url else settings.CELERY_BROKER_TRANSPORT_OPTIONS
     )
     # Drop every cached broker connection and producer pool (kombu keeps a
     # global registry), so the next publish connects to the new broker.
     kombu_pools.reset()
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]  # a private cache celery-types leaves out
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-from evolution.models import Candidate, Evaluation, Experiment, Trial
+from evolution.models import Candidate, Evaluation, Experiment, Tree, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
     TaskInput,
@@ -64,10 +64,23 @@ components: {"default.txt": prompt, "answers/**": memory, "notes/**": memory}
 _counter = itertools.count(1)
 
 
-def tiny_evaluator_tree(*, agent: str = TINY_AGENT, verifier: str = TINY_VERIFIER) -> object:
+def tiny_evaluator_tree(*, agent: str = TINY_AGENT, verifier: str = TINY_VERIFIER) -> Tree:
     return tree_store(
         entries=[FileEntry("agent.py", "100644", agent.encode()), FileEntry("verify.py", "100644", verifier.encode())]
     )
+
+
+def seed_of(experiment: Experiment) -> Candidate:
+    """The experiment's seed candidate, which experiment_create always makes."""
+    seed = experiment.seed_candidate
+    assert seed is not None, f"experiment {experiment.pk} has no seed"
+    return seed
+
+
+def seed_id(experiment: Experiment) -> int:
+    seed = experiment.seed_candidate_id
+    assert seed is not None, f"experiment {experiment.pk} has no seed"
+    return seed
 
 
 def make_tiny_experiment(
@@ -150,9 +163,8 @@ def run_evaluation_inline(evaluation: Evaluation) -> None:
 
 
 def evaluate_seed_inline(experiment: Experiment, splits: tuple[str, ...] = ("train", "gate", "sealed")) -> Evaluation:
-    seed: Candidate = experiment.seed_candidate
     evaluation = evaluation_services.evaluation_start(
-        candidate=seed, splits=list(splits), purpose=Evaluation.Purpose.BASELINE
+        candidate=seed_of(experiment), splits=list(splits), purpose=Evaluation.Purpose.BASELINE
     )
     run_evaluation_inline(evaluation)
     return evaluation

@@ -56,7 +56,7 @@ def world_load(rows: WorldRows) -> None:
     """
     with transaction.atomic():  # one transaction, also in transactional tests
         for model, objects in rows:
-            model.objects.bulk_create(copy.copy(obj) for obj in objects)
+            model._default_manager.bulk_create(copy.copy(obj) for obj in objects)
     models = list(dict.fromkeys(model for model, _ in rows))
     statements = connection.ops.sequence_reset_sql(no_style(), models)
     if statements:

@@ -78,10 +78,10 @@ def read_reward(logs: Path) -> float:
             raise GradeError(f"reward.txt must hold a number, got {raw[:80]!r}") from exc
     elif json_file.is_file():
         data = json.loads(json_file.read_text(encoding="utf-8"))
-        reward = data.get("reward") if isinstance(data, dict) else data
-        if not isinstance(reward, int | float) or isinstance(reward, bool):
+        value = data.get("reward") if isinstance(data, dict) else data
+        if not isinstance(value, int | float) or isinstance(value, bool):
             raise GradeError("reward.json must hold a number or an object with a numeric `reward`")
-        reward = float(reward)
+        reward = float(value)
     else:
         raise GradeError("the tests wrote no reward (/logs/verifier/reward.txt or reward.json)")
     if not math.isfinite(reward) or not 0 <= reward <= 1:
@@ -89,7 +89,7 @@ def read_reward(logs: Path) -> float:
     return reward
 
 
-def write_tests(tests: dict[str, Any], folder: Path, *, workspace: Path, logs: Path) -> None:
+def write_tests(tests: Any, folder: Path, *, workspace: Path, logs: Path) -> None:
     if not isinstance(tests, dict) or not isinstance(tests.get("test.sh"), str):
         raise GradeError("the task has no tests/test.sh")
     for name, text in tests.items():

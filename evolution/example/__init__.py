@@ -14,7 +14,8 @@ PROPOSER = "example"
 @cache
 def benchmark_name() -> str:
     """The name the example's benchmark is loaded under (evaluator.toml)."""
-    return tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())["benchmark"]["name"]
+    name: str = tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())["benchmark"]["name"]
+    return name
 
 
 def preset_proposer(*, benchmark: str) -> str | None:

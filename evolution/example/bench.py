@@ -79,7 +79,8 @@ def _grade_function() -> Callable[[Path, dict[str, Any]], dict[str, Any]]:
     path = EVALUATOR_DIR / "verify.py"
     namespace: dict[str, Any] = {"__name__": "example_verify"}
     exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
-    return namespace["grade"]
+    grade: Callable[[Path, dict[str, Any]], dict[str, Any]] = namespace["grade"]
+    return grade
 
 
 def run_trial(

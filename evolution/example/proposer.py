@@ -329,10 +329,15 @@ def tool_patterns(ctx: Context) -> Texts:
             if wanted is None or list(arg.get("patterns", [])) == wanted:
                 continue
             block = re.compile(rf'(name = "{re.escape(arg["name"])}"\n)patterns = \[.*\]$', re.M)
-            text = block.sub(lambda m, w=wanted: m.group(1) + "patterns = " + _toml_literals(w), text, count=1)
+            text = block.sub(_after_group_one("patterns = " + _toml_literals(wanted)), text, count=1)
         if text != ctx.texts[path]:
             changed[path] = text
     return changed
+
+
+def _after_group_one(tail: str) -> Callable[[re.Match[str]], str]:
+    """A ``re.sub`` replacement: the match's first group, then ``tail`` taken literally."""
+    return lambda match: match.group(1) + tail
 
 
 def skill_normalize(ctx: Context) -> Texts:
@@ -342,7 +347,7 @@ def skill_normalize(ctx: Context) -> Texts:
     text = ctx.texts[path]
     for arg, ops in SKILL_OPS.items():
         rule = re.compile(rf'^(arg = "{re.escape(arg)}"\nops = )(.*)$', re.M)
-        text = rule.sub(lambda m, o=ops: m.group(1) + o, text, count=1)
+        text = rule.sub(_after_group_one(ops), text, count=1)
     return {path: text} if text != ctx.texts[path] else {}
 
 

@@ -119,7 +119,8 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
     benchmarks = {experiment.benchmark.name: experiment.benchmark}
     for task in tasks.values():
         benchmarks[task.benchmark.name] = task.benchmark
-    recipe_digests = {row.payload.get("recipe") for row in [*rows, *decisions] if isinstance(row.payload, dict)} | {
+    signed: list[CertifiedResult | CertifiedDecision] = [*rows, *decisions]
+    recipe_digests = {row.payload.get("recipe") for row in signed if isinstance(row.payload, dict)} | {
         experiment.recipe.digest if experiment.recipe else None
     }
     recipes = Recipe.objects.filter(digest__in=[d for d in recipe_digests if d]).order_by("digest")
@@ -138,7 +139,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             "benchmark": experiment.benchmark.name,
             "heldout_benchmarks": sorted(b.name for b in experiment.heldout_benchmarks.all()),
             "recipe": experiment.recipe.digest if experiment.recipe else None,
-            "seed_tree": experiment.seed_candidate.tree_id if experiment.seed_candidate_id else None,
+            "seed_tree": experiment.seed_candidate.tree_id if experiment.seed_candidate is not None else None,
             "split_seed": experiment.split_seed,
             "split_ratios": experiment.split_ratios,
             "split_digests": experiment.split_digests,
@@ -188,7 +189,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
         "candidates": [
             {
                 "tree": c.tree_id,
-                "parent_tree": c.parent.tree_id if c.parent_id else None,
+                "parent_tree": c.parent.tree_id if c.parent is not None else None,
                 "origin": c.origin,
                 "state": c.state,
                 "round": c.round,
@@ -210,14 +211,14 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
         ],
         "decisions": [
             {
-                "seq": row.seq,
-                "kind": row.kind,
-                "prev_digest": row.prev_digest,
-                "record_digest": row.record_digest,
-                "signature": row.signature,
-                "payload": row.payload,
+                "seq": entry.seq,
+                "kind": entry.kind,
+                "prev_digest": entry.prev_digest,
+                "record_digest": entry.record_digest,
+                "signature": entry.signature,
+                "payload": entry.payload,
             }
-            for row in decisions
+            for entry in decisions
         ],
         "trees": trees,
         "blobs": blobs,

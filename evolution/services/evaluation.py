@@ -310,7 +310,9 @@ def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
         finally:
             connection.close()
 
-    renew = not connection.in_atomic_block and not (connection.vendor == "sqlite" and connection.is_in_memory_db())
+    # is_in_memory_db exists on the SQLite backend alone, which the vendor test guards.
+    in_memory = connection.vendor == "sqlite" and connection.is_in_memory_db()  # type: ignore[attr-defined]
+    renew = not connection.in_atomic_block and not in_memory
     thread = threading.Thread(target=beat, name=f"lease-{trial.pk}", daemon=True) if renew else None
     if thread is not None:
         thread.start()

@@ -230,7 +230,8 @@ def splits_assign(
     experiment.save(update_fields=["split_seed", "split_ratios", "split_digests"])
     for name in ("split_seed", "split_ratios", "split_digests"):
         setattr(caller_copy, name, getattr(experiment, name))
-    return experiment.split_digests
+    digests: dict[str, str] = experiment.split_digests
+    return digests
 
 
 @transaction.atomic
@@ -287,6 +288,8 @@ def experiment_twin(*, like: Experiment, name: str) -> Experiment:
     """A fresh experiment with ``like``'s benchmark, evaluator, surface, seed
     harness, splits and settings, so its certified records compare with
     ``like``'s (crash tests and the trust suite set one against the other)."""
+    if like.seed_candidate is None:
+        raise ExperimentError(f"experiment {like.pk} has no seed harness to copy")
     lists: dict[str, list[str]] = {}
     for split, task in like.split_memberships.values_list("split", "task__external_id").order_by("pk"):
         lists.setdefault(split, []).append(task)

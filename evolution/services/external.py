@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.db import transaction
 from django.utils import timezone
@@ -37,7 +37,7 @@ class ExternalResultsError(ValueError):
         super().__init__("; ".join(f"{path}: {message}" for path, message in self.errors.items()))
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -95,6 +95,7 @@ def _check_result(
         errors[f"{where}.error"] = "a trial that errored cannot pass"
     if membership is None or any(key == where or key.startswith(where + ".") for key in errors):
         return None
+    assert isinstance(index, int)  # else an error for it was recorded above
     values: dict[str, Any] = {
         "state": Trial.State.DONE,
         "outcome": Trial.Outcome.PASS if passed else Trial.Outcome.FAIL,

@@ -343,8 +343,10 @@ def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> Harbor
             return HarborImportReport(experiment_row, candidate, None, False, notes)
         _tasks_add(experiment_row, job)
         tree = tree_store(entries=[FileEntry(path="harbor-job/config.json", mode=MODE_FILE, data=job.config_bytes)])
-        candidate = Candidate.objects.filter(experiment=experiment_row, tree=tree).first()
-        if candidate is None:
+        found = Candidate.objects.filter(experiment=experiment_row, tree=tree).first()
+        if found is not None:
+            candidate = found
+        else:
             candidate = Candidate.objects.create(
                 experiment=experiment_row,
                 parent=experiment_row.seed_candidate,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -342,15 +342,16 @@ def run_advance(*, run_id: int) -> str:
             _stop_in_flight(run.pk)
             _advance_after_commit(run.pk)
             return "final"
-        step = {
+        steps: dict[str, Callable[[Run, RecipeSpec], str]] = {
             "baseline": _step_baseline,
             "propose": _step_propose,
             "proposing": _step_proposing,
             "evaluating": _step_evaluating,
             "final": _step_final,
-        }.get(phase)
+        }
+        step = steps.get(phase)
         if step is None:
-            return phase
+            return str(phase)
         return step(run, recipe)
 
 
@@ -370,6 +371,8 @@ def _limit_reached(run: Run, recipe: RecipeSpec) -> str:
 
 def _step_baseline(run: Run, recipe: RecipeSpec) -> str:
     seed = run.experiment.seed_candidate
+    if seed is None:
+        return _fail(run, f"experiment {run.experiment.name!r} has no seed candidate")
     repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
     existing = {e.repeat: e for e in Evaluation.objects.filter(run=run, candidate=seed)}
     if len(existing) < repeats:
@@ -412,6 +415,7 @@ def _step_baseline(run: Run, recipe: RecipeSpec) -> str:
     if seed.state != Candidate.State.ACCEPTED and not candidate_accept(candidate=seed, reason="seed: the first parent"):
         return _fail(run, f"the seed could not be accepted (state {seed.state})")
     stats = _stats(seed, _evolve_splits(recipe), recipe)
+    assert stats is not None  # the seed's certified evaluations have trials
     decision, _ = GateDecision.objects.get_or_create(
         run=run,
         candidate=seed,
@@ -499,8 +503,10 @@ def _gate(run: Run, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
     """Decide the round: gate verdicts, the choice, the ledger, pruning."""
     round_number = run.current_round
     current = run.current_candidate
+    assert current is not None  # set by the baseline step, before any round
     splits = _evolve_splits(recipe)
     current_stats = _stats(current, splits, recipe)
+    assert current_stats is not None  # the current harness was measured before it was accepted
     best_score = float(run.state.get("best_score", current_stats.score))
     delta = float(run.noise_delta or 0.0)
     stats = [s for c in ungated if (s := _stats(c, splits, recipe)) is not None]
@@ -629,7 +635,7 @@ def _step_final(run: Run, recipe: RecipeSpec) -> str:
     # After a budget stop nothing more is spent, transfer reports included.
     spend = not run.state.get("stopped_by_limit")
     if recipe.evaluation.sealed != "never" and transfer and spend:
-        targets = {run.experiment.seed_candidate_id, run.current_candidate_id} - {None}
+        targets = {pk for pk in (run.experiment.seed_candidate_id, run.current_candidate_id) if pk is not None}
         waiting = False
         for candidate in Candidate.objects.filter(pk__in=targets).order_by("pk"):
             evaluation = Evaluation.objects.filter(
@@ -651,7 +657,8 @@ def _step_final(run: Run, recipe: RecipeSpec) -> str:
             _save_state(run)
             return "final"
     final_scores = split_scores(candidate=run.current_candidate) if run.current_candidate else {}
-    seed_scores = split_scores(candidate=run.experiment.seed_candidate)
+    seed = run.experiment.seed_candidate
+    seed_scores = split_scores(candidate=seed) if seed is not None else {}
     run.state["final"] = {
         "current": run.current_candidate_id,
         "scores": final_scores,
@@ -780,7 +787,8 @@ def proposer_view(
     for step in TrajectoryStep.objects.filter(trajectory__trial__in=[t.pk for t in trials]).values(
         "trajectory__trial_id", "step_id", "source", "message", "tool_calls", "observation"
     ):
-        steps.setdefault(step.pop("trajectory__trial_id"), []).append(step)
+        own = {key: value for key, value in step.items() if key != "trajectory__trial_id"}
+        steps.setdefault(step["trajectory__trial_id"], []).append(own)
     evidence = [
         operators.TrialEvidence(
             task_id=t.task.external_id,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -21,6 +21,9 @@ from evolution.services.candidates import CandidateError, EditInput, candidate_c
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.surfaces import check_diff, component_for, parse_surface
 from evolution.trees import FileEntry, SnapshotError, diff_entries, normalize_path, validate_entries
+
+if TYPE_CHECKING:
+    from evolution.critic import CriticTask, TaskIndex
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +121,7 @@ def candidate_freeze(
     ]
     # The component an edit declares must be what the surface says its paths are.
     for edit in edits:
-        kinds = {component_for(spec, path) for path in edit.paths if path in changed}
-        kinds.discard(None)
+        kinds = {kind for path in edit.paths if path in changed and (kind := component_for(spec, path)) is not None}
         if kinds and kinds != {edit.component}:
             reasons.append(
                 f"edit declared as {edit.component!r} changes {', '.join(sorted(kinds))} paths "
@@ -151,7 +153,7 @@ def candidate_freeze(
     return FreezeOutcome(candidate, Candidate.State.FROZEN, "")
 
 
-def evolve_tasks_for_critic(*, run: Run) -> list[object]:
+def evolve_tasks_for_critic(*, run: Run) -> list[CriticTask]:
     """The evolve-set tasks (train and gate), the critic's reference set."""
     from evolution.critic import CriticTask
 
@@ -164,7 +166,7 @@ def evolve_tasks_for_critic(*, run: Run) -> list[object]:
     for membership in memberships:
         task = membership.task
         files: dict[str, str] = {}
-        if task.public_files_id:
+        if task.public_files is not None:
             for entry in tree_entries(tree=task.public_files):
                 text = _text(entry.data)
                 if text is not None:
@@ -173,7 +175,9 @@ def evolve_tasks_for_critic(*, run: Run) -> list[object]:
     return tasks
 
 
-def _critic_flags(run: Run, diff_text: str, task_index: object, parent_text: dict[str, str]) -> list[Any]:
+def _critic_flags(
+    run: Run, diff_text: str, task_index: Sequence[CriticTask] | TaskIndex, parent_text: dict[str, str]
+) -> list[Any]:
     """The flags of the recipe's critique operator (``rules`` unless it names
     another, e.g. ``llm``). A critic that cannot answer (an endpoint down)
     never passes a candidate as clean: its failure is one flag, so the
@@ -199,7 +203,7 @@ def _critic_flags(run: Run, diff_text: str, task_index: object, parent_text: dic
         return [failed, *hidden]
 
 
-def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: object | None = None) -> str:
+def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: TaskIndex | None = None) -> str:
     """Run the leakage critic on a frozen candidate and apply the policy.
 
     ``policy``: "reject" (flagged -> REJECTED_CRITIC), "review" (flagged ->
@@ -212,8 +216,10 @@ def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: ob
     if policy == "off":
         candidate_transition(candidate=candidate, to=Candidate.State.APPROVED, reason="critic off")
         return candidate.state
-    old = {e.path: t for e in tree_entries(tree=candidate.parent.tree) if (t := _text(e.data)) is not None}
-    diff_text = diff_entries(tree_entries(tree=candidate.parent.tree), tree_entries(tree=candidate.tree))
+    parent = candidate.parent
+    assert parent is not None  # only the seed has no parent, and it is never critiqued
+    old = {e.path: t for e in tree_entries(tree=parent.tree) if (t := _text(e.data)) is not None}
+    diff_text = diff_entries(tree_entries(tree=parent.tree), tree_entries(tree=candidate.tree))
     task_index = index if index is not None else build_index(evolve_tasks_for_critic(run=run))
     flags = _critic_flags(run, diff_text, task_index, old)
     with transaction.atomic():

@@ -164,7 +164,7 @@ def payload_build(
         },
         "candidate": {
             "tree": candidate.tree_id,
-            "parent_tree": candidate.parent.tree_id if candidate.parent_id else None,
+            "parent_tree": candidate.parent.tree_id if candidate.parent is not None else None,
             "origin": candidate.origin,
         },
         "evaluator": {
@@ -174,7 +174,7 @@ def payload_build(
             "digest": evaluator_digest_for(evaluation, profile),
         },
         "task_sets": {split: task_sets[split] for split in sorted(evaluation.splits)},
-        "recipe": experiment.recipe.digest if experiment.recipe_id else None,
+        "recipe": experiment.recipe.digest if experiment.recipe is not None else None,
         "surface": experiment.surface.digest,
         "run_settings": experiment.run_settings,
         "k": evaluation.k,
@@ -355,7 +355,11 @@ def gate_decision_certify(*, decision: GateDecision) -> CertifiedDecision:
             return CertifiedDecision.objects.get(pk=locked.record_id)
         candidate = Candidate.objects.get(pk=locked.candidate_id)
         run = Run.objects.select_related("recipe").get(pk=locked.run_id)
-        current = Candidate.objects.filter(pk=locked.current_id).values_list("tree_id", flat=True).first()
+        current = (
+            Candidate.objects.filter(pk=locked.current_id).values_list("tree_id", flat=True).first()
+            if locked.current_id is not None
+            else None
+        )
 
         def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
             return records.gate_payload(
@@ -405,7 +409,11 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
             else None
         )
         rejected = list(locked.rejected_edits.values_list("index", flat=True))
-        derived = Candidate.objects.filter(pk=locked.derived_candidate_id).values_list("tree_id", flat=True).first()
+        derived = (
+            Candidate.objects.filter(pk=locked.derived_candidate_id).values_list("tree_id", flat=True).first()
+            if locked.derived_candidate_id is not None
+            else None
+        )
 
         def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
             return records.review_payload(
@@ -420,7 +428,7 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
                 derived_tree=derived,
                 state=candidate.state,
                 state_reason=candidate.state_reason,
-                recipe=recipe or (experiment.recipe.digest if experiment.recipe_id else None),
+                recipe=recipe or (experiment.recipe.digest if experiment.recipe is not None else None),
                 surface=_surface_digest(experiment),
             )
 

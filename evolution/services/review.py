@@ -115,7 +115,7 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
             reason=reason,
         )
         review_decision_certify(decision=decision)
-        run = Run.objects.filter(pk=candidate.run_id).first()
+        run = Run.objects.filter(pk=candidate.run_id).first() if candidate.run_id is not None else None
         if approve and run is not None and run.status in LIVE_RUNS:
             candidate_evaluate(run=run, recipe=run_recipe(run), candidate=candidate)
         return decision

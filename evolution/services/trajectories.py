@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
+from django.db.models.options import Options
 
 from evolution.models import Annotation, Trajectory, TrajectoryStep, Trial
 from evolution.redaction import redact
@@ -153,12 +154,17 @@ def _trajectories_remove(trial_ids: list[int]) -> None:
     with connection.cursor() as cursor:
         for model, column in ((TrajectoryStep, "trajectory"), (Trajectory, "id")):
             meta = model._meta
-            cursor.execute(
-                f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.get_field(column).column)} IN ({marks})", old
-            )
+            cursor.execute(f"DELETE FROM {quote(meta.db_table)} WHERE {quote(_column(meta, column))} IN ({marks})", old)
 
 
 _STEP_COLUMNS = ("trajectory", *STEP_FIELDS, "extra")
+
+
+def _column(meta: Options[Any], name: str) -> str:
+    """The database column of a concrete field (never a reverse relation)."""
+    field = meta.get_field(name)
+    assert isinstance(field, models.Field) and field.column is not None, name
+    return field.column
 
 
 def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
@@ -174,9 +180,8 @@ def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
     if not rows:
         return
     meta = TrajectoryStep._meta
-    fields = [meta.get_field(name) for name in _STEP_COLUMNS]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
+    columns = ", ".join(quote(_column(meta, name)) for name in _STEP_COLUMNS)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # Text COPY takes JSON text for a jsonb column as it is.
@@ -184,7 +189,7 @@ def _steps_insert(rows: list[tuple[Any, ...]]) -> None:
                 for row in rows:
                     copy.write_row(row)
             return
-        values = ", ".join("%s" for _ in fields)
+        values = ", ".join("%s" for _ in _STEP_COLUMNS)
         cursor.executemany(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values})", rows)
 
 

@@ -136,11 +136,11 @@ def _trial(where: str, raw: Any) -> dict[str, Any]:
     """One trial from the many shapes a task vector may use."""
     if isinstance(raw, bool):
         return {"passed": raw, "score": 1.0 if raw else 0.0}
-    if _number(raw) is not None:
-        score = float(raw)
-        if not 0 <= score <= 1:
+    plain = _number(raw)
+    if plain is not None:
+        if not 0 <= plain <= 1:
             raise WorkspaceError(f"{where}: score {raw!r} is not in [0, 1]")
-        return {"passed": score >= 1.0, "score": score}
+        return {"passed": plain >= 1.0, "score": plain}
     if not isinstance(raw, Mapping):
         raise WorkspaceError(f"{where}: a trial must be a number, true/false or an object, got {raw!r}")
     score_raw = raw.get("score", raw.get("reward"))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 BENCH_MODULES = (
     "lab.bench.orchestration",
@@ -57,7 +58,7 @@ class Benchmark:
     title: str
     run: Callable[..., BenchResult]
     # Keyword arguments ``--quick`` passes (small sizes for a smoke run).
-    quick: dict[str, object] = field(default_factory=dict)
+    quick: dict[str, Any] = field(default_factory=dict)
     # Takes ``keep`` / ``reuse`` (the command's --keep-data / --reuse-data):
     # its generated database can be kept and measured again.
     reusable: bool = False
@@ -72,10 +73,10 @@ def benchmark(
     name: str,
     title: str,
     *,
-    quick: dict[str, object] | None = None,
+    quick: dict[str, Any] | None = None,
     reusable: bool = False,
     own_database: bool = False,
-) -> Callable:
+) -> Callable[[Callable[..., BenchResult]], Callable[..., BenchResult]]:
     """Register ``function(**sizes) -> BenchResult`` under ``name``."""
 
     def register(function: Callable[..., BenchResult]) -> Callable[..., BenchResult]:

@@ -129,7 +129,8 @@ class DiffSize:
 
 def diff_size(old: list[FileEntry], new: list[FileEntry]) -> DiffSize:
     found = diffs.build_file_diffs(old, new)
-    return DiffSize(files=len(found), changed=sum(fd.changed for fd in found))
+    # build_file_diffs diffs every file, so each one's count is known.
+    return DiffSize(files=len(found), changed=sum(fd.changed or 0 for fd in found))
 
 
 LOAD_RE = re.compile(r'hx-get="([^"]*/diff/file/[^"]*)"')

@@ -15,10 +15,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evolution import selectors
 from evolution.models import Evaluation, Experiment, Trial
 from evolution.services import evaluation as evaluation_services
 from lab.bench import BenchResult, benchmark, stopwatch
-from lab.bench.orchestration import SPLITS, Worker, wait_certified, with_bench_experiment, worker_start
+from lab.bench.orchestration import SPLITS, wait_certified, with_bench_experiment, worker_start
+from lab.processes import WorkerProcess as Worker
 
 
 def rss_kib(pid: int) -> int:
@@ -104,7 +106,7 @@ def memory_benchmark(*, trials: int = 10_000, checkpoint: int = 1_000, batch: in
             with stopwatch() as elapsed, Sampler(worker=worker, experiment=experiment) as sampler:
                 for repeat in range(evaluations):
                     evaluation = evaluation_services.evaluation_start(
-                        candidate=experiment.seed_candidate,
+                        candidate=selectors.experiment_seed(experiment),
                         splits=SPLITS,
                         purpose=Evaluation.Purpose.NOISE,
                         repeat=repeat,

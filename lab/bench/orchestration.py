@@ -29,11 +29,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from evolution import sandbox
+from evolution import sandbox, selectors
 from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
@@ -216,11 +217,12 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
     directly with ``parallel`` processes; returns (seconds, passes)."""
     evaluator = experiment.evaluator
     harness, evaluator_dir = root / "harness", root / "evaluator"
-    tree_materialize(tree=experiment.seed_candidate.tree, dest=harness)
+    tree_materialize(tree=selectors.experiment_seed(experiment).tree, dest=harness)
     tree_materialize(tree=evaluator.files, dest=evaluator_dir)
     jobs = []
     for number, task in enumerate(experiment.benchmark.tasks.order_by("external_id")):
         task_dir = root / "tasks" / task.external_id
+        assert task.public_files is not None  # the example's tasks all have workspace files
         tree_materialize(tree=task.public_files, dest=task_dir)
         (task_dir / "instruction.md").write_text(task.instruction)
         for index in range(k):
@@ -241,7 +243,7 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
             jobs.append([_fill(evaluator.runner_argv, values), _fill(evaluator.verifier_argv, values), trial_dir])
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
-    def one(job: list) -> bool:
+    def one(job: list[Any]) -> bool:
         agent, verifier, cwd = job
         subprocess.run(agent, cwd=cwd, env=env, check=True, stdin=subprocess.DEVNULL)
         verdict = subprocess.run(verifier, cwd=cwd, env=env, check=True, capture_output=True)
@@ -336,7 +338,7 @@ def _fill(template: list[str], values: dict[str, str]) -> list[str]:
 def _platform_run(experiment: Experiment, *, worker: Worker, timeout: float) -> tuple[float, Evaluation]:
     with stopwatch() as elapsed:
         evaluation = evaluation_services.evaluation_start(
-            candidate=experiment.seed_candidate, splits=SPLITS, purpose=Evaluation.Purpose.BASELINE
+            candidate=selectors.experiment_seed(experiment), splits=SPLITS, purpose=Evaluation.Purpose.BASELINE
         )
         wait_certified(evaluation, timeout=timeout, worker=worker)
     return elapsed[0], evaluation

@@ -22,6 +22,8 @@ from __future__ import annotations
 import statistics
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
@@ -30,7 +32,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from evolution import digests
+from evolution import digests, selectors
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -81,16 +83,21 @@ def _world(*, name: str, tasks: int) -> World:
     run = Run.objects.create(
         experiment=experiment, recipe=recipe, status=Run.Status.FINISHED, started_at=now, finished_at=now
     )
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     Candidate.objects.filter(pk=seed.pk).update(state=Candidate.State.ACCEPTED, certified_at=now, run=run, round=0)
     return World(experiment=experiment, run=run, trial_pk=0)
+
+
+def _round(candidate: Candidate) -> int:
+    assert candidate.round is not None  # every generated candidate is given a round
+    return candidate.round
 
 
 def grow(world: World, *, candidates: int, k: int, annotations: int, steps: int, author: User) -> None:
     """Add ``candidates`` candidates with their rows, ``k`` trials per task
     each, ``annotations`` annotations and a trajectory of ``steps`` steps."""
     experiment, run = world.experiment, world.run
-    seed = Candidate.objects.get(pk=experiment.seed_candidate_id)
+    seed = Candidate.objects.get(seed_of=experiment)
     seed_files = tree_entries(tree=seed.tree)
     now = timezone.now()
     first = Candidate.objects.filter(experiment=experiment).count()
@@ -183,7 +190,7 @@ def grow(world: World, *, candidates: int, k: int, annotations: int, steps: int,
                 run=run,
                 candidate=c,
                 current=seed,
-                round=c.round,
+                round=_round(c),
                 accepted=c.state == Candidate.State.ACCEPTED,
                 rule="score",
                 explanation="generated",
@@ -199,7 +206,7 @@ def grow(world: World, *, candidates: int, k: int, annotations: int, steps: int,
                 run=run,
                 edit=e,
                 candidate=c,
-                round=c.round,
+                round=_round(c),
                 component="memory",
                 hypothesis=e.hypothesis,
                 delta_score=0.0,
@@ -228,7 +235,7 @@ def grow(world: World, *, candidates: int, k: int, annotations: int, steps: int,
     split_stats_store(evaluations=Evaluation.objects.filter(experiment=experiment, candidate_id__gte=made[0].pk))
 
 
-def _insert_trials(experiment_id: int, *, first_label_pk: int, k: int, now: object) -> None:
+def _insert_trials(experiment_id: int, *, first_label_pk: int, k: int, now: datetime) -> None:
     """One trial per task and index of every new certified evaluation, in
     one statement (portable SQL: PostgreSQL and SQLite)."""
     indexes = " UNION ALL ".join(f"SELECT {i} AS idx" for i in range(k))
@@ -252,7 +259,7 @@ def _insert_trials(experiment_id: int, *, first_label_pk: int, k: int, now: obje
         )
 
 
-def _annotate(experiment_id: int, *, annotations: int, author: User, now: object) -> None:
+def _annotate(experiment_id: int, *, annotations: int, author: User, now: datetime) -> None:
     """``annotations`` annotations by ``author`` on failed trials (the
     default labels in turn)."""
     labels = list(AnnotationLabel.objects.filter(experiment__isnull=True).order_by("pk").values_list("pk", flat=True))
@@ -274,7 +281,9 @@ def _annotate(experiment_id: int, *, annotations: int, author: User, now: object
 
 def _long_trajectory(candidate: Candidate, *, steps: int) -> int:
     evaluation = Evaluation.objects.filter(candidate=candidate).order_by("-pk").first()
+    assert evaluation is not None
     member = candidate.experiment.split_memberships.filter(split="train").first()
+    assert member is not None
     trial = Trial.objects.create(
         evaluation=evaluation,
         candidate=candidate,
@@ -381,7 +390,7 @@ def _median_ms(action: object, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def _raw(sql: str, params: list[object]) -> None:
+def _raw(sql: str, params: list[Any]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         cursor.fetchall()
@@ -413,9 +422,10 @@ def _found_world() -> World:
     """The large world a kept run generated."""
     experiment = Experiment.objects.get(name="bench-pages")
     longest = Trajectory.objects.filter(trial__candidate__experiment=experiment).order_by("-step_count", "-pk").first()
+    assert longest is not None
     return World(
         experiment=experiment,
-        run=Run.objects.filter(experiment=experiment).order_by("pk").first(),
+        run=Run.objects.filter(experiment=experiment).order_by("pk")[0],
         trial_pk=longest.trial_id,
     )
 

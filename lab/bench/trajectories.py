@@ -23,6 +23,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from evolution import selectors
 from evolution.models import Evaluation, Experiment, SplitMembership, Trajectory, TrajectoryStep, Trial
 from lab.bench import BenchResult, benchmark, stopwatch
 from lab.bench.orchestration import SPLITS, with_bench_experiment
@@ -59,7 +60,7 @@ def finished_trials(experiment: Experiment, *, count: int) -> list[int]:
     memberships = list(SplitMembership.objects.filter(experiment=experiment).select_related("task"))
     evaluation = Evaluation.objects.create(
         experiment=experiment,
-        candidate=experiment.seed_candidate,
+        candidate=selectors.experiment_seed(experiment),
         purpose=Evaluation.Purpose.BASELINE,
         splits=SPLITS,
         k=max(1, -(-count // len(memberships))),

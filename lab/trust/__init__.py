@@ -18,10 +18,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from evolution.models import Experiment
+    from lab.trust.context import Suite
 
 SCENARIO_MODULES = (
     "lab.trust.crash",
@@ -61,7 +62,7 @@ class TrialContext:
     trial: int
     experiment: Experiment
     workdir: Path
-    suite: Any
+    suite: Suite | None  # None for a scenario run in-process, without workers (tests/trust)
     notes: list[str] = field(default_factory=list)
 
 
@@ -78,7 +79,9 @@ class Scenario:
 REGISTRY: dict[str, Scenario] = {}
 
 
-def scenario(number: int, name: str, title: str, *, needs_worker: bool = False) -> Callable:
+def scenario(
+    number: int, name: str, title: str, *, needs_worker: bool = False
+) -> Callable[[Callable[[TrialContext], str]], Callable[[TrialContext], str]]:
     """Register ``function(ctx) -> detail`` as scenario ``name``. Several
     functions may share a ``number`` (the issue's scenario 2 has three
     injection points: ``2a``..., named apart)."""

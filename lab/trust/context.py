@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import connection
 
+from evolution import selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
 from lab.processes import (
     PrivatePostgres,
@@ -194,6 +195,7 @@ class Suite:
         connection.close()
         if connection.settings_dict["NAME"] != self._test_db_name:
             # Creation failed before switching over: drop nothing, it is not ours.
+            assert old_name is not None  # set by _db_create, which ran first
             settings.DATABASES["default"]["NAME"] = connection.settings_dict["NAME"] = old_name
             return
         for attempt in range(10):
@@ -265,7 +267,7 @@ class Suite:
 
         try:
             with app.connection_for_write() as conn:
-                conn.default_channel.queue_purge(self.queue)
+                conn.default_channel.queue_purge(self.queue)  # type: ignore[attr-defined]  # stubs: StdChannel lacks it; Channel has it
         except Exception as exc:  # an unreachable private broker has nothing to purge
             self.log(f"(could not purge {self.queue}: {exc})")
 
@@ -441,7 +443,7 @@ class Suite:
         from evolution.services.evaluation import evaluation_start
 
         return evaluation_start(
-            candidate=experiment.seed_candidate,
+            candidate=selectors.experiment_seed(experiment),
             splits=EVAL_SPLITS[experiment_benchmark(experiment)],
             k=1,
             purpose=Evaluation.Purpose.BASELINE,

@@ -20,22 +20,23 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from evolution import faults
-from evolution.models import Evaluation, Run, Trial
-from lab.processes import REPO_ROOT, process_argv, process_state
+from evolution.models import Evaluation, Experiment, Run, Trial
+from lab.processes import REPO_ROOT, PrivateRedis, process_argv, process_state
 from lab.records import record_contents, records_difference, records_digest
 from lab.trust import Inapplicable, TrialContext, TrustFailure, expect, scenario
-from lab.trust.context import no_half_made_parent
+from lab.trust.context import Suite, no_half_made_parent
 
 FAULT_TIMEOUT = 120.0
 
 
 def _same_as_control(ctx: TrialContext, key: str) -> str:
     no_half_made_parent(ctx.experiment)
-    got, want = records_digest(ctx.experiment), ctx.suite.control_digest(ctx.benchmark, key)
+    got, want = records_digest(ctx.experiment), _suite(ctx).control_digest(ctx.benchmark, key)
     if got != want:
-        control = ctx.suite._control_experiments[(ctx.benchmark, key)]
+        control = _suite(ctx)._control_experiments[(ctx.benchmark, key)]
         raise TrustFailure(
             f"records differ from the uninterrupted control ({got[:12]} != {want[:12]}): "
             + records_difference(control, ctx.experiment)
@@ -43,26 +44,33 @@ def _same_as_control(ctx: TrialContext, key: str) -> str:
     return f"{len(record_contents(ctx.experiment))} records equal the control's"
 
 
+def _suite(ctx: TrialContext) -> Suite:
+    """The suite running ``ctx``'s trial: these scenarios need its workers and brokers."""
+    if ctx.suite is None:
+        raise TrustFailure("this scenario needs the suite's workers (run it with manage.py trust_suite)")
+    return ctx.suite
+
+
 def _work(ctx: TrialContext, key: str) -> Run | Evaluation:
-    return ctx.suite.run_start(ctx.experiment) if key == "loop" else ctx.suite.evaluation_start(ctx.experiment)
+    return _suite(ctx).run_start(ctx.experiment) if key == "loop" else _suite(ctx).evaluation_start(ctx.experiment)
 
 
 def _wait(ctx: TrialContext, work: Run | Evaluation) -> None:
     if isinstance(work, Run):
-        ctx.suite.wait_run(work)
+        _suite(ctx).wait_run(work)
     else:
-        ctx.suite.wait_evaluation(work)
+        _suite(ctx).wait_evaluation(work)
 
 
 def _kill_at(ctx: TrialContext, *, key: str, point: str, skip: int) -> str:
     """Block a worker at ``point`` (after ``skip`` hits), SIGKILL it there,
     check the half-done state, recover with a fresh worker, compare."""
-    ctx.suite.control_digest(ctx.benchmark, key)
+    _suite(ctx).control_digest(ctx.benchmark, key)
     marker = ctx.workdir / "fault"
-    standby = ctx.suite.start_worker(hold=True)
-    faulty = ctx.suite.start_worker(extra_env=ctx.suite.fault_env(point, marker, skip=skip))
+    standby = _suite(ctx).start_worker(hold=True)
+    faulty = _suite(ctx).start_worker(extra_env=_suite(ctx).fault_env(point, marker, skip=skip))
     work = _work(ctx, key)
-    ctx.suite.wait_until(marker.exists, FAULT_TIMEOUT, f"the fault point {point} (skip {skip})")
+    _suite(ctx).wait_until(marker.exists, FAULT_TIMEOUT, f"the fault point {point} (skip {skip})")
     faulty.kill()
     # The interrupted state itself must be safe: nothing half-made is a parent.
     no_half_made_parent(ctx.experiment)
@@ -102,14 +110,14 @@ def _held_agent(pids: list[int]) -> tuple[int, int] | None:
 
 @scenario(2, "2b-crash-eval-sandbox", "SIGKILL of the sandboxed agent process mid-trial", needs_worker=True)
 def crash_eval_sandbox(ctx: TrialContext) -> str:
-    control = ctx.suite.control_experiment(ctx.benchmark, "evaluation")
+    control = _suite(ctx).control_experiment(ctx.benchmark, "evaluation")
     marker = ctx.workdir / "fault"
     # The worker holds one agent (a different one per trial) stopped in its
     # sandbox, just before it execs, until the suite kills it: no race with
     # an agent that finishes first, however loaded the machine.
-    worker = ctx.suite.start_worker(extra_env=ctx.suite.fault_env("agent:start", marker, skip=ctx.trial % 3))
-    evaluation = ctx.suite.evaluation_start(ctx.experiment)
-    ctx.suite.wait_until(marker.exists, FAULT_TIMEOUT, "the worker to hold an agent (agent:start)")
+    worker = _suite(ctx).start_worker(extra_env=_suite(ctx).fault_env("agent:start", marker, skip=ctx.trial % 3))
+    evaluation = _suite(ctx).evaluation_start(ctx.experiment)
+    _suite(ctx).wait_until(marker.exists, FAULT_TIMEOUT, "the worker to hold an agent (agent:start)")
     held: list[tuple[int, int]] = []
 
     def found() -> bool:
@@ -118,10 +126,10 @@ def crash_eval_sandbox(ctx: TrialContext) -> str:
             held.append(agent)
         return agent is not None
 
-    ctx.suite.wait_until(found, FAULT_TIMEOUT, "the held agent's stopped process under the worker", interval=0.05)
+    _suite(ctx).wait_until(found, FAULT_TIMEOUT, "the held agent's stopped process under the worker", interval=0.05)
     killed = held[0]
     os.kill(killed[0], signal.SIGKILL)
-    ctx.suite.wait_evaluation(evaluation)
+    _suite(ctx).wait_evaluation(evaluation)
     trial = Trial.objects.select_related("task").get(pk=killed[1])
     expect(trial.evaluation_id == evaluation.pk, f"the killed agent ran trial {trial.pk} of another evaluation")
     expect(trial.outcome != Trial.Outcome.PASS, f"trial {trial.pk} whose agent was SIGKILLed was scored a pass")
@@ -147,7 +155,7 @@ def crash_eval_sandbox(ctx: TrialContext) -> str:
     )
 
 
-def _rows(experiment: object) -> dict[tuple[str, str, int], dict]:
+def _rows(experiment: Experiment) -> dict[tuple[str, str, int], dict[str, Any]]:
     from evolution.models import CertifiedResult
 
     rows = {}
@@ -159,15 +167,15 @@ def _rows(experiment: object) -> dict[tuple[str, str, int], dict]:
 
 @scenario(2, "2c-broker-drop", "the broker drops every connection mid-evaluation", needs_worker=True)
 def broker_drop(ctx: TrialContext) -> str:
-    ctx.suite.control_digest(ctx.benchmark, "evaluation")
+    _suite(ctx).control_digest(ctx.benchmark, "evaluation")
     server = _private_redis(ctx)
     import redis
 
     client = redis.Redis.from_url(server.url)
-    with ctx.suite.broker(server.url):
-        ctx.suite.start_worker()
-        evaluation = ctx.suite.evaluation_start(ctx.experiment)
-        ctx.suite.wait_until(
+    with _suite(ctx).broker(server.url):
+        _suite(ctx).start_worker()
+        evaluation = _suite(ctx).evaluation_start(ctx.experiment)
+        _suite(ctx).wait_until(
             lambda: (
                 Trial.objects.filter(evaluation=evaluation, state=Trial.State.RUNNING).exists()
                 or Trial.objects.filter(evaluation=evaluation).exclude(state=Trial.State.PENDING).exists()
@@ -181,14 +189,14 @@ def broker_drop(ctx: TrialContext) -> str:
         for info in client.client_list():
             with contextlib.suppress(redis.ResponseError):
                 dropped += client.client_kill_filter(_id=info["id"], skipme=True)
-        ctx.suite.wait_evaluation(evaluation)
+        _suite(ctx).wait_evaluation(evaluation)
     expect(dropped > 0, "no broker connection was dropped: the fault was not injected")
     return f"{dropped} connection(s) dropped; " + _same_as_control(ctx, "evaluation")
 
 
-def _private_redis(ctx: TrialContext):  # noqa: ANN202
+def _private_redis(ctx: TrialContext) -> PrivateRedis:
     try:
-        return ctx.suite.private_redis()
+        return _suite(ctx).private_redis()
     except FileNotFoundError as exc:
         raise Inapplicable(f"{exc}: cannot run a private broker to disturb") from None
 
@@ -208,19 +216,19 @@ def duplicate_delivery(ctx: TrialContext) -> str:
     from lab.trust.worker import duplicate_publish
     from rsiweb.celery import app
 
-    ctx.suite.control_digest(ctx.benchmark, "loop")
+    _suite(ctx).control_digest(ctx.benchmark, "loop")
     env = {"RSI_FAULT_DUPLICATE_PUBLISH": "1"}
-    first = ctx.suite.start_worker(extra_env=env, hold=True)
-    ctx.suite.start_worker(extra_env=env)
+    first = _suite(ctx).start_worker(extra_env=env, hold=True)
+    _suite(ctx).start_worker(extra_env=env)
     first.release()
     undo = duplicate_publish(app)
     try:
-        run = ctx.suite.run_start(ctx.experiment)
+        run = _suite(ctx).run_start(ctx.experiment)
     finally:
         undo()
-    ctx.suite.wait_run(run)
+    _suite(ctx).wait_run(run)
     # Proof the duplicates were delivered: task ids the workers received twice.
-    received = Counter(RECEIVED.findall("".join(worker.log() for worker in ctx.suite.workers)))
+    received = Counter(RECEIVED.findall("".join(worker.log() for worker in _suite(ctx).workers)))
     twice = sum(1 for count in received.values() if count >= 2)
     expect(twice > 0, "no task message was delivered twice: the fault was not injected")
     return f"{twice} of {len(received)} messages delivered twice; " + _same_as_control(ctx, "loop")
@@ -229,11 +237,11 @@ def duplicate_delivery(ctx: TrialContext) -> str:
 @scenario(5, "5-lost-publish", "the web process dies after commit, before its message is sent", needs_worker=True)
 def lost_publish(ctx: TrialContext) -> str:
     key = "loop" if ctx.trial % 2 == 0 else "evaluation"
-    ctx.suite.control_digest(ctx.benchmark, key)
+    _suite(ctx).control_digest(ctx.benchmark, key)
     point = "publish:run_advance" if key == "loop" else "publish:trials"
     marker = ctx.workdir / "fault"
-    env = ctx.suite.worker_env(ctx.suite.fault_env(point, marker))
-    standby = ctx.suite.start_worker(hold=True)
+    env = _suite(ctx).worker_env(_suite(ctx).fault_env(point, marker))
+    standby = _suite(ctx).start_worker(hold=True)
     web = subprocess.Popen(
         [sys.executable, "-m", "lab.trust.web_process", key, str(ctx.experiment.pk)],
         cwd=REPO_ROOT,
@@ -243,7 +251,7 @@ def lost_publish(ctx: TrialContext) -> str:
         start_new_session=True,
     )
     try:
-        ctx.suite.wait_until(
+        _suite(ctx).wait_until(
             lambda: marker.exists() or web.poll() is not None, FAULT_TIMEOUT, f"the web process at {point}"
         )
         if not marker.exists():
@@ -265,12 +273,12 @@ def lost_publish(ctx: TrialContext) -> str:
 
 @scenario(6, "6-broker-restart", "the broker is killed and restarted (empty) in the middle of a run", needs_worker=True)
 def broker_restart(ctx: TrialContext) -> str:
-    ctx.suite.control_digest(ctx.benchmark, "loop")
+    _suite(ctx).control_digest(ctx.benchmark, "loop")
     server = _private_redis(ctx)
-    with ctx.suite.broker(server.url):
-        ctx.suite.start_worker()
-        run = ctx.suite.run_start(ctx.experiment)
-        ctx.suite.wait_until(
+    with _suite(ctx).broker(server.url):
+        _suite(ctx).start_worker()
+        run = _suite(ctx).run_start(ctx.experiment)
+        _suite(ctx).wait_until(
             lambda: Evaluation.objects.filter(run=run, state=Evaluation.State.CERTIFIED).count() >= 1 + ctx.trial % 2,
             FAULT_TIMEOUT,
             "the run to be under way",
@@ -285,23 +293,23 @@ def broker_restart(ctx: TrialContext) -> str:
         restarts: list[str] = []
 
         def finished_supervised() -> bool:
-            if not any(worker.alive() for worker in ctx.suite.workers):
+            if not any(worker.alive() for worker in _suite(ctx).workers):
                 reason = next(
                     (
                         line.split("] ", 1)[-1]
-                        for w in ctx.suite.workers
+                        for w in _suite(ctx).workers
                         for line in w.log().splitlines()
                         if "Unrecoverable error" in line
                     ),
                     "exited",
                 )
                 restarts.append(reason[:160])
-                ctx.suite.start_worker()
+                _suite(ctx).start_worker()
             run.refresh_from_db()
             return run.status in {Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CANCELLED}
 
-        ctx.suite.wait_until(finished_supervised, FAULT_TIMEOUT, f"run {run.pk} to finish after the broker restart")
-        ctx.suite.wait_run(run)
+        _suite(ctx).wait_until(finished_supervised, FAULT_TIMEOUT, f"run {run.pk} to finish after the broker restart")
+        _suite(ctx).wait_run(run)
     note = f"worker exited on the restart and was started again ({restarts[0]}); " if restarts else ""
     return "broker killed and restarted mid-run; " + note + _same_as_control(ctx, "loop")
 
@@ -320,7 +328,7 @@ def db_restart(ctx: TrialContext) -> str:
     if connection.vendor != "postgresql":
         raise Inapplicable("the suite runs on SQLite; restarting PostgreSQL needs DATABASE_URL=postgres://")
     try:
-        cluster = ctx.suite.private_postgres()
+        cluster = _suite(ctx).private_postgres()
     except FileNotFoundError as exc:
         raise Inapplicable(f"cannot run a private PostgreSQL cluster: {exc}") from None
     except subprocess.SubprocessError as exc:
@@ -328,7 +336,7 @@ def db_restart(ctx: TrialContext) -> str:
     env = dict(os.environ)
     env.update(
         DATABASE_URL=cluster.url,
-        CELERY_BROKER_URL=ctx.suite.broker_url,
+        CELERY_BROKER_URL=_suite(ctx).broker_url,
         **{
             INNER_PG: json.dumps(
                 {
@@ -357,7 +365,7 @@ def db_restart(ctx: TrialContext) -> str:
         output, _ = inner.communicate(timeout=60)
     text = output.decode(errors="replace")
     lines = text.strip().splitlines()
-    expect(inner.returncode == 0 and lines and lines[-1] == "1 passed, 0 failed", f"inner suite:\n{text[-2000:]}")
+    expect(inner.returncode == 0 and bool(lines) and lines[-1] == "1 passed, 0 failed", f"inner suite:\n{text[-2000:]}")
     detail = next((line for line in lines if line.strip().startswith("trial 1: passed:")), "")
     return (
         "private PostgreSQL stopped (immediate) and started mid-evaluation; " + detail.split("passed:", 1)[-1].strip()
@@ -376,10 +384,10 @@ if os.environ.get(INNER_PG):
         cluster = PrivatePostgres.__new__(PrivatePostgres)
         cluster.bin, cluster.data, cluster.folder = Path(facts["bin"]), Path(facts["data"]), Path(facts["folder"])
         cluster.port = facts["port"]
-        ctx.suite.control_digest(ctx.benchmark, "evaluation")
-        ctx.suite.start_worker()
-        evaluation = ctx.suite.evaluation_start(ctx.experiment)
-        ctx.suite.wait_until(
+        _suite(ctx).control_digest(ctx.benchmark, "evaluation")
+        _suite(ctx).start_worker()
+        evaluation = _suite(ctx).evaluation_start(ctx.experiment)
+        _suite(ctx).wait_until(
             lambda: Trial.objects.filter(
                 evaluation=evaluation, state__in=[Trial.State.DONE, Trial.State.ERROR]
             ).exists(),
@@ -392,6 +400,6 @@ if os.environ.get(INNER_PG):
         time.sleep(1.0)
         cluster.start()
         connection.close()
-        ctx.suite.wait_evaluation(evaluation)
+        _suite(ctx).wait_evaluation(evaluation)
         retried = Trial.objects.filter(evaluation=evaluation, attempt__gt=1).count()
         return f"{retried} trial(s) run again; " + _same_as_control(ctx, "evaluation")

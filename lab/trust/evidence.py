@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import override_settings
 
-from evolution import operators
+from evolution import operators, selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, TrajectoryStep, Trial
 from evolution.services import loop
 from evolution.services.candidates import candidate_accept
@@ -185,7 +185,7 @@ def _snoop(view: operators.ProposerView, canaries: list[str]) -> dict[str, Any]:
         os.environ.pop(CANARY_ENV, None)
         holder.kill()
         holder.wait()
-    report = json.loads(proposal.note)
+    report: dict[str, Any] = json.loads(proposal.note)
     report["proposal"] = _dump({"files": dict(proposal.files), "edits": [repr(e) for e in proposal.edits]})
     return report
 
@@ -263,7 +263,7 @@ def _search(where: Mapping[str, str], canaries: list[str]) -> list[str]:
 def protected_evidence(ctx: TrialContext) -> str:
     canaries = Canaries()
     experiment = probe_experiment(ctx.experiment, tag="evidence", task_edit=canaries.plant)
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     evaluation = evaluate_inline(seed, ["train", "gate", "sealed"], purpose=Evaluation.Purpose.BASELINE)
     certified(evaluation)
     seed.refresh_from_db()

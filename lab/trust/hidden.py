@@ -21,6 +21,7 @@ import yaml
 from django.conf import settings
 from django.test.utils import override_settings
 
+from evolution import selectors
 from evolution.models import Candidate, Evaluation, Experiment, LeakageFlag, ReviewItem
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import experiment_create, surface_create
@@ -66,7 +67,7 @@ def _strict_twin(experiment: Experiment) -> Experiment:
         benchmark=experiment.benchmark,
         evaluator=experiment.evaluator,
         surface=surface,
-        seed_tree=experiment.seed_candidate.tree,
+        seed_tree=selectors.experiment_seed(experiment).tree,
         split_lists=lists,
         trials_per_task=experiment.trials_per_task,
         run_settings=experiment.run_settings,

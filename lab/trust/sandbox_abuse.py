@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
+from evolution import selectors
 from evolution.models import Trial
 from evolution.sandbox import RUN_ID_BASE, SandboxError, sandbox_profile
 from lab.trust import Inapplicable, TrialContext, expect, scenario
@@ -280,7 +281,7 @@ def listener() -> Iterator[dict[str, Any]]:
 
 def abuse_trial(
     ctx: TrialContext, kind: str, *, port: int = 0, timeout: int = 15, marker: str | None = None
-) -> tuple[Trial, dict | None, str]:
+) -> tuple[Trial, dict[str, Any] | None, str]:
     """Run one trial of an agent doing ``kind``; check it is no pass and left nothing running."""
     marker = marker or uuid.uuid4().hex
     canary = f"CANARY{uuid.uuid4().hex}"
@@ -303,7 +304,7 @@ def abuse_trial(
     os.environ[CANARY_ENV] = canary
     me = os.getpid()
     try:
-        evaluation = evaluate_inline(experiment.seed_candidate, ["gate"])
+        evaluation = evaluate_inline(selectors.experiment_seed(experiment), ["gate"])
     finally:
         os.environ.pop(CANARY_ENV, None)
         holder.kill()

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Model
 from django.utils import timezone
 
-from evolution import operators, records
+from evolution import operators, records, selectors
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, ReviewItem, Run, Task, Tree, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services import loop
@@ -57,7 +58,7 @@ def _unique(tag: str) -> str:
 def task_input(task: Task) -> TaskInput:
     """A faithful copy of a stored task (public files included)."""
     files: dict[str, str | bytes] = {}
-    if task.public_files_id:
+    if task.public_files is not None:
         files = {entry.path: entry.data for entry in tree_entries(tree=task.public_files)}
     return TaskInput(
         external_id=task.external_id,
@@ -110,7 +111,7 @@ def probe_experiment(
         benchmark=benchmark,
         evaluator=evaluator or experiment.evaluator,
         surface=experiment.surface,
-        seed_tree=seed_tree or experiment.seed_candidate.tree,
+        seed_tree=seed_tree or selectors.experiment_seed(experiment).tree,
         split_lists={split: [task.external_id for task in tasks] for split, tasks in chosen.items()},
         trials_per_task=experiment.trials_per_task,
         run_settings=experiment.run_settings,
@@ -174,7 +175,7 @@ def certified(evaluation: Evaluation) -> CertifiedResult:
 
 def accepted_seed(experiment: Experiment, splits: Sequence[str] = ("gate",)) -> tuple[Candidate, Evaluation]:
     """Evaluate, certify and accept the seed, so it can be a parent."""
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     evaluation = evaluate_inline(seed, splits, purpose=Evaluation.Purpose.BASELINE)
     certified(evaluation)
     seed.refresh_from_db()
@@ -230,14 +231,14 @@ def triggers_off() -> Iterator[str]:
             yield "DROP TRIGGER"
 
 
-def _table(model: Any = CertifiedResult) -> str:
+def _table(model: type[Model] = CertifiedResult) -> str:
     return model._meta.db_table
 
 
 def raw(sql: str, params: Sequence[Any] = ()) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def refused_by_trigger(sql: str, params: Sequence[Any] = ()) -> bool:
@@ -394,15 +395,16 @@ def tamper_imported_harness(ctx: TrialContext) -> str:
     """The same files in a harness that never went through a surface (a seed
     or an imported harness), with executable fake runners: the trial
     workspace keeps them away from the verifier, so no pass is scored."""
-    seed_files = {e.path: e.data for e in tree_entries(tree=ctx.experiment.seed_candidate.tree)}
+    seed_tree = selectors.experiment_seed(ctx.experiment).tree
+    seed_files = {e.path: e.data for e in tree_entries(tree=seed_tree)}
     crippled = crippled_files(ctx.experiment, seed_files)
     modes = {path: "100755" for path in TAMPER_FILES if path.startswith("bin/") or path.endswith(".sh")}
-    honest_tree = tree_with(ctx.experiment.seed_candidate.tree, crippled)
+    honest_tree = tree_with(seed_tree, crippled)
     tampered_tree = tree_with(honest_tree, TAMPER_FILES, modes=modes)
     honest = probe_experiment(ctx.experiment, tag="tamper-honest", seed_tree=honest_tree)
-    _no_pass(evaluate_inline(honest.seed_candidate, ["gate"]), "the crippled honest harness")
+    _no_pass(evaluate_inline(selectors.experiment_seed(honest), ["gate"]), "the crippled honest harness")
     tampered = probe_experiment(ctx.experiment, tag="tamper-imported", seed_tree=tampered_tree)
-    evaluation = evaluate_inline(tampered.seed_candidate, ["gate"])
+    evaluation = evaluate_inline(selectors.experiment_seed(tampered), ["gate"])
     _no_pass(evaluation, "a harness holding verifier look-alikes, conftest, sitecustomize and fake runners")
     return f"{len(TAMPER_FILES)} tamper files in the harness: {outcomes(evaluation)[0][2]}, no pass"
 
@@ -470,7 +472,7 @@ def hostile_experiment(ctx: TrialContext, program: str, *, tag: str, timeout: in
     or the example evaluator's runner (the example harness is data only).
     The twin keeps the evaluator's commands, environment and limits."""
     base = ctx.experiment
-    seed = base.seed_candidate.tree
+    seed = selectors.experiment_seed(base).tree
     seed_paths = {entry.path for entry in tree_entries(tree=seed)}
     evaluator_paths = {entry.path for entry in tree_entries(tree=base.evaluator.files)}
     agent_in_harness = next((p for p in sorted(seed_paths) if p.endswith(".py")), None)
@@ -496,7 +498,8 @@ def agent_report(trial: Trial) -> dict[str, Any] | None:
 
     for message in TrajectoryStep.objects.filter(trajectory__trial=trial).values_list("message", flat=True):
         if message.startswith("REPORT "):
-            return json.loads(message.removeprefix("REPORT "))
+            report: dict[str, Any] = json.loads(message.removeprefix("REPORT "))
+            return report
     return None
 
 
@@ -510,7 +513,7 @@ def tamper_by_agent(ctx: TrialContext) -> str:
     from evolution.services.snapshots import tree_verify
 
     experiment = hostile_experiment(ctx, HOSTILE_TAMPER_AGENT % {"forged": FORGED_VERDICT.decode()}, tag="tamper-agent")
-    evaluation = evaluate_inline(experiment.seed_candidate, ["gate"])
+    evaluation = evaluate_inline(selectors.experiment_seed(experiment), ["gate"])
     _no_pass(evaluation, "a tampering agent")
     expect(not tree_verify(tree_digest=experiment.evaluator.files_id), "the evaluator's stored files changed")
     trial = Trial.objects.filter(evaluation=evaluation).first()
@@ -531,7 +534,7 @@ def verifier_changed_before_certify(ctx: TrialContext) -> str:
     row is pointed at other files: certification refuses. The same change
     after certification is flagged by records_verify."""
     experiment = probe_experiment(ctx.experiment, tag="tamper-cert")
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     # One transaction: the certification message the last trial enqueues is only sent at its
     # end, so no worker certifies the evaluation between the trials and the tampering.
     with transaction.atomic():
@@ -857,7 +860,7 @@ def forged_records(ctx: TrialContext) -> str:
     names the record, and an exported bundle fails ``verify_records
     --bundle`` the same way. Each forgery is rolled back before the next."""
     experiment = probe_experiment(ctx.experiment, tag="forge")
-    seed = experiment.seed_candidate
+    seed = selectors.experiment_seed(experiment)
     for repeat in range(3):
         purpose = Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE
         certified(evaluate_inline(seed, ["gate"], purpose=purpose, repeat=repeat))
@@ -1006,6 +1009,7 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     run = run_drive(run, until=lambda r: ReviewItem.objects.filter(candidate__run=r).exists())
     item = ReviewItem.objects.filter(candidate__run=run).order_by("pk").first()
     expect(item is not None, f"the critic held no candidate for review (run {run.status}: {run.error})")
+    assert item is not None  # expect raised otherwise
     reviewer, _ = User.objects.get_or_create(username="trust-suite-reviewer")
     review_decide(item=item, user=reviewer, approve=False, reason="names a task")
     run = run_drive(run)
@@ -1048,6 +1052,7 @@ def forged_decisions(ctx: TrialContext) -> str:
     by_state = {c["state"]: c for c in reversed(clean["candidates"])}
     rejected, accepted = by_state.get("rejected_review"), by_state.get("accepted")
     expect(rejected is not None and accepted is not None, f"states in the bundle: {sorted(by_state)}")
+    assert rejected is not None and accepted is not None  # expect raised otherwise
 
     def state(tree: str, name: str, reason: str | None = None) -> Callable[[dict[str, Any]], None]:
         def edit(bundle: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ def main(what: str, experiment_id: int) -> None:
     queue = os.environ.get("RSI_TRUST_QUEUE")
     if queue:
         app.conf.task_default_queue = queue
+    from evolution import selectors
     from evolution.models import Evaluation, Experiment
     from evolution.services import loop
     from evolution.services.evaluation import evaluation_start
@@ -33,7 +34,10 @@ def main(what: str, experiment_id: int) -> None:
         loop.run_create(experiment=experiment, recipe=loop_recipe(benchmark))
     else:
         evaluation_start(
-            candidate=experiment.seed_candidate, splits=EVAL_SPLITS[benchmark], k=1, purpose=Evaluation.Purpose.BASELINE
+            candidate=selectors.experiment_seed(experiment),
+            splits=EVAL_SPLITS[benchmark],
+            k=1,
+            purpose=Evaluation.Purpose.BASELINE,
         )
 
 

@@ -22,7 +22,7 @@ import csv
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -40,6 +40,10 @@ from evolution.models import Annotation, Candidate, Experiment, Trajectory, Tria
 from evolution.services import annotations as annotation_services
 from evolution.services.annotations import EXTERNAL_REFUSAL, FAILED_OUTCOMES, AnnotationError, AnnotationNotYours
 from review import access
+from review.http import HtmxHttpRequest
+
+if TYPE_CHECKING:  # django-stubs-ext is a development requirement
+    from django_stubs_ext import WithAnnotations
 
 QUEUE_PAGE_SIZE = 50
 DISAGREEMENTS_SHOWN = 25
@@ -146,7 +150,13 @@ def _safe_next(request: HttpRequest, fallback: str) -> str:
 # --- the queue ----------------------------------------------------------------
 
 
-def _in_queue_order(trials: QuerySet[Trial], user: Any) -> QuerySet[Trial]:
+class _QueueOrder(TypedDict):
+    annotators: int
+    labelled_by_me: bool
+    bucket: int
+
+
+def _in_queue_order(trials: QuerySet[Trial], user: Any) -> QuerySet[WithAnnotations[Trial, _QueueOrder]]:
     """``trials`` with ``annotators``, ``labelled_by_me`` and ``bucket``, in
     queue order: nobody labelled it (0), others did but not I (1), I did (2);
     within a bucket by experiment, round, candidate, task and trial index."""
@@ -251,7 +261,8 @@ def _panel_context(
     if posted.get("annotation"):
         edit_form = {key: posted.get(key, "") for key in ("label", "note", "step")}
     elif mine is not None:
-        edit_form = {"label": str(mine.label_id), "note": mine.note, "step": mine.step.step_id if mine.step else ""}
+        step = str(mine.step.step_id) if mine.step else ""
+        edit_form = {"label": str(mine.label_id), "note": mine.note, "step": step}
     else:
         edit_form = {}
     return {
@@ -285,7 +296,7 @@ def _next_to_label(user: Any, *, experiment_id: int, after: int) -> int | None:
     return _in_queue_order(trials, user).filter(labelled_by_me=False).values_list("pk", flat=True).first()
 
 
-def _panel(request: HttpRequest, trial: Trial, *, status: int = 200, **kwargs: Any) -> HttpResponse:
+def _panel(request: HtmxHttpRequest, trial: Trial, *, status: int = 200, **kwargs: Any) -> HttpResponse:
     template = "review/annotations/panel.html"
     if request.htmx:
         template += "#panel"
@@ -294,7 +305,7 @@ def _panel(request: HttpRequest, trial: Trial, *, status: int = 200, **kwargs: A
 
 @require_http_methods(["GET", "POST"])
 @access.permission_required()
-def trial_annotations(request: HttpRequest, pk: int) -> HttpResponse:
+def trial_annotations(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """GET: the annotation panel (fragment for htmx, a page otherwise).
     POST: add an annotation, or update one's own (``annotation`` = its id)."""
     trial = _trial_visible(request, pk)
@@ -346,7 +357,7 @@ def _own_annotation(request: HttpRequest, raw_id: str, *, trial: Trial) -> Annot
 
 @require_POST
 @access.permission_required(access.ANNOTATE)
-def annotation_delete(request: HttpRequest, pk: int) -> HttpResponse:
+def annotation_delete(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Delete one's own annotation; anyone else's is 403."""
     annotation = get_object_or_404(Annotation.objects.select_related("trial"), pk=pk)
     trial = _trial_visible(request, annotation.trial_id)
@@ -406,8 +417,8 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
     labelled_per_candidate: dict[int, int] = {}
     for row in annotations.values("trial__candidate_id", "label_id").annotate(n=Count("pk")).order_by():
         counts[row["trial__candidate_id"]][row["label_id"]] = row["n"]
-    for row in annotations.values("trial__candidate_id").annotate(n=Count("trial", distinct=True)).order_by():
-        labelled_per_candidate[row["trial__candidate_id"]] = row["n"]
+    for labelled in annotations.values("trial__candidate_id").annotate(n=Count("trial", distinct=True)).order_by():
+        labelled_per_candidate[labelled["trial__candidate_id"]] = labelled["n"]
     candidate_ids = set(failed_per_candidate) | set(counts)
     candidates = (
         Candidate.objects.filter(pk__in=candidate_ids)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.conf import settings
 from django.core.cache import cache
@@ -41,8 +41,12 @@ from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import access, diffs
 from review.flags import flag_matched, flag_task_visible, with_task_access
+from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
 from review.models import ViewedFile
 from review.views.results import external_source_text
+
+if TYPE_CHECKING:
+    from review.display import ShownDecision, ShownEdit, ShownFlag, ShownRecord
 
 SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
 DIGEST_RE = re.compile(r"^(?:[0-9a-f]{64})?$")
@@ -226,7 +230,7 @@ def _trial_counts(payload: dict[str, Any]) -> list[TrialCount]:
         entry["passed"] += row.get("outcome") == "pass"
         entry["tasks"].add(row.get("task"))
         entry["tokens"] += row.get("tokens") or 0
-    order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+    order: dict[str, int] = {split: index for index, split in enumerate(SPLIT_ORDER)}
     return [
         TrialCount(split, e["trials"], e["passed"], len(e["tasks"]), e["tokens"])
         for split, e in sorted(by_split.items(), key=lambda item: (order.get(item[0], 99), item[0]))
@@ -286,7 +290,7 @@ class ExternalResultView:
 
     @classmethod
     def of(cls, found: selectors.ExternalResult) -> ExternalResultView:
-        order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+        order: dict[str, int] = {split: index for index, split in enumerate(SPLIT_ORDER)}
         return cls(
             pk=found.evaluation.pk,
             source=external_source_text(found.source),
@@ -312,13 +316,16 @@ def _evolve_splits(candidate: Candidate) -> tuple[str, ...]:
         return EVOLVE_SPLITS
 
 
-def _flags(candidate: Candidate, user: Any) -> list[LeakageFlag]:
+def _flags(candidate: Candidate, user: Any) -> list[ShownFlag]:
     """The candidate's leakage flags; each gets ``task_visible``: its task's
     name and the critic's evidence may be shown (``review.flags``)."""
-    flags = list(
-        with_task_access(LeakageFlag.objects.filter(candidate=candidate))
-        .select_related("task", "edit")
-        .order_by("path", "pk")
+    flags = cast(
+        "list[ShownFlag]",
+        list(
+            with_task_access(LeakageFlag.objects.filter(candidate=candidate))
+            .select_related("task", "edit")
+            .order_by("path", "pk")
+        ),
     )
     for flag in flags:
         flag.anchor = diffs.file_anchor(flag.path) if flag.path else ""
@@ -329,7 +336,7 @@ def _flags(candidate: Candidate, user: Any) -> list[LeakageFlag]:
     return flags
 
 
-def _flag_title(flag: LeakageFlag) -> str:
+def _flag_title(flag: ShownFlag) -> str:
     title = f"leakage flag: rule {flag.rule}"
     if flag.task_visible:
         if flag.task is not None:
@@ -347,7 +354,10 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
     cand = get_object_or_404(
         Candidate.objects.select_related("experiment", "parent", "run__recipe", "tree", "review_item"), pk=pk
     )
-    edits = list(AtomicEdit.objects.filter(candidate=cand).select_related("ledger_entry").order_by("index"))
+    edits = cast(
+        "list[ShownEdit]",
+        list(AtomicEdit.objects.filter(candidate=cand).select_related("ledger_entry").order_by("index")),
+    )
     flags = _flags(cand, request.user)
     flags_per_edit: dict[int, int] = {}
     for flag in flags:
@@ -360,7 +370,10 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
         edit.path_links = [(p, f"{diff_url}#{diffs.file_anchor(p)}") for p in (edit.paths or [])]
         edit.ledger = getattr(edit, "ledger_entry", None)
 
-    decisions = list(GateDecision.objects.filter(candidate=cand).select_related("current").order_by("round"))
+    decisions = cast(
+        "list[ShownDecision]",
+        list(GateDecision.objects.filter(candidate=cand).select_related("current").order_by("round")),
+    )
     for decision in decisions:
         decision.words = RULE_WORDS.get(decision.rule, "")
         decision.check_number = (
@@ -370,8 +383,9 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
         decision.number_rows = gate_numbers(numbers)
         decision.summary = gate_summary(numbers)
 
-    certified = list(
-        CertifiedResult.objects.filter(candidate=cand).select_related("evaluation", "experiment").order_by("seq")
+    certified = cast(
+        "list[ShownRecord]",
+        list(CertifiedResult.objects.filter(candidate=cand).select_related("evaluation", "experiment").order_by("seq")),
     )
     for record in certified:
         record.candidate = cand  # known already: no query per record
@@ -380,7 +394,7 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
 
     evolve = _evolve_splits(cand)
     result = selectors.candidate_metrics(candidate=cand, evolve_splits=evolve)
-    order = {split: index for index, split in enumerate(SPLIT_ORDER)}
+    order: dict[str, int] = {split: index for index, split in enumerate(SPLIT_ORDER)}
     split_rows = [
         SplitRowView.of(split, summary)
         for split, summary in sorted(result.splits.items(), key=lambda item: order.get(item[0], 99))
@@ -434,7 +448,14 @@ def _count_by(items: list[Any], attribute: str) -> list[tuple[str, int]]:
     return sorted(counts.items())
 
 
-def _candidate_choices(cand: Candidate) -> list[dict[str, Any]]:
+class _Choice(TypedDict):
+    pk: int
+    label: str
+    state: str
+    round: int | None
+
+
+def _candidate_choices(cand: Candidate) -> list[_Choice]:
     """Every candidate of the experiment for the "compare with" select (one query)."""
     return list(
         Candidate.objects.filter(experiment_id=cand.experiment_id)
@@ -475,7 +496,7 @@ def _parse_diff_request(request: HttpRequest, pk: int) -> DiffRequest:
     return DiffRequest(cand, against, layout, against.pk == cand.parent_id)
 
 
-def _leak_marks(cand: Candidate, user: Any) -> tuple[list[LeakageFlag], dict[str, list[diffs.LeakMark]]]:
+def _leak_marks(cand: Candidate, user: Any) -> tuple[list[ShownFlag], dict[str, list[diffs.LeakMark]]]:
     flags = _flags(cand, user)
     marks: dict[str, list[diffs.LeakMark]] = {}
     for flag in flags:
@@ -544,8 +565,8 @@ def _planned_files(old_entries: list[FileEntry], new_entries: list[FileEntry]) -
 
 
 def _diff_files(
-    request: HttpRequest, req: DiffRequest, *, only_path: str | None = None, count_all: bool = False
-) -> tuple[list[diffs.FileDiff], list[LeakageFlag]]:
+    request: AuthenticatedHttpRequest, req: DiffRequest, *, only_path: str | None = None, count_all: bool = False
+) -> tuple[list[diffs.FileDiff], list[ShownFlag]]:
     """The files of the diff, collapsed as planned and rendered where not;
     with ``count_all``, the collapsed files are counted too."""
     old_entries, new_entries = _diff_entries(req)
@@ -573,7 +594,7 @@ def _diff_files(
     return files, flags
 
 
-def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.FileDiff], flags: list[LeakageFlag]):
+def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.FileDiff], flags: list[ShownFlag]):
     cand = req.candidate
     query = {"layout": req.layout}
     if req.against is not None and not req.against_is_parent:
@@ -600,7 +621,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
 
 @require_GET
 @access.permission_required()
-def candidate_diff(request: HttpRequest, pk: int) -> HttpResponse:
+def candidate_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Screen 4: the diff against the parent (or ``?against=``), split or
     unified (``?layout=``); ``?partial=1`` gives only the diff body.
 
@@ -631,7 +652,7 @@ def candidate_diff(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def diff_file(request: HttpRequest, pk: int) -> HttpResponse:
+def diff_file(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """One file of a diff in full (what a collapsed file's "Load diff" fetches)."""
     try:
         req = _parse_diff_request(request, pk)
@@ -653,7 +674,7 @@ def diff_file(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @access.permission_required()
-def diff_viewed(request: HttpRequest) -> HttpResponse:
+def diff_viewed(request: HtmxHttpRequest) -> HttpResponse:
     """Mark one file of a diff viewed or not viewed for the signed-in user.
 
     The mark is keyed by the blob digests of both sides, so it stops
@@ -671,7 +692,7 @@ def diff_viewed(request: HttpRequest) -> HttpResponse:
             "old_digest and new_digest must be SHA-256 hex digests (one may be empty)",
             content_type="text/plain; charset=utf-8",
         )
-    keys = {"user": request.user, "path": file_path, "old_digest": old_digest, "new_digest": new_digest}
+    keys: dict[str, Any] = {"user": request.user, "path": file_path, "old_digest": old_digest, "new_digest": new_digest}
     wanted = request.POST.get("viewed")
     with transaction.atomic():
         existing = ViewedFile.objects.filter(**keys)
@@ -715,7 +736,9 @@ def candidate_raw(request: HttpRequest, pk: int, path: str) -> HttpResponse:
     data = bytes(entry.blob.content)
     response = HttpResponse(data, content_type="text/plain; charset=utf-8")
     hidden = bool(hidden_chars.bytes_hidden(data))
-    response.headers["Content-Disposition"] = content_disposition_header(hidden, path.rsplit("/", 1)[-1])
+    disposition = content_disposition_header(hidden, path.rsplit("/", 1)[-1])
+    if disposition is not None:  # None only for an empty name, which no tree entry has
+        response.headers["Content-Disposition"] = disposition
     response.headers["X-Content-Type-Options"] = "nosniff"
     return response
 
@@ -725,7 +748,7 @@ def candidate_raw(request: HttpRequest, pk: int, path: str) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def record(request: HttpRequest, pk: int) -> HttpResponse:
+def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """A certified record: what it binds, whether it checks out on its own,
     and its payload (sealed per-task rows only with the permission).
 

@@ -8,6 +8,7 @@ is ``lineage.py``, run control ``runs.py``.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -34,6 +35,7 @@ from evolution.services import loop
 from review import access, charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
+from review.http import HtmxHttpRequest
 from review.views.runs import RunStartForm, start_form_initial
 
 # A run that may still change on its own: the progress section polls while one is shown.
@@ -148,7 +150,7 @@ def home(request: HttpRequest) -> HttpResponse:
     sizes = review_selectors.split_sizes(experiment_ids=[e.pk for e in experiments])
     rows = []
     for experiment in experiments:
-        run = runs.get(experiment.latest_run_id)
+        run = runs.get(experiment.latest_run_id) if experiment.latest_run_id is not None else None
         progress = _progress(run, counts.get(run.pk), sizes[experiment.pk]) if run else None
         rows.append({"experiment": experiment, "progress": progress})
     return render(request, "review/home.html", {"rows": rows})
@@ -194,7 +196,9 @@ def _selected_run(experiment: Experiment, runs: list[Run], raw: str | None) -> R
     return runs[0] if runs else None
 
 
-def _round_rows(run: Run, round_states: dict[int, Counter[str]], decisions: list[dict[str, Any]]) -> list[RoundRow]:
+def _round_rows(
+    run: Run, round_states: dict[int, Counter[str]], decisions: Sequence[Mapping[str, Any]]
+) -> list[RoundRow]:
     """One row per round: the loop's round summary where it wrote one, else
     counts from the candidates (the round in progress, or rows added later).
     ``decisions``: the run's gate decisions that accepted or chose."""
@@ -326,7 +330,7 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     of points drawn and measured (beyond COST_CHART_POINTS a sample is drawn:
     every labelled point and the Pareto front, the others evenly spaced)."""
     shown = review_selectors.chart_candidates(experiment=experiment, run=run)
-    evolve = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
+    evolve: list[str] = list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE]
     # Thousands may be measured: the database keeps the front, the seed and
     # an even sample of the rest, and the chart draws COST_CHART_POINTS or so
     # of those, with their links and tooltips.
@@ -340,6 +344,7 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     )
     points = []
     for candidate in sample.candidates:
+        assert candidate.tokens is not None  # the sample holds only candidates that report tokens
         category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
         points.append(
             _Measured(candidate.pk, candidate.tokens, candidate.score, category, category in {"seed", "accepted"})
@@ -579,7 +584,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def experiment_progress(request: HttpRequest, pk: int) -> HttpResponse:
+def experiment_progress(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The live progress section. It polls itself while the run moves; the
     answer for a run that stopped has no trigger, so polling ends, and when
     the poller saw it moving (``was=moving``) the page reloads to show the
@@ -599,7 +604,7 @@ def experiment_progress(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @access.permission_required()
-def experiment_ledger(request: HttpRequest, pk: int) -> HttpResponse:
+def experiment_ledger(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The ledger table (htmx swaps it in); a plain request goes to the dashboard."""
     experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])

@@ -14,7 +14,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import messages
 from django.core.paginator import Page, Paginator
@@ -48,6 +48,9 @@ from review import access
 from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.hidden import marked_spans, reveal_html
 
+if TYPE_CHECKING:
+    from review.display import ShownFlag
+
 PAGE_SIZE = 25
 WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED)
 INSTRUCTION_EXCERPT = 280
@@ -55,12 +58,12 @@ INSTRUCTION_EXCERPT = 280
 EDIT_DIFF_LINES = 200
 MATCHED_PREVIEW = 3
 
-VERDICT_WORDS = {
+VERDICT_WORDS: dict[str, str] = {
     ReviewDecision.Verdict.APPROVE: "the edits are generic",
     ReviewDecision.Verdict.REJECT: "it leaks",
     ReviewDecision.Verdict.REJECT_EDITS: "some edits leak; the rest were kept in a derived candidate",
 }
-VERDICT_SHORT = {
+VERDICT_SHORT: dict[str, str] = {
     ReviewDecision.Verdict.APPROVE: "approved",
     ReviewDecision.Verdict.REJECT: "rejected",
     ReviewDecision.Verdict.REJECT_EDITS: "partly rejected",
@@ -310,14 +313,14 @@ class EvidenceLine:
     path: str
     line_number: int | None
     line: str
-    flags: list[LeakageFlag]
+    flags: list[ShownFlag]
 
     @property
     def marked(self) -> SafeString:
         return mark_matches(self.line, [flag.shown_matched for flag in self.flags])
 
 
-def _evidence(flags: list[LeakageFlag], user: Any) -> None:
+def _evidence(flags: list[ShownFlag], user: Any) -> None:
     """Annotate each flag (from ``with_task_access``) with what the reader may
     see of its task, evidence and matched text."""
     for flag in flags:
@@ -343,7 +346,7 @@ def _evidence(flags: list[LeakageFlag], user: Any) -> None:
         )
 
 
-def _evidence_lines(flags: list[LeakageFlag]) -> list[EvidenceLine]:
+def _evidence_lines(flags: list[ShownFlag]) -> list[EvidenceLine]:
     lines: dict[tuple[str, int | None, str], EvidenceLine] = {}
     for flag in flags:
         key = (flag.path, flag.line_number, flag.line)
@@ -362,7 +365,7 @@ class EditView:
     hidden_diff_lines: int
 
 
-def _edit_diff(edit: AtomicEdit, flags: list[LeakageFlag]) -> tuple[list[SafeString], int]:
+def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
     """The edit's own diff, added lines with the flagged text marked; long
     diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
     needles = [flag.shown_matched for flag in flags]
@@ -395,11 +398,16 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         .first()
     )
     edits = list(AtomicEdit.objects.filter(candidate=candidate).order_by("index"))
-    flags = list(
-        with_task_access(LeakageFlag.objects.filter(candidate=candidate)).select_related("task").order_by("path", "pk")
+    flags = cast(
+        "list[ShownFlag]",
+        list(
+            with_task_access(LeakageFlag.objects.filter(candidate=candidate))
+            .select_related("task")
+            .order_by("path", "pk")
+        ),
     )
     _evidence(flags, request.user)
-    by_edit: dict[int | None, list[LeakageFlag]] = defaultdict(list)
+    by_edit: dict[int | None, list[ShownFlag]] = defaultdict(list)
     for flag in flags:
         by_edit[flag.edit_id].append(flag)
     edit_views = []

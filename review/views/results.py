@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -82,7 +83,7 @@ def _query(base: str, **params: Any) -> str:
 
 
 def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
-    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    spec = experiment.recipe.spec if experiment.recipe is not None else {}
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
     splits = evaluation.get("evolve_splits") if isinstance(evaluation, dict) else None
     if isinstance(splits, list) and splits:
@@ -91,7 +92,7 @@ def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
 
 
 def _score_metric(experiment: Experiment) -> str:
-    spec = experiment.recipe.spec if experiment.recipe_id else {}
+    spec = experiment.recipe.spec if experiment.recipe is not None else {}
     evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
     metric = evaluation.get("score_metric") if isinstance(evaluation, dict) else None
     return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
@@ -228,15 +229,14 @@ def _fill_page(
             user=user, candidate_ids=column_ids, task_ids=page_tasks, external=external
         )
         for link in links:
-            cell = grid.get((link["candidate_id"], link["task_id"]))
-            if cell is not None:
-                link["href"] = trial_href(link["pk"])
-                cell.trials.append(link)
-    for row in page_rows:
-        for column, cell in zip(columns, row.cells, strict=True):
+            linked = grid.get((link["candidate_id"], link["task_id"]))
+            if linked is not None:
+                linked.trials.append({**link, "href": trial_href(link["pk"])})
+    for task_row in page_rows:
+        for column, cell in zip(columns, task_row.cells, strict=True):
             column.shown_passes += cell.passes
             column.shown_n += cell.n
-        row.cells_html = cells_html(row.cells)
+        task_row.cells_html = cells_html(task_row.cells)
 
 
 def _filter_links(
@@ -433,7 +433,7 @@ def _page_of_step(trajectory: Trajectory, step_id: int) -> int:
     return before // STEPS_PER_PAGE + 1
 
 
-def _parent_trial(trial: Trial) -> dict[str, Any] | None:
+def _parent_trial(trial: Trial) -> Mapping[str, Any] | None:
     """The parent's trial of the same task and index (its first reported
     evaluation we ran, never an external one), as a few fields; None for the
     seed or when there is none."""

@@ -44,10 +44,14 @@ class RunStartForm(forms.Form):
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))
-        self.fields["recipe"].choices = choices
+        recipe_field = self.fields["recipe"]
+        assert isinstance(recipe_field, forms.ChoiceField)
+        recipe_field.choices = choices
         operators.operators_load()
         proposers = sorted(operators.known_operators().get("proposal", set()))
-        self.fields["proposer"].choices = [("", "the recipe's own"), *((name, name) for name in proposers)]
+        proposer_field = self.fields["proposer"]
+        assert isinstance(proposer_field, forms.ChoiceField)
+        proposer_field.choices = [("", "the recipe's own"), *((name, name) for name in proposers)]
 
 
 def start_form_initial(latest: Run | None) -> dict[str, Any]:
@@ -78,7 +82,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     form = RunStartForm(request.POST, latest=latest)
     if not form.is_valid():
         problems = "; ".join(
-            f"{form.fields[name].label if name in form.fields else name}: {' '.join(errors)}"
+            f"{form.fields[name].label if name in form.fields else name}: {' '.join(str(error) for error in errors)}"
             for name, errors in form.errors.items()
         )
         messages.error(request, f"The run was not started: {problems}")

@@ -33,7 +33,7 @@ from evolution.models import (
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
 from review.access import roles_ensure
-from tests.factories import evaluate_seed_inline, make_tiny_experiment
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, seed_of
 from tests.worlds import WorldRows, world_dump, world_load, world_rows
 
 CANARY = "CANARY-sealed-7f3a9c"
@@ -69,7 +69,7 @@ def _build_world() -> None:
     Trial.objects.filter(pk=sealed_trial.pk).update(error=f"sealed detail {CANARY}")
     _trajectory(train_trial, "train trajectory")
     _trajectory(sealed_trial, f"sealed {CANARY}")
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     tree = tree_store(
         entries=[
             FileEntry("default.txt", "100644", b"yes\n"),

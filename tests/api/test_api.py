@@ -25,6 +25,7 @@ from evolution.recipes import load_preset
 from evolution.services import loop
 from review.access import SEALED
 from tests.api.conftest import CANARY, World
+from tests.factories import seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -331,7 +332,7 @@ def test_ledger_filters(api_world: World, api_as: Any) -> None:
 
 
 def _label() -> AnnotationLabel:
-    return AnnotationLabel.objects.filter(experiment__isnull=True).order_by("pk").first()
+    return AnnotationLabel.objects.filter(experiment__isnull=True).order_by("pk")[0]
 
 
 def test_annotator_creates_updates_and_deletes_own(api_world: World, api_as: Any) -> None:
@@ -343,7 +344,8 @@ def test_annotator_creates_updates_and_deletes_own(api_world: World, api_as: Any
     assert created["step"] == 2 and created["author"] == "annotator"
     url = f"{V1}/annotations/{created['id']}/"
     assert annotator.patch(url, {"note": "changed"}, format="json").json()["note"] == "changed"
-    assert Annotation.objects.get().step.step_id == 2  # PATCH kept the step
+    step = Annotation.objects.get().step
+    assert step is not None and step.step_id == 2  # PATCH kept the step
     other = api_as("annotator", username="someone-else")
     assert other.patch(url, {"note": "mine now"}, format="json").status_code == 403
     assert other.delete(url).status_code == 403
@@ -418,7 +420,7 @@ def test_trials_expose_external_and_filter_on_it(api_world: World, api_as: Any) 
     ours = set(Trial.objects.filter(candidate__experiment=experiment).values_list("pk", flat=True))
     tasks = Task.objects.filter(split_memberships__experiment=experiment).values_list("external_id", flat=True)
     evaluation = external_results_ingest(
-        candidate=experiment.seed_candidate,
+        candidate=seed_of(experiment),
         results=[{"task": task, "index": 0, "passed": True} for task in tasks],
         source={"tool": "harbor", "job": "job-7"},
     )

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 import api.external
 from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from review.access import roles_ensure
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_id
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +49,7 @@ def url(pk: int) -> str:
 @URLCONF
 def test_operator_ingests_external_results() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    response = client_for("operator").post(url(experiment.seed_candidate_id), body(experiment), format="json")
+    response = client_for("operator").post(url(seed_id(experiment)), body(experiment), format="json")
     assert response.status_code == 201, response.content
     evaluation = Evaluation.objects.get()
     assert response.json() == {
@@ -72,7 +72,7 @@ def test_a_result_with_an_error_is_an_error_trial_without_a_score() -> None:
     data = body(experiment)
     data["results"][1] = {**data["results"][1], "passed": False, "error": "infrastructure_failed (docker)"}
     del data["results"][1]["score"]
-    response = client_for("operator").post(url(experiment.seed_candidate_id), data, format="json")
+    response = client_for("operator").post(url(seed_id(experiment)), data, format="json")
     assert response.status_code == 201, response.content
     rows = Trial.objects.order_by("task__external_id").values_list("state", "outcome", "score", "error")
     assert list(rows) == [
@@ -86,7 +86,7 @@ def test_an_error_on_a_passed_result_is_a_400_and_writes_nothing() -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
     data = body(experiment)
     data["results"][0]["error"] = "boom"
-    response = client_for("operator").post(url(experiment.seed_candidate_id), data, format="json")
+    response = client_for("operator").post(url(seed_id(experiment)), data, format="json")
     assert (response.status_code, response.json()) == (
         400,
         {"results[0].error": ["a trial that errored cannot pass"]},
@@ -98,7 +98,7 @@ def test_an_error_on_a_passed_result_is_a_400_and_writes_nothing() -> None:
 @pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("annotator", 403), (None, 401)])
 def test_without_the_operate_permission_the_post_is_refused(role: str | None, status: int) -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
-    response = client_for(role).post(url(experiment.seed_candidate_id), body(experiment), format="json")
+    response = client_for(role).post(url(seed_id(experiment)), body(experiment), format="json")
     assert response.status_code == status
     assert not Evaluation.objects.exists()
 
@@ -108,7 +108,7 @@ def test_unknown_task_is_a_400_naming_the_field_and_writes_nothing() -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
     data = body(experiment)
     data["results"][1]["task"] = "t99"
-    response = client_for("operator").post(url(experiment.seed_candidate_id), data, format="json")
+    response = client_for("operator").post(url(seed_id(experiment)), data, format="json")
     assert response.status_code == 400
     assert response.json() == {"results[1].task": ["unknown task 't99' in this experiment"]}
     assert not Evaluation.objects.exists()
@@ -120,13 +120,13 @@ def test_wrong_types_are_a_400_per_item_field_and_ranges_are_checked_too() -> No
     client = client_for("operator")
     data = body(experiment)
     data["results"][0]["passed"] = "perhaps"
-    response = client.post(url(experiment.seed_candidate_id), data, format="json")
+    response = client.post(url(seed_id(experiment)), data, format="json")
     assert response.status_code == 400
     assert response.json() == {"results": {"0": {"passed": ["Must be a valid boolean."]}}}
 
     data["results"][0]["passed"] = True
     data["results"][1]["score"] = 2
-    response = client.post(url(experiment.seed_candidate_id), data, format="json")
+    response = client.post(url(seed_id(experiment)), data, format="json")
     assert response.status_code == 400
     assert response.json() == {"results[1].score": ["must be a number in [0, 1], got 2.0"]}
     assert not Evaluation.objects.exists()

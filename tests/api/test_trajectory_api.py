@@ -33,8 +33,9 @@ _names = itertools.count(1)
 
 def _wired() -> bool:
     try:
-        return resolve("/api/v1/trials/1/trajectory/").func.view_class is trajectories.TrajectoryImportView
-    except (Resolver404, AttributeError):
+        view = resolve("/api/v1/trials/1/trajectory/").func
+        return getattr(view, "view_class", None) is trajectories.TrajectoryImportView
+    except Resolver404:
         return False
 
 

@@ -43,6 +43,7 @@ def world() -> dict[str, Any]:
     failed = Trial.objects.filter(candidate__experiment=experiment, outcome=Trial.Outcome.FAIL).order_by("pk")
     passed = Trial.objects.filter(candidate__experiment=experiment, outcome=Trial.Outcome.PASS).first()
     trial = failed.first()
+    assert trial is not None
     trajectory = Trajectory.objects.create(trial=trial, step_count=3)
     for step_id in (1, 2, 3):
         TrajectoryStep.objects.create(trajectory=trajectory, step_id=step_id, source="agent", message=f"m{step_id}")
@@ -83,7 +84,9 @@ def test_create_an_annotation_anchored_to_a_step(world: dict[str, Any]) -> None:
     annotation.refresh_from_db()
     assert annotation.label == world["label"]
     assert annotation.note == "used grep wrong"
+    assert annotation.step is not None
     assert annotation.step.step_id == 2
+    assert annotation.step is not None
     assert annotation.step.trajectory.trial_id == world["trial"].pk
 
 
@@ -147,6 +150,7 @@ def test_update_and_delete_only_ones_own(world: dict[str, Any]) -> None:
     with pytest.raises(AnnotationNotYours):
         annotation_delete(annotation=annotation, author=world["bob"])
     annotation.refresh_from_db()
+    assert annotation.step is not None
     assert (annotation.label_id, annotation.note, annotation.step.step_id) == (world["label"].pk, "", 1)
 
     updated = annotation_update(annotation=annotation, author=world["ann"], label=other, note="on reflection", step="")

@@ -11,6 +11,7 @@ import importlib
 import io
 import math
 import re
+from typing import Any
 
 import pytest
 import rfc8785
@@ -95,11 +96,12 @@ CANONICAL_CASES = [
 
 
 @pytest.mark.parametrize("value", CANONICAL_CASES)
-def test_canonical_payload_is_exactly_rfc8785(value: object) -> None:
+def test_canonical_payload_is_exactly_rfc8785(value: Any) -> None:
     assert records.canonical_payload(value) == rfc8785.dumps(value)
     # What a certified record stores, and what it reads back.
     field = CanonicalJSONField()
     stored = field.get_prep_value(value)
+    assert stored is not None
     assert stored.encode() == rfc8785.dumps(value)
     assert field.from_db_value(stored, None, None) == value
 

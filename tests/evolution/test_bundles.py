@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from evolution.models import Candidate, CertifiedResult, EvaluationSplitStats, Experiment, Trial
 from evolution.services.bundles import BundleError, bundle_import, bundle_read, bundle_verify, bundle_write
 from evolution.services.records import records_verify
-from tests.factories import evaluate_seed_inline, make_tiny_experiment
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, seed_of
 
 
 def certified_experiment() -> Experiment:
@@ -180,7 +180,7 @@ def test_import_into_an_empty_database_verifies(tmp_path: Path) -> None:
     assert Trial.objects.filter(evaluation__experiment=imported).count() == trials_before
     # The per-split totals certification stores, written on import as well.
     assert split_stats(imported) == stats_before
-    assert imported.seed_candidate.state == Candidate.State.CERTIFIED
+    assert seed_of(imported).state == Candidate.State.CERTIFIED
     report = records_verify(experiment=imported)
     assert report.ok, report.problems
     out = io.StringIO()

@@ -10,7 +10,7 @@ from evolution.services import evaluation as evaluation_services
 from evolution.services.candidates import EditInput, candidate_accept, candidate_create, candidate_transition
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
-from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline, seed_id
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ SPLITS = {"train": IDS[:4], "gate": IDS[4:6], "sealed": IDS[6:]}
 def test_seed_metrics_label_rate_and_contribution_apart() -> None:
     experiment = make_tiny_experiment(tasks=8, k=2, split_lists=SPLITS)
     evaluate_seed_inline(experiment)
-    result = selectors.candidate_metrics(candidate=Candidate.objects.get(pk=experiment.seed_candidate_id))
+    result = selectors.candidate_metrics(candidate=Candidate.objects.get(pk=seed_id(experiment)))
     # The seed answers "yes": even task numbers pass. train t00..t03: 2 of 4 tasks pass.
     train = result.splits["train"]
     assert (train.tasks, train.trials, train.rate, train.contribution) == (4, 8, 0.5, 2 / 8)
@@ -35,7 +35,7 @@ def test_seed_metrics_label_rate_and_contribution_apart() -> None:
 def test_child_metrics_carry_ds_dc_and_a_bootstrap_interval() -> None:
     experiment = make_tiny_experiment(tasks=8, k=2, split_lists=SPLITS)
     evaluate_seed_inline(experiment)
-    seed = Candidate.objects.get(pk=experiment.seed_candidate_id)
+    seed = Candidate.objects.get(pk=seed_id(experiment))
     candidate_accept(candidate=seed)
     # The child also answers t01 and t03 (train) and t05 (gate) correctly.
     files = [FileEntry("default.txt", "100644", b"yes\n")] + [
@@ -56,6 +56,7 @@ def test_child_metrics_carry_ds_dc_and_a_bootstrap_interval() -> None:
     result = selectors.candidate_metrics(candidate=Candidate.objects.get(pk=child.pk))
     assert result.splits["train"].rate == 1.0
     assert result.delta_score == pytest.approx(1.0 - 0.5)
+    assert result.delta_ci is not None
     mean, low, high = result.delta_ci
     assert mean == pytest.approx(0.5)
     assert 0.0 <= low <= mean <= high <= 1.0

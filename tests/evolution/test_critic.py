@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def added_file(text: str, path: str = "memory/notes.md") -> str:
     return make_diff({path: (None, text)})
 
 
-def only(*rules: str, **thresholds: int) -> CriticConfig:
+def only(*rules: str, **thresholds: Any) -> CriticConfig:
     return CriticConfig(rules=frozenset(rules), **thresholds)
 
 

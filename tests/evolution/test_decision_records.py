@@ -51,7 +51,7 @@ WIDE_SURFACE = "include:\n  - '**'\ncomponents:\n  '**': prompt\n"
 def reviewed_run() -> Run:
     """A finished rrsi run whose first flagged candidate a reviewer rejected."""
     run = drive(start("rrsi"), until=lambda r: ReviewItem.objects.filter(candidate__run=r).exists())
-    item = ReviewItem.objects.filter(candidate__run=run).order_by("pk").first()
+    item = ReviewItem.objects.filter(candidate__run=run).order_by("pk")[0]
     review_decide(item=item, user=User.objects.create_user("alice"), approve=False, reason="copies a task id")
     run = drive(run)
     assert run.status == Run.Status.FINISHED, run.error
@@ -74,14 +74,18 @@ def test_every_decision_is_a_certified_record_in_the_chain(run: Run) -> None:
     assert len(gates) >= 3 and len(reviews) == 1
     assert {g.accepted for g in gates} == {True, False}
     for gate in gates:
+        assert gate.record is not None
         payload = gate.record.payload
+        assert gate.record is not None
         assert gate.record.kind == "gate" and payload["schema"] == records.GATE_SCHEMA
         assert payload["candidate"] == {"tree": gate.candidate.tree_id}
         assert payload["gate"]["accepted"] == gate.accepted and payload["gate"]["rule"] == gate.rule
         assert payload["gate"]["explanation"] == gate.explanation and payload["gate"]["numbers"] == gate.numbers
         assert payload["state"] == {"name": gate.candidate.state, "reason": gate.candidate.state_reason}
         assert payload["recipe"] == run.recipe.digest and payload["surface"] == experiment.surface.digest
-    review = reviews[0].record.payload
+    record = reviews[0].record
+    assert record is not None
+    review = record.payload
     assert review["review"]["verdict"] == "reject" and review["review"]["reviewer"] == "alice"
     assert review["state"]["name"] == Candidate.State.REJECTED_REVIEW
     # One chain: evaluations and decisions share the seq numbers and the signed head.
@@ -96,30 +100,34 @@ def test_every_decision_is_a_certified_record_in_the_chain(run: Run) -> None:
 
 
 def _gate(run: Run, *, accepted: bool) -> GateDecision:
-    return GateDecision.objects.filter(run=run, accepted=accepted).exclude(rule="seed").order_by("pk").first()
+    return GateDecision.objects.filter(run=run, accepted=accepted).exclude(rule="seed").order_by("pk")[0]
 
 
 def flip_verdict(run: Run) -> str:
     gate = _gate(run, accepted=False)
     GateDecision.objects.filter(pk=gate.pk).update(accepted=True, chosen=True)
+    assert gate.record is not None
     return f"record #{gate.record.seq}: gate decision differs from its record in accepted, chosen"
 
 
 def edit_explanation(run: Run) -> str:
     gate = _gate(run, accepted=False)
     GateDecision.objects.filter(pk=gate.pk).update(explanation="dS above the noise band: accepted")
+    assert gate.record is not None
     return f"record #{gate.record.seq}: gate decision differs from its record in explanation"
 
 
 def edit_numbers(run: Run) -> str:
     gate = _gate(run, accepted=True)
     GateDecision.objects.filter(pk=gate.pk).update(numbers={**gate.numbers, "dS": 0.5})
+    assert gate.record is not None
     return f"record #{gate.record.seq}: gate decision differs from its record in numbers"
 
 
 def accept_rejected(run: Run) -> str:
     gate = _gate(run, accepted=False)
     Candidate.objects.filter(pk=gate.candidate_id).update(state=Candidate.State.ACCEPTED, state_reason="forged")
+    assert gate.record is not None
     return (
         f"candidate {gate.candidate.tree_id[:12]}: state 'accepted', but the certified gate decision "
         f"(record #{gate.record.seq}) made it 'rejected_gate'"
@@ -129,6 +137,7 @@ def accept_rejected(run: Run) -> str:
 def edit_reason(run: Run) -> str:
     gate = _gate(run, accepted=True)
     Candidate.objects.filter(pk=gate.candidate_id).update(state_reason="accepted by the board")
+    assert gate.record is not None
     return (
         f"candidate {gate.candidate.tree_id[:12]}: state reason differs from the certified gate decision "
         f"(record #{gate.record.seq})"
@@ -144,6 +153,7 @@ def unknown_state(run: Run) -> str:
 def unreject_reviewed(run: Run) -> str:
     decision = ReviewDecision.objects.select_related("item__candidate", "record").get(item__candidate__run=run)
     Candidate.objects.filter(pk=decision.item.candidate_id).update(state=Candidate.State.APPROVED)
+    assert decision.record is not None
     return (
         f"candidate {decision.item.candidate.tree_id[:12]}: state 'approved', but the certified review decision "
         f"(record #{decision.record.seq}) made it 'rejected_review'"
@@ -152,7 +162,9 @@ def unreject_reviewed(run: Run) -> str:
 
 def accept_undecided(run: Run) -> str:
     flagged = Candidate.objects.filter(run=run, state=Candidate.State.FLAGGED).order_by("pk").first()
+    assert flagged is not None
     seed = run.experiment.seed_candidate
+    assert seed is not None
     Candidate.objects.filter(pk=flagged.pk).update(state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
     return f"candidate {flagged.tree_id[:12]}: state 'accepted' with no certified gate decision"
 
@@ -166,6 +178,7 @@ def uncertify(run: Run) -> str:
 def blame_another(run: Run) -> str:
     decision = ReviewDecision.objects.select_related("record").get(item__candidate__run=run)
     ReviewDecision.objects.filter(pk=decision.pk).update(reviewer=User.objects.create_user("mallory"))
+    assert decision.record is not None
     return f"record #{decision.record.seq}: review decision differs from its record in reviewer"
 
 
@@ -174,6 +187,7 @@ def widen_surface(run: Run) -> str:
         spec=WIDE_SURFACE, digest=digests.sha256_hex(WIDE_SURFACE.encode())
     )
     first = CertifiedDecision.objects.filter(experiment=run.experiment).order_by("seq").first()
+    assert first is not None
     return f"record #{first.seq}: surface changed since this decision (its digest differs)"
 
 

@@ -213,7 +213,7 @@ def test_the_agent_runs_again_and_again_in_fresh_folders(tmp_path: Path) -> None
 
 # --- Verifier ----------------------------------------------------------------------------------
 
-REFUND = {
+REFUND: dict[str, Any] = {
     "expected": {"tool": "refund_order", "args": {"order_id": "A-1234", "amount": "12.50"}},
     "criteria": [{"id": "tool"}, {"id": "arg:order_id"}, {"id": "arg:amount"}],
 }

@@ -13,7 +13,7 @@ from evolution.services.experiments import (
     split_digests_compute,
     splits_assign,
 )
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_id, seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +25,7 @@ def test_experiment_has_a_seed_and_frozen_split_digests() -> None:
     assert {m.split for m in memberships} == {"train", "gate", "sealed"}
     assert sorted(experiment.split_digests) == ["gate", "sealed", "train"]
     assert experiment.split_digests == split_digests_compute(experiment=experiment)
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     assert seed.origin == Candidate.Origin.SEED and seed.parent is None
     assert seed.state == Candidate.State.APPROVED
 
@@ -42,7 +42,7 @@ def test_explicit_split_lists_change_the_digests() -> None:
 
 def test_splits_cannot_change_once_results_exist() -> None:
     experiment = make_tiny_experiment(tasks=4)
-    evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     before = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))
     with pytest.raises(ExperimentError, match="after results exist"):
         splits_assign(experiment=experiment, seed=99, ratios={"train": 1.0})
@@ -62,33 +62,34 @@ def test_benchmark_upsert_is_idempotent_and_refuses_silent_changes() -> None:
 
 def test_evaluation_creates_k_trials_per_task_with_stable_seeds() -> None:
     experiment = make_tiny_experiment(tasks=6, k=3)
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train", "gate"])
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train", "gate"])
     tasks = SplitMembership.objects.filter(experiment=experiment, split__in=["train", "gate"]).count()
     assert evaluation.trials_total == tasks * 3
     assert evaluation.trials.count() == tasks * 3
     trial = evaluation.trials.select_related("task").first()
+    assert trial is not None
     assert trial.seed == evaluation_services.trial_seed(evaluation.seed, trial.task.external_id, trial.index)
-    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATING
+    assert Candidate.objects.get(pk=seed_id(experiment)).state == Candidate.State.EVALUATING
 
 
 def test_a_candidate_not_approved_for_evaluation_cannot_be_evaluated() -> None:
     experiment = make_tiny_experiment(tasks=4)
-    Candidate.objects.filter(pk=experiment.seed_candidate_id).update(state=Candidate.State.FLAGGED)
+    Candidate.objects.filter(pk=seed_id(experiment)).update(state=Candidate.State.FLAGGED)
     with pytest.raises(evaluation_services.EvaluationError, match="is flagged; it cannot be evaluated"):
-        evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+        evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     assert not Evaluation.objects.filter(experiment=experiment).exists()
 
 
 def test_repeated_evaluations_of_one_candidate_keep_it_evaluating_until_all_finish() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    first = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
-    second = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"], repeat=1)
+    first = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    second = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"], repeat=1)
     for trial_id in first.trials.values_list("pk", flat=True):
         evaluation_services.trial_execute(trial_id=trial_id, owner="test")
-    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATING
+    assert Candidate.objects.get(pk=seed_id(experiment)).state == Candidate.State.EVALUATING
     for trial_id in second.trials.values_list("pk", flat=True):
         evaluation_services.trial_execute(trial_id=trial_id, owner="test")
-    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.EVALUATED
+    assert Candidate.objects.get(pk=seed_id(experiment)).state == Candidate.State.EVALUATED
 
 
 def test_heldout_benchmark_tasks_are_reported_like_sealed() -> None:
@@ -115,7 +116,7 @@ def test_heldout_benchmark_tasks_are_reported_like_sealed() -> None:
     assert memberships.filter(split=SplitName.HELDOUT).count() == 3
     assert memberships.exclude(split=SplitName.HELDOUT).count() == 4
     assert "heldout" in experiment.split_digests
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["heldout"], k=1)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["heldout"], k=1)
     assert evaluation.trials_total == 3
 
 
@@ -129,7 +130,7 @@ def test_the_own_benchmark_cannot_also_be_held_out() -> None:
             benchmark=base.benchmark,
             evaluator=base.evaluator,
             surface=base.surface,
-            seed_tree=base.seed_candidate.tree,
+            seed_tree=seed_of(base).tree,
             heldout=[base.benchmark],
         )
     assert not type(base).objects.filter(name="self held out").exists()

@@ -12,7 +12,7 @@ from evolution.selectors import candidate_external_results, candidate_metrics, c
 from evolution.services.evaluation import lease_reap
 from evolution.services.external import ExternalResultsError, external_results_ingest
 from evolution.services.records import records_verify, result_certify
-from tests.factories import evaluate_seed_inline, make_tiny_experiment
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def results_for(experiment: Experiment, *, k: int = 1) -> list[dict[str, Any]]:
 
 def test_ingest_stores_an_external_evaluation_with_done_trials() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     results = results_for(experiment, k=2)
     results[0]["score"] = 0.25
     results[1]["split"] = tasks_by_split(experiment)[results[1]["task"]]
@@ -82,7 +82,7 @@ def test_bad_results_are_refused_naming_the_field_and_nothing_is_written(
     results = results_for(experiment)
     results[1].update(change)
     with pytest.raises(ExternalResultsError) as caught:
-        external_results_ingest(candidate=experiment.seed_candidate, results=results, source={})
+        external_results_ingest(candidate=seed_of(experiment), results=results, source={})
     assert field in caught.value.errors
     assert message in caught.value.errors[field]
     assert not Evaluation.objects.exists()
@@ -94,7 +94,7 @@ def test_duplicate_task_and_index_is_refused() -> None:
     results = results_for(experiment)
     results.append(dict(results[2]))
     with pytest.raises(ExternalResultsError) as caught:
-        external_results_ingest(candidate=experiment.seed_candidate, results=results, source={})
+        external_results_ingest(candidate=seed_of(experiment), results=results, source={})
     assert caught.value.errors == {"results[4]": "duplicate trial: task 't02' index 0 is also results[2]"}
     assert not Evaluation.objects.exists()
 
@@ -103,7 +103,7 @@ def test_duplicate_task_and_index_is_refused() -> None:
 def test_results_must_be_a_non_empty_list(results: Any) -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
     with pytest.raises(ExternalResultsError, match="results: must be a non-empty list"):
-        external_results_ingest(candidate=experiment.seed_candidate, results=results, source={})
+        external_results_ingest(candidate=seed_of(experiment), results=results, source={})
     assert not Evaluation.objects.exists()
 
 
@@ -118,14 +118,14 @@ def test_results_must_be_a_non_empty_list(results: Any) -> None:
 def test_source_must_be_small_plain_json(source: dict[str, Any], message: str) -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
     with pytest.raises(ExternalResultsError) as caught:
-        external_results_ingest(candidate=experiment.seed_candidate, results=results_for(experiment), source=source)
+        external_results_ingest(candidate=seed_of(experiment), results=results_for(experiment), source=source)
     assert message in caught.value.errors["source"]
     assert not Evaluation.objects.exists()
 
 
 def test_external_results_are_never_certified_nor_counted_as_certified() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     certified = evaluate_seed_inline(experiment)
     assert certified.state == Evaluation.State.CERTIFIED
     records_before = candidate_trial_records(candidate=seed)
@@ -159,7 +159,7 @@ def test_external_results_are_never_certified_nor_counted_as_certified() -> None
 
 def test_the_database_refuses_an_external_evaluation_in_a_certifiable_state() -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
-    external = external_results_ingest(candidate=experiment.seed_candidate, results=results_for(experiment), source={})
+    external = external_results_ingest(candidate=seed_of(experiment), results=results_for(experiment), source={})
     for state in (Evaluation.State.COMPLETE, Evaluation.State.CERTIFIED):
         with pytest.raises(IntegrityError), transaction.atomic():
             Evaluation.objects.filter(pk=external.pk).update(state=state)

@@ -43,7 +43,11 @@ def test_a_held_command_waits_stopped_until_killed_or_continued(hold_point: Path
         command = faults.hold_argv("agent:start", [sys.executable, "-c", f"open({str(ran)!r}, 'w')"])
         process = subprocess.Popen(command)
         try:
-            wait_until(lambda pid=process.pid: process_state(pid) == "T", timeout=30, what="the held command to stop")
+
+            def stopped(pid: int = process.pid) -> bool:
+                return process_state(pid) == "T"
+
+            wait_until(stopped, timeout=30, what="the held command to stop")
             assert not ran.exists(), "the held command ran before it was let go"
             process.send_signal(signal.SIGCONT if continued else signal.SIGKILL)
             returncode = process.wait(timeout=30)

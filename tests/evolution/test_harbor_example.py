@@ -18,7 +18,7 @@ from evolution.models import CertifiedResult, Evaluation, Experiment, Trajectory
 from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import in_surface, parse_surface
-from tests.factories import evaluate_seed_inline
+from tests.factories import evaluate_seed_inline, seed_of
 
 EXAMPLE = Path(cli_runner.__file__).parent / "harbor_example"
 
@@ -46,13 +46,14 @@ def test_load_creates_the_experiment_once_with_tests_kept_private() -> None:
     experiment = Experiment.objects.get(name="harbor-example")
     task = experiment.benchmark.tasks.get(external_id="sum-numbers")
     # The agent gets the instruction and the workspace files; the tests travel only in `expected`.
+    assert task.public_files is not None
     public = {entry.path for entry in tree_entries(tree=task.public_files)}
     assert public == {"workspace/numbers.txt"}
     assert "/logs/verifier/reward.txt" in task.expected["tests"]["test.sh"]
     evaluator_files = {entry.path for entry in tree_entries(tree=experiment.evaluator.files)}
     assert evaluator_files == {"cli_runner.py", "harbor_verify.py"}
     surface = parse_surface(experiment.surface.spec)
-    seed_files = [entry.path for entry in tree_entries(tree=experiment.seed_candidate.tree)]
+    seed_files = [entry.path for entry in tree_entries(tree=seed_of(experiment).tree)]
     assert [path for path in seed_files if in_surface(surface, path)] == ["agent.toml", "prompts/system.md"]
 
 
@@ -66,7 +67,7 @@ def test_seed_evaluation_runs_the_agent_and_grades_with_the_task_tests() -> None
     assert CertifiedResult.objects.filter(evaluation=evaluation).exists()
     trials = Trial.objects.filter(evaluation=evaluation).select_related("task")
     assert trials.count() == 8
-    by_task = {}
+    by_task: dict[str, set[tuple[str, float | None, bool | None]]] = {}
     for trial in trials:
         assert trial.error == "", trial.error
         by_task.setdefault(trial.task.external_id, set()).add((trial.outcome, trial.score, trial.submitted))

@@ -22,7 +22,7 @@ from evolution.models import (
 )
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 from evolution.services import loop
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
 from tests.operators import tiny_proposer
 
@@ -74,7 +74,7 @@ def test_rrsi_run_flags_the_leak_before_any_evaluation_and_holds_it_for_review()
 
 def test_the_seed_is_certified_and_accepted_first_with_a_noise_band() -> None:
     run = drive(start("rrsi"))
-    seed = run.experiment.seed_candidate
+    seed = seed_of(run.experiment)
     decision = GateDecision.objects.get(run=run, candidate=seed)
     assert decision.rule == "seed" and decision.round == 0
     assert len(decision.numbers["repeats"]) == 2

@@ -46,6 +46,7 @@ def example(name: str) -> Experiment:
 
 def leaky(run: Run, candidate: Candidate) -> bool:
     index = build_index(evolve_tasks_for_critic(run=run))
+    assert candidate.parent is not None
     return bool(critique(tree_diff(old=candidate.parent.tree, new=candidate.tree), index))
 
 
@@ -56,8 +57,13 @@ def test_regularization_stops_leaks_that_the_unregularized_loop_accepts(start_wo
     unregularized = loop.run_create(experiment=example("example-unregularized"), recipe=recipe("unregularized"))
     regularized = loop.run_create(experiment=example("example-rrsi"), recipe=recipe("rrsi"))
     for run in (unregularized, regularized):
+
+        def finished(run: Run = run) -> bool:
+            run.refresh_from_db()
+            return run.status != Run.Status.RUNNING
+
         wait_until(
-            lambda run=run: (run.refresh_from_db() or run.status) != Run.Status.RUNNING,
+            finished,
             timeout=900,
             interval=1,
             what=f"run {run.pk}",

@@ -63,8 +63,11 @@ def test_a_run_paused_while_proposing_proposes_again_as_soon_as_it_is_resumed(st
 
     wait_until(proposed, timeout=60, what="the resumed run to leave proposing (lease 300 s, no beat)")
     assert time.monotonic() - resumed < 60
-    wait_until(
-        lambda: run.refresh_from_db() or run.status != Run.Status.RUNNING, timeout=180, what="the resumed run to end"
-    )
+
+    def ended() -> bool:
+        run.refresh_from_db()
+        return run.status != Run.Status.RUNNING
+
+    wait_until(ended, timeout=180, what="the resumed run to end")
     assert run.status == Run.Status.FINISHED, run.error
     assert sorted(Candidate.objects.filter(run=run, round=1).values_list("label", flat=True)) == ["r1s0", "r1s1"]

@@ -20,7 +20,7 @@ from evolution import records
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, TreeEntry
 from evolution.services import evaluation as evaluation_services
 from evolution.services.records import records_verify, result_certify
-from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline
+from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline, seed_id, seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +65,7 @@ def certified() -> Experiment:
 def test_certified_record_binds_what_was_measured(certified: Experiment) -> None:
     record = CertifiedResult.objects.get(experiment=certified)
     payload = record.payload
-    seed = certified.seed_candidate
+    seed = seed_of(certified)
     assert record.seq == 1
     assert record.prev_digest == records.GENESIS
     assert payload["candidate"]["tree"] == seed.tree_id
@@ -223,7 +223,7 @@ def test_re_signing_without_the_key_is_detected(certified: Experiment) -> None:
 
 
 def test_replaced_blob_is_detected(certified: Experiment) -> None:
-    entry = TreeEntry.objects.get(tree=certified.seed_candidate.tree, path="default.txt")
+    entry = TreeEntry.objects.get(tree=seed_of(certified).tree, path="default.txt")
     with connection.cursor() as cursor:
         cursor.execute("UPDATE evolution_blob SET content = %s WHERE digest = %s", [b"no\n", entry.blob_id])
     code, out = run_verify(certified)
@@ -256,7 +256,7 @@ def test_changed_private_task_data_is_detected(certified: Experiment) -> None:
 
 def _second_record(experiment: Experiment) -> None:
     evaluation = evaluation_services.evaluation_start(
-        candidate=experiment.seed_candidate, splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=1
+        candidate=seed_of(experiment), splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=1
     )
     run_evaluation_inline(evaluation)
     assert evaluation.state == Evaluation.State.CERTIFIED
@@ -277,7 +277,7 @@ def test_trial_rows_are_checked_against_their_own_record_along_the_chain(certifi
     are still compared with that record's own."""
     for repeat in (1, 2):
         evaluation = evaluation_services.evaluation_start(
-            candidate=certified.seed_candidate, splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=repeat
+            candidate=seed_of(certified), splits=["train"], purpose=Evaluation.Purpose.NOISE, repeat=repeat
         )
         run_evaluation_inline(evaluation)
     second, third = (
@@ -331,7 +331,7 @@ def test_truncated_chain_is_detected(certified: Experiment) -> None:
 
 def test_certification_is_refused_when_the_evaluator_changed_after_evaluation() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     for trial_id in evaluation.trials.values_list("pk", flat=True):
         evaluation_services.trial_execute(trial_id=trial_id, owner="test")
     entry = TreeEntry.objects.get(tree=experiment.evaluator.files, path="verify.py")
@@ -346,7 +346,7 @@ def test_certification_is_refused_when_the_evaluator_changed_after_evaluation() 
     assert "certification refused" in evaluation.error
     assert not CertifiedResult.objects.filter(experiment=experiment).exists()
     assert experiment.chain_length == 0
-    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.FAILED
+    assert Candidate.objects.get(pk=seed_id(experiment)).state == Candidate.State.FAILED
 
 
 def test_verify_records_reports_every_experiment(certified: Experiment) -> None:

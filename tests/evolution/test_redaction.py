@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from evolution.redaction import redact, redact_text
@@ -90,7 +92,7 @@ def test_look_alikes_are_kept(innocent: str) -> None:
 
 
 def test_recurses_through_nested_json_and_counts_by_kind() -> None:
-    document = {
+    document: dict[str, Any] = {
         "steps": [
             {"message": f"key {OPENAI}", "tool_calls": [{"arguments": {"env": {"KEY": OPENAI}, "n": 3}}]},
             {"observation": {"results": [{"content": SECRETS["aws_access_key_id"]}]}, "ok": True, "none": None},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -33,7 +34,7 @@ from evolution.services.review import (
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from tests.evolution.test_loop import start
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
 from tests.operators import tiny_proposer
 
@@ -209,6 +210,7 @@ def test_rejecting_the_leaky_edits_derives_a_clean_candidate_that_the_loop_evalu
     item.refresh_from_db()
     flagged.refresh_from_db()
     derived = decision.derived_candidate
+    assert derived is not None
     assert item.state == ReviewItem.State.PARTIAL
     assert decision.verdict == ReviewDecision.Verdict.REJECT_EDITS
     assert decision.reviewer == alice and decision.reason == "the answers are hard-coded"
@@ -217,6 +219,7 @@ def test_rejecting_the_leaky_edits_derives_a_clean_candidate_that_the_loop_evalu
     assert derived.origin == Candidate.Origin.DERIVED
     assert (derived.parent_id, derived.run_id, derived.round) == (flagged.parent_id, run.pk, flagged.round)
     # The tree: the parent's files plus the kept note, none of the rejected answers.
+    assert flagged.parent is not None
     parent_files = files_of(flagged.parent)
     assert files_of(derived) == {**parent_files, "notes/generic.md": GENERIC_NOTE}
     assert not any(path.startswith("answers/") for path in files_of(derived))
@@ -244,6 +247,7 @@ def test_a_derived_candidate_that_still_leaks_is_flagged_again_and_waits_for_rev
     first_leak = item.candidate.edits.get(index=0)
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[first_leak.pk], reason="one leak")
     derived = decision.derived_candidate
+    assert derived is not None
     assert derived.state == Candidate.State.FLAGGED
     assert derived.origin == Candidate.Origin.DERIVED
     assert set(files_of(derived)) >= {"notes/generic.md", item.candidate.edits.get(index=1).paths[0]}
@@ -256,7 +260,10 @@ def test_a_derived_candidate_that_still_leaks_is_flagged_again_and_waits_for_rev
     # The new item is reviewed like any other: approve the rest.
     second = derived.edits.get(paths=[item.candidate.edits.get(index=1).paths[0]])
     final = review_decide_partial(item=again, user=alice, rejected_edits=[second.pk], reason="the other leak")
+    assert final.derived_candidate is not None
     assert final.derived_candidate.state == Candidate.State.EVALUATING
+    assert final.derived_candidate is not None
+    assert item.candidate is not None
     assert final.derived_candidate.parent_id == item.candidate.parent_id
 
 
@@ -267,6 +274,7 @@ def test_a_derived_candidate_is_held_for_the_critic_even_when_the_run_is_over(
     loop.run_cancel(run=run)
     leaky = item.candidate.edits.filter(paths__0__startswith="answers/")
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[e.pk for e in leaky], reason="leaks")
+    assert decision.derived_candidate is not None
     assert decision.derived_candidate.state == Candidate.State.APPROVED
     assert not Evaluation.objects.filter(candidate=decision.derived_candidate).exists()
 
@@ -276,7 +284,8 @@ def test_partial_decisions_need_a_reason_and_a_proper_selection(mixed: tuple[Run
     before = Candidate.objects.count()
     edits = list(item.candidate.edits.order_by("index"))
     other = AtomicEdit.objects.exclude(candidate=item.candidate).first()
-    cases = [
+    assert other is not None
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"rejected_edits": [edits[0].pk], "reason": " "}, "reason is required"),
         ({"rejected_edits": [], "reason": "leaks"}, "select at least one"),
         ({"rejected_edits": [e.pk for e in edits], "reason": "leaks"}, "reject the whole candidate"),
@@ -364,7 +373,7 @@ def test_derive_files_restores_the_parent_content_of_rejected_paths() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_two_reviewers_deciding_at_once_make_one_decision_on_postgresql(postgres: None) -> None:
     experiment = make_tiny_experiment(tasks=4, k=1)
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     tree = tree_store(entries=[*tree_entries(tree=seed.tree), FileEntry("notes/race.md", "100644", b"race\n")])
     candidate = Candidate.objects.create(
         experiment=experiment, parent=seed, tree=tree, origin=Candidate.Origin.PROPOSED, state=Candidate.State.FLAGGED

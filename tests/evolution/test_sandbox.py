@@ -647,7 +647,7 @@ def test_bwrap_is_started_without_python_code_between_fork_and_exec(
 
     def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
         seen.append(kwargs)
-        return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+        return real(*args, **kwargs)  # type: ignore[call-overload]
 
     monkeypatch.setattr(subprocess, "Popen", recording)
     result = run_code(LIMITS_CODE, box, use_bwrap=True, limits=Limits(cpu_seconds=5))
@@ -725,7 +725,7 @@ def test_profile_rejects_unknown_modes() -> None:
 
 def test_probe_is_false_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     probe_bubblewrap.cache_clear()
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name, **kwargs: None)
+    monkeypatch.setattr(shutil, "which", lambda name, **kwargs: None)
     try:
         assert probe_bubblewrap() is False
     finally:

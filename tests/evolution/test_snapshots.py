@@ -84,7 +84,11 @@ def test_tree_store_stores_shared_content_once() -> None:
     second = tree_store(entries=[f("a.md", "shared\n"), f("d.md", "only second\n")])
 
     assert first.digest != second.digest
-    assert sorted(Blob.objects.values_list("content", flat=True)) == [b"only first\n", b"only second\n", b"shared\n"]
+    assert sorted(bytes(content) for content in Blob.objects.values_list("content", flat=True)) == [
+        b"only first\n",
+        b"only second\n",
+        b"shared\n",
+    ]
     assert row_counts() == (3, 2, 5)
 
 

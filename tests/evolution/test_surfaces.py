@@ -14,6 +14,7 @@ import subprocess
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ REASON_NON_ASCII = "non-ASCII path (the surface does not set allow_unicode)"
 Files = Mapping[str, bytes | tuple[str, str]]
 
 
-def spec(text: str = ISSUE_SURFACE, **overrides: object) -> SurfaceSpec:
+def spec(text: str = ISSUE_SURFACE, **overrides: Any) -> SurfaceSpec:
     return dataclasses.replace(parse_surface(text), **overrides)
 
 

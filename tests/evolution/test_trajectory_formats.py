@@ -383,7 +383,7 @@ def test_a_continuation_outside_the_folder_is_refused(ref: str) -> None:
     head = json.loads((HARBOR / "linear-history" / "trajectory.json").read_text())
     head["continued_trajectory_ref"] = ref
     with pytest.raises(TrajectoryFormatError) as caught:
-        join_continuations(head, {}.__getitem__)
+        join_continuations(head, dict[str, Any]().__getitem__)
     assert caught.value.errors == [
         f"the trajectory: continued_trajectory_ref must name a file in the same folder, got {ref!r}"
     ]
@@ -392,7 +392,7 @@ def test_a_continuation_outside_the_folder_is_refused(ref: str) -> None:
 def test_a_missing_continuation_is_named() -> None:
     head = json.loads((HARBOR / "linear-history" / "trajectory.json").read_text())
     with pytest.raises(TrajectoryFormatError) as caught:
-        join_continuations(head, {}.__getitem__)
+        join_continuations(head, dict[str, Any]().__getitem__)
     assert caught.value.errors == [
         "the trajectory: its continuation 'trajectory.cont-1.json' is missing "
         "(give the files of the trajectory together)"

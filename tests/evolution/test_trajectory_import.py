@@ -39,7 +39,7 @@ pytestmark = pytest.mark.django_db
 def trial(db: Any) -> Trial:
     experiment = make_tiny_experiment(tasks=1, k=1, split_lists={"train": ["t00"]})
     evaluate_seed_inline(experiment, splits=("train",))
-    return Trial.objects.filter(candidate=experiment.seed_candidate).order_by("pk").first()
+    return Trial.objects.filter(candidate=experiment.seed_candidate).order_by("pk")[0]
 
 
 def load(path: Path) -> Any:
@@ -114,7 +114,7 @@ def test_replacing_a_trajectory_keeps_annotations_unanchored_and_other_trials_wh
     trajectory_import(trial=other, document=load(ATIF_FILES[0]))
     other_steps = [(step.pk, step.message) for step in steps_of(other)]
     author = User.objects.create_user("annotator")
-    label = AnnotationLabel.objects.filter(experiment=None).first()
+    label = AnnotationLabel.objects.filter(experiment=None).order_by("pk")[0]
     anchored = Annotation.objects.create(
         trial=trial, author=author, label=label, note="see here", step=steps_of(trial)[1]
     )
@@ -329,7 +329,8 @@ def test_the_lone_surrogate_scan_agrees_with_decoding_the_json(with_backslashes:
     if with_backslashes:
         pieces.append("\\\\")
     chooser = random.Random(20261130)
-    missed, extra = [], []
+    missed: list[str] = []
+    extra: list[str] = []
     for _ in range(3000):
         text = "".join(chooser.choice(pieces) for _ in range(chooser.randint(0, 6)))
         lone = any("\ud800" <= char <= "\udfff" for char in json.loads(f'"{text}"'))

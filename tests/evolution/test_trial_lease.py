@@ -21,7 +21,7 @@ from django.db import OperationalError, connection, transaction
 from evolution.models import Trial
 from evolution.services import evaluation as evaluation_services
 from tests.conftest import wait_until
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +34,7 @@ def _run_with_slow_inputs(monkeypatch: pytest.MonkeyPatch) -> tuple[Trial, list[
     """Execute one trial whose inputs take longer to write than its lease;
     meanwhile a duplicate message for it tries to claim it from another owner."""
     experiment = make_tiny_experiment(tasks=4, k=1)
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     trial_id = evaluation.trials.order_by("pk").values_list("pk", flat=True)[0]
     duplicate_claims: list[object] = []
     write_inputs = evaluation_services._trial_spec
@@ -89,7 +89,7 @@ def test_two_workers_claiming_one_pending_trial_at_once_give_it_to_one(postgres:
     """A duplicate message's claim that waits on the first claim's row lock
     must see the committed claim and give up: one owner, one attempt."""
     experiment = make_tiny_experiment(tasks=4, k=1)
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train"])
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     trial_id = evaluation.trials.order_by("pk").values_list("pk", flat=True)[0]
     claims: dict[str, object] = {}
     first_holds_the_row, commit_first = threading.Event(), threading.Event()

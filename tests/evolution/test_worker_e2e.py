@@ -19,7 +19,7 @@ from evolution.models import CertifiedResult, Evaluation, Experiment, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import evaluator_upsert
 from tests.conftest import REPO_ROOT, database_url_for_subprocess, wait_until
-from tests.factories import TINY_AGENT, make_tiny_experiment, tiny_evaluator_tree
+from tests.factories import TINY_AGENT, make_tiny_experiment, seed_of, tiny_evaluator_tree
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -56,7 +56,7 @@ def test_example_seed_is_evaluated_certified_and_verified_through_a_worker(
 
     worker = start_worker(broker_url=broker_url)
     evaluation = evaluation_services.evaluation_start(
-        candidate=experiment.seed_candidate,
+        candidate=seed_of(experiment),
         splits=["train", "gate", "sealed"],
         purpose=Evaluation.Purpose.BASELINE,
     )
@@ -108,7 +108,7 @@ def test_a_trial_that_outlives_its_lease_is_not_taken_over_while_its_worker_live
     )
     Experiment.objects.filter(pk=experiment.pk).update(evaluator=slow)
     worker = start_worker(extra_env={"RSI_TRIAL_LEASE_SECONDS": "1", "RSI_REAPER_INTERVAL": "1"}, beat=True)
-    evaluation = evaluation_services.evaluation_start(candidate=experiment.seed_candidate, splits=["train", "gate"])
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train", "gate"])
     wait_until(
         lambda: evaluation_state(evaluation) == Evaluation.State.CERTIFIED,
         timeout=120,
@@ -135,10 +135,10 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_nothing_is_lost(start_wo
     crashed = make_tiny_experiment(tasks=12, k=2, name="crashed")
 
     worker = start_worker(extra_env=lease, beat=True)
-    control_eval = evaluation_services.evaluation_start(candidate=control.seed_candidate, splits=["train", "gate"])
+    control_eval = evaluation_services.evaluation_start(candidate=seed_of(control), splits=["train", "gate"])
     wait_until(lambda: evaluation_state(control_eval) == Evaluation.State.CERTIFIED, timeout=120, what="control")
 
-    crash_eval = evaluation_services.evaluation_start(candidate=crashed.seed_candidate, splits=["train", "gate"])
+    crash_eval = evaluation_services.evaluation_start(candidate=seed_of(crashed), splits=["train", "gate"])
     wait_until(
         lambda: Trial.objects.filter(evaluation=crash_eval, state=Trial.State.DONE).exists(),
         timeout=60,

@@ -155,6 +155,7 @@ def test_reimport_is_idempotent_and_imports_only_new_generations(workspace: Path
     grown = workspace_import(path=workspace)
     assert grown.imported == ["3"]
     gen3 = Candidate.objects.get(experiment=first.experiment, label="gen/3")
+    assert gen3.parent is not None
     assert gen3.parent.label == "gen/1"
     assert Evaluation.objects.filter(experiment=first.experiment).count() == 4
     assert "gamma" in set(first.experiment.benchmark.tasks.values_list("external_id", flat=True))

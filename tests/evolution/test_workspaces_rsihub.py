@@ -69,7 +69,7 @@ def assert_equals_rsihub(experiment: Experiment, stage: str) -> None:
             row["verdict"],
             row["pending_gate_record"],
         )
-        trials = {}
+        trials: dict[str, list[Trial]] = {}
         for trial in evaluation.trials.select_related("task").order_by("task__external_id", "index"):
             trials.setdefault(trial.task.external_id, []).append(trial)
         assert sorted(trials) == sorted(row["trials"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.http import StreamingHttpResponse
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -34,7 +35,7 @@ def _csrf(client: Client) -> str:
 
 
 def _post(client: Client, url: str, data: dict[str, Any], *, htmx: bool = False) -> Any:
-    headers: dict[str, str] = {"HTTP_X_CSRFTOKEN": _csrf(client)}
+    headers: dict[str, Any] = {"HTTP_X_CSRFTOKEN": _csrf(client)}
     if htmx:
         headers["HTTP_HX_REQUEST"] = "true"
     return client.post(url, data, **headers)
@@ -115,13 +116,13 @@ def test_the_queue_shows_labels_progress_and_links(example_world: Experiment, cl
     total = _failed(example_world).exclude(split="sealed").count()
 
     html = client.get(
-        reverse("review:annotate_queue"), {"experiment": example_world.pk, "show": "mine"}
+        reverse("review:annotate_queue"), {"experiment": str(example_world.pk), "show": "mine"}
     ).content.decode()
     assert f'data-trial="{second.pk}"' in html
     assert f'data-trial="{first.pk}"' not in html  # filtered: not labelled by me
 
     html = client.get(
-        reverse("review:annotate_queue"), {"experiment": example_world.pk, "split": "gate"}
+        reverse("review:annotate_queue"), {"experiment": str(example_world.pk), "split": "gate"}
     ).content.decode()
     row = html[html.index(f'data-trial="{first.pk}"') :]
     row = row[: row.index("</tr>")]
@@ -173,7 +174,7 @@ def test_the_panel_is_a_fragment_for_htmx_and_a_page_otherwise(
     assert f'hx-post="{url}"' in fragment and 'hx-target="#annotations"' in fragment
     assert "Tool misuse" in fragment and "Other" in fragment  # the default labels in the select
     steps = trial.trajectory.steps.order_by("step_id")
-    assert f'min="{steps.first().step_id}" max="{steps.last().step_id}"' in fragment
+    assert f'min="{steps[0].step_id}" max="{steps.reverse()[0].step_id}"' in fragment
     page = client.get(url).content.decode()
     assert page.startswith("<!doctype html>")
     assert '<div id="annotations">' in page and 'class="annotation-panel"' in page
@@ -189,6 +190,7 @@ def test_annotate_with_htmx_as_annotator(example_world: Experiment, client_as: C
     html = response.content.decode()
     annotation = Annotation.objects.get(trial=trial)
     assert (annotation.author.username, annotation.label.slug, annotation.note) == ("ann", "tool-misuse", XSS)
+    assert annotation.step is not None
     assert annotation.step.step_id == step_id
     assert "<html" not in html
     assert "annotation saved" in html
@@ -202,7 +204,9 @@ def test_annotate_with_htmx_as_annotator(example_world: Experiment, client_as: C
     assert reverse("review:annotation_delete", args=[annotation.pk]) in html
     assert f'name="annotation" value="{annotation.pk}"' in html
     # And the next trial to label is one click away: the queue's first one I have not labelled.
-    next_id = int(re.search(r'href="/trials/(\d+)/#annotations">next trial to label', html).group(1))
+    found = re.search(r'href="/trials/(\d+)/#annotations">next trial to label', html)
+    assert found is not None
+    next_id = int(found.group(1))
     queue = _queue_rows(client, experiment=example_world.pk)
     assert next_id == next(t for t, bucket in queue if bucket < 2)
     assert next_id != trial.pk
@@ -288,7 +292,7 @@ def test_the_step_anchor_must_belong_to_the_trials_trajectory(
 ) -> None:
     client = client_as("annotator")
     trial = _with_steps(example_world)
-    last = trial.trajectory.steps.order_by("-step_id").first().step_id
+    last = trial.trajectory.steps.order_by("-step_id")[0].step_id
     # A step of another trial's (longer) trajectory is not a step of this one.
     grow(example_world, candidates=1, steps=last + 5)
     url = reverse("review:trial_annotations", args=[trial.pk])
@@ -297,7 +301,8 @@ def test_the_step_anchor_must_belong_to_the_trials_trajectory(
         assert "Not saved: " in html and "step" in html
     assert not Annotation.objects.exists()
     _post(client, url, {"label": _label("other").pk, "step": last}, htmx=True)
-    assert Annotation.objects.get().step.trajectory.trial_id == trial.pk
+    anchor = Annotation.objects.get().step
+    assert anchor is not None and anchor.trajectory.trial_id == trial.pk
 
 
 def test_a_sealed_trials_panel_needs_the_sealed_permission(
@@ -321,6 +326,7 @@ def test_a_sealed_trials_panel_needs_the_sealed_permission(
 def test_passed_trials_are_not_annotated(example_world: Experiment, client_as: Callable[..., Client]) -> None:
     client = client_as("annotator")
     trial = Trial.objects.filter(candidate__experiment=example_world, outcome="pass", split="train").first()
+    assert trial is not None
     url = reverse("review:trial_annotations", args=[trial.pk])
     assert "Only failed trials are annotated" in client.get(url, HTTP_HX_REQUEST="true").content.decode()
     html = _post(client, url, {"label": _label("other").pk}, htmx=True).content.decode()
@@ -345,11 +351,12 @@ def test_update_and_delete_only_ones_own(example_world: Experiment, client_as: C
     mine.refresh_from_db()
     assert (mine.label.slug, mine.note) == ("tool-misuse", "first")
 
-    step_id = trial.trajectory.steps.order_by("step_id").first().step_id
+    step_id = trial.trajectory.steps.order_by("step_id")[0].step_id
     edit = {"annotation": mine.pk, "label": _label("other").pk, "note": "on reflection", "step": step_id}
     html = _post(ann, url, edit, htmx=True).content.decode()
     assert "your annotation was updated" in html
     mine.refresh_from_db()
+    assert mine.step is not None
     assert (mine.label.slug, mine.note, mine.step.step_id) == ("other", "on reflection", step_id)
     assert Annotation.objects.count() == 1
 
@@ -370,6 +377,7 @@ def test_annotating_through_the_screens_never_changes_certified_results(
     assert Annotation.objects.count() == 4
     assert _certified_state(example_world) == before
     first = Annotation.objects.order_by("pk").first()
+    assert first is not None
     url = reverse("review:trial_annotations", args=[first.trial_id])
     _post(client, url, {"annotation": first.pk, "label": _label("other").pk, "note": "changed"})
     assert _certified_state(example_world) == before
@@ -453,7 +461,9 @@ def test_the_stats_page_counts_labels_and_measures_agreement(
 
     def cell(row_attr: str, testid: str) -> str:
         row = html[html.index(row_attr) :]
-        return re.search(rf'data-testid="{testid}">(?:<strong>)?([^<]*)<', row).group(1)
+        found = re.search(rf'data-testid="{testid}">(?:<strong>)?([^<]*)<', row)
+        assert found is not None
+        return found.group(1)
 
     # Label counts: 4 x (tool-misuse), 5 y (judgment-error); the sealed "other" is not counted.
     assert cell('data-label="tool-misuse"', "count") == "4"
@@ -516,7 +526,7 @@ def test_the_stats_page_says_when_agreement_is_undefined(
 def _download(client: Client, name: str, experiment: Experiment) -> tuple[Any, str]:
     response = client.get(reverse(name, args=[experiment.pk]))
     assert response.status_code == 200
-    assert response.streaming
+    assert isinstance(response, StreamingHttpResponse)
     return response, b"".join(response.streaming_content).decode()
 
 
@@ -525,6 +535,7 @@ def test_the_csv_export_is_complete_and_safe_in_spreadsheets(
 ) -> None:
     trial = _with_steps(example_world)
     step = trial.trajectory.steps.order_by("step_id").first()
+    assert step is not None
     annotation_create(trial=trial, author=_user("ann"), label=_label("tool-misuse"), note=FORMULA, step=step.step_id)
     other = _failed(example_world, split="gate").first()
     annotation_create(trial=other, author=_user("bob"), label=_label("other"), note=XSS)
@@ -617,13 +628,13 @@ def test_query_counts_do_not_grow_with_the_experiment(
 ) -> None:
     client = client_as("annotator", username="ann")
     _labelled_world(example_world)
-    pages = [
+    pages: list[tuple[str, dict[str, Any]]] = [
         (reverse("review:annotate_queue"), {"experiment": example_world.pk}),
         (reverse("review:annotate_queue"), {}),
         (reverse("review:annotation_stats", args=[example_world.pk]), {}),
     ]
     trial = _with_steps(example_world)
-    panel = (reverse("review:trial_annotations", args=[trial.pk]), {})
+    panel: tuple[str, dict[str, Any]] = (reverse("review:trial_annotations", args=[trial.pk]), {})
     client.get(pages[0][0])  # warm the session and permission caches alike
     small = [_count_queries(client, url, params) for url, params in [*pages, panel]]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from evolution.models import Annotation, Candidate, TrajectoryStep, Trial
+from evolution.models import Annotation, Candidate, Experiment, TrajectoryStep, Trial
 from lab.bench import REGISTRY, BenchResult
 from lab.bench import diffs as diff_bench
 from lab.bench import pages as pages_bench
@@ -25,7 +25,7 @@ def test_generated_diff_has_the_asked_size_and_languages() -> None:
     old, new = diff_bench.make_trees(50, 400)
     files = diffs.build_file_diffs(old, new)
     assert len(files) == 50
-    assert sum(fd.changed for fd in files) == 20_000
+    assert sum(fd.changed or 0 for fd in files) == 20_000
     assert all(fd.added == fd.removed == 200 for fd in files)
     extensions = {fd.path.rsplit(".", 1)[1] for fd in files}
     assert extensions == {"py", "js", "ts", "go", "rs", "c", "yaml", "md", "toml", "json"}
@@ -70,7 +70,9 @@ def test_pages_benchmark_keeps_query_counts_constant() -> None:
     pages = [line for line in result.lines if re.search(r"median .* ms .* queries", line)]
     assert len(pages) == 6
     for line in pages:
-        small, large = re.search(r"queries (\d+) small / (\d+) large", line).groups()
+        found = re.search(r"queries (\d+) small / (\d+) large", line)
+        assert found is not None
+        small, large = found.groups()
         assert small == large
 
 
@@ -118,7 +120,7 @@ def small_bench_world() -> tuple[int, dict[str, Any]]:
 
     sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
     pages_bench.run(**sizes, scratch=False)
-    experiment_id = Candidate.objects.filter(experiment__name="bench-pages").first().experiment_id
+    experiment_id = Experiment.objects.get(name="bench-pages").pk
     return experiment_id, {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
 
 
@@ -161,7 +163,7 @@ def test_measured_candidates_match_the_trials_with_or_without_stored_totals() ->
     ).values_list("candidate_id", "outcome", "tokens"):
         counted[candidate_id][0] += outcome == Trial.Outcome.PASS
         counted[candidate_id][1] += 1
-        counted[candidate_id][2] += tokens
+        counted[candidate_id][2] += tokens or 0
     facts = {
         pk: (state, origin, round_)
         for pk, state, origin, round_ in Candidate.objects.filter(experiment_id=experiment_id).values_list(

@@ -34,6 +34,7 @@ from evolution.models import (
 from review import diffs
 from review.models import ViewedFile
 from tests.conftest import REPO_ROOT
+from tests.factories import seed_of
 from tests.review.test_candidates import child
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -143,6 +144,7 @@ def test_the_main_journey_through_the_review_application(
     accepted = (
         example_world.candidates.filter(state=Candidate.State.ACCEPTED, parent__isnull=False).order_by("pk").first()
     )
+    assert accepted is not None
     journey.go(reverse("review:candidate", args=[accepted.pk]))
     body = page.locator("main").inner_text()
     assert accepted.tree_id[:12] in body
@@ -188,7 +190,9 @@ def test_the_main_journey_through_the_review_application(
     journey.go(reverse("review:annotate_queue") + f"?experiment={example_world.pk}")
     journey.shot("09-annotation-queue")
     first_trial_link = page.locator("a[href^='/trials/']").first
-    trial_pk = int(re.search(r"/trials/(\d+)/", first_trial_link.get_attribute("href")).group(1))
+    found = re.search(r"/trials/(\d+)/", first_trial_link.get_attribute("href"))
+    assert found is not None
+    trial_pk = int(found.group(1))
     assert Trial.objects.get(pk=trial_pk).outcome in {Trial.Outcome.FAIL, Trial.Outcome.ERROR}
     first_trial_link.click()
     page.wait_for_selector("#annotations form.annotation-form")
@@ -206,6 +210,7 @@ def test_the_main_journey_through_the_review_application(
     journey.shot("12-matrix")
     trials = Trial.objects.filter(candidate=accepted, trajectory__isnull=False).exclude(split="sealed")
     child_trial = trials.order_by("pk").first()
+    assert child_trial is not None
     journey.go(reverse("review:trial_compare", args=[child_trial.pk]))
     journey.shot("13-compare")
 
@@ -225,6 +230,7 @@ def test_the_main_journey_through_the_review_application(
     form.locator("button[type=submit]").click()
     page.wait_for_load_state()
     run = Run.objects.filter(experiment=example_world).order_by("-pk").first()
+    assert run is not None
     assert run.rounds == 1 and run.status in {Run.Status.PENDING, Run.Status.RUNNING}
     journey.shot("14-run-started")
     rounds_bar = page.locator("#run-progress progress[aria-label='rounds gated']")
@@ -249,7 +255,7 @@ def test_a_large_diff_fills_in_the_counts_of_its_collapsed_files(
     browser: Any, live_server: Any, example_world: Experiment, make_user: Any
 ) -> None:
     make_user("viewer", username="vera")
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     # Eight files of 150 changed pairs (301 diff lines): six fit the 2,000-line budget.
     old = {f"big/f{n}.txt": "".join(f"old {n} {i}\n" for i in range(150)) for n in range(8)}
     parent = child(seed, old, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)

@@ -4,6 +4,7 @@ and certified records, on the real example world."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import pytest
 from django.db import connection
@@ -29,6 +30,7 @@ from evolution.trees import FileEntry
 from review import access, diffs
 from review.models import ViewedFile
 from review.views.candidates import RULE_WORDS, gate_summary
+from tests.factories import seed_of
 from tests.review.world import grow
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +39,7 @@ XSS = "</script><img src=x onerror=alert(1)>"
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
-def child(parent: Candidate, changes: dict[str, str | bytes | None], *, label: str = "", **fields) -> Candidate:
+def child(parent: Candidate, changes: Mapping[str, str | bytes | None], *, label: str = "", **fields) -> Candidate:
     """A new candidate of ``parent``'s experiment: its files with ``changes``
     applied (None deletes a path)."""
     files = {entry.path: entry for entry in tree_entries(tree=parent.tree)}
@@ -80,6 +82,7 @@ def test_candidate_page_explains_the_gate_in_words_and_numbers(example_world, cl
         .select_related("candidate")
         .first()
     )
+    assert decision is not None
     cand = decision.candidate
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
 
@@ -103,6 +106,7 @@ def test_candidate_page_shows_identity_edits_and_links(example_world, client_as)
         .order_by("pk")
         .first()
     )
+    assert cand is not None
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
     assert cand.tree_id in html and f'data-copy="{cand.tree_id}"' in html
     assert reverse("review:candidate", args=[cand.parent_id]) in html
@@ -127,6 +131,7 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
         .order_by("pk")
         .first()
     )
+    assert cand is not None
     result = selectors.candidate_metrics(candidate=cand)
     html = page(client_as("viewer").get(reverse("review:candidate", args=[cand.pk])))
 
@@ -142,6 +147,7 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
     # A rate and a contribution of one split differ (train is a part of the benchmark).
     train = result.splits[SplitName.TRAIN]
     assert f"{train.rate * 100:.1f}%" != f"{train.contribution * 100:.1f}%"
+    assert result.delta_ci is not None
     mean, low, high = result.delta_ci
     ci = f"dS = {result.delta_score:+.3f} (95% CI {low:+.2f} .. {high:+.2f})"
     assert ci in html
@@ -150,7 +156,7 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
 
 
 def test_candidate_page_links_to_its_verified_records(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     records = list(CertifiedResult.objects.filter(candidate=seed).order_by("seq"))
     assert len(records) >= 2
     html = page(client_as("viewer").get(reverse("review:candidate", args=[seed.pk])))
@@ -164,7 +170,7 @@ def test_candidate_page_links_to_its_verified_records(example_world, client_as) 
 def forged_record(world: Experiment, payload: object) -> CertifiedResult:
     """A record appended to ``world``'s chain for its seed, with ``payload``
     and a digest and signature nobody computed."""
-    seed = world.seed_candidate
+    seed = seed_of(world)
     evaluation = Evaluation.objects.create(
         experiment=world, candidate=seed, purpose=Evaluation.Purpose.NOISE, state=Evaluation.State.CERTIFIED
     )
@@ -181,8 +187,9 @@ def forged_record(world: Experiment, payload: object) -> CertifiedResult:
 
 
 def test_a_forged_record_shows_as_failing_on_the_candidate_and_record_pages(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     good = CertifiedResult.objects.filter(candidate=seed).order_by("seq").first()
+    assert good is not None
     forged = forged_record(example_world, {**good.payload, "seq": example_world.chain_length + 1})
     client = client_as("viewer")
     html = page(client.get(reverse("review:candidate", args=[seed.pk])))
@@ -217,15 +224,17 @@ def test_a_record_whose_payload_is_not_an_object_shows_as_failing(example_world,
 
 def test_flagged_candidate_page_lists_its_flags_and_hides_sealed_tasks(example_world, client_as) -> None:
     flag = LeakageFlag.objects.filter(candidate__experiment=example_world, task__isnull=False).first()
+    assert flag is not None
     cand = flag.candidate
     viewer = client_as("viewer")
     html = page(viewer.get(reverse("review:candidate", args=[cand.pk])))
     assert f"Leakage flags ({cand.leakage_flags.count()})" in html
+    assert flag.task is not None
     assert flag.rule in html and flag.task.external_id in html  # an evolve task: visible
 
     # The same flag pointing at a sealed task hides the task from a plain viewer.
     sealed = SplitMembership.objects.filter(experiment=example_world, split=SplitName.SEALED).select_related("task")
-    sealed_task = sealed.first().task
+    sealed_task = sealed.order_by("pk")[0].task
     LeakageFlag.objects.filter(pk=flag.pk).update(task=sealed_task, matched="sealed-needle-text")
     html = page(viewer.get(reverse("review:candidate", args=[cand.pk])))
     # Nor the text it matched: which words matched tells what the sealed task says.
@@ -236,7 +245,7 @@ def test_flagged_candidate_page_lists_its_flags_and_hides_sealed_tasks(example_w
 
 
 def test_candidate_page_shows_no_sealed_per_task_data(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     sealed_ids = list(
         SplitMembership.objects.filter(experiment=example_world, split=SplitName.SEALED).values_list(
             "task__external_id", flat=True
@@ -249,7 +258,7 @@ def test_candidate_page_shows_no_sealed_per_task_data(example_world, client_as) 
 
 
 def test_untrusted_text_renders_as_text_on_the_candidate_page_and_diff(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     payload = f"{XSS} {{{{ candidate.pk }}}} {{% now 'Y' %}}"
     cand = child(seed, {"prompts/evil.md": f"# {payload}\n", "x.py": f"s = '{payload}'\n"}, label=payload)
     AtomicEdit.objects.create(candidate=cand, index=0, component="prompt", hypothesis=payload, paths=["x.py"])
@@ -272,7 +281,7 @@ def test_untrusted_text_renders_as_text_on_the_candidate_page_and_diff(example_w
 
 
 def test_diff_against_the_parent_shows_files_counts_statuses_and_line_numbers(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     first = tree_entries(tree=seed.tree)[0]
     cand = child(seed, {first.path: None, "new/added.py": "def added():\n    return 1\n"})
     client = client_as("viewer")
@@ -297,7 +306,7 @@ def test_diff_against_the_parent_shows_files_counts_statuses_and_line_numbers(ex
 
 
 def test_diff_against_any_candidate_of_the_experiment(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     a = child(seed, {"notes/a.txt": "alpha\n"})
     b = child(seed, {"notes/b.txt": "beta\n"})
     client = client_as("viewer")
@@ -313,7 +322,7 @@ def test_diff_against_any_candidate_of_the_experiment(example_world, client_as) 
 
 
 def test_seed_diff_is_against_the_empty_tree(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     files = tree_entries(tree=seed.tree)
     html = page(client_as("viewer").get(reverse("review:candidate_diff", args=[seed.pk])))
     assert f"{len(files)} files changed" in html
@@ -322,7 +331,7 @@ def test_seed_diff_is_against_the_empty_tree(example_world, client_as) -> None:
 
 
 def test_rename_binary_and_mode_changes_are_shown_explicitly(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     entries = {e.path: e for e in tree_entries(tree=seed.tree)}
     renamed_from = next(iter(entries))
     base = child(seed, {"bin/blob.dat": b"\0\1\2", "bin/run.sh": "echo\n"})
@@ -344,7 +353,7 @@ def test_rename_binary_and_mode_changes_are_shown_explicitly(example_world, clie
 
 
 def test_leak_marks_in_the_diff_keep_escaping_intact(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     needle = '<b>route-017</b> & "x"'
     cand = child(seed, {"notes/leak.txt": f"before\nsee {needle} here\nafter {needle}\n"})
     LeakageFlag.objects.create(candidate=cand, rule="task_id", path="notes/leak.txt", matched=needle, line="")
@@ -359,7 +368,7 @@ def test_leak_marks_in_the_diff_keep_escaping_intact(example_world, client_as) -
 
 
 def test_viewed_mark_persists_toggles_and_resets_when_the_file_changes(example_world, client_as) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     path = "notes/review.md"
     first = child(seed, {path: "version one\n"})
     second = child(seed, {path: "version two\n"})
@@ -419,7 +428,7 @@ def test_viewed_rejects_bad_input_and_needs_csrf(example_world, client_as) -> No
 def _big_pair(example_world):
     """A parent with 50 files of 200 lines and a child changing every line
     (50 x 400 = 20,000 changed lines), plus one file of 1,234 changed lines."""
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     old = {f"big/f{n:02d}.txt": "".join(f"old line {n} {i}\n" for i in range(200)) for n in range(50)}
     old["big/huge.txt"] = "".join(f"old {i}\n" for i in range(617))
     parent = child(seed, old, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
@@ -544,7 +553,7 @@ def test_raw_file_is_plain_text_never_interpreted(example_world, client_as) -> N
 
 
 def test_pages_need_a_login_and_the_viewer_permission(example_world, client, make_user) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     url = reverse("review:candidate", args=[seed.pk])
     response = client.get(url)
     assert response.status_code == 302 and "/login/" in response.url
@@ -558,6 +567,7 @@ def test_pages_need_a_login_and_the_viewer_permission(example_world, client, mak
 
 def test_record_page_shows_the_chain_payload_and_checks(example_world, client_as) -> None:
     record = CertifiedResult.objects.filter(experiment=example_world, seq=2).first()
+    assert record is not None
     html = page(client_as("viewer").get(reverse("review:record", args=[record.pk])))
     assert "Certified record #2" in html and "record checks out ✓" in html
     assert record.record_digest in html and record.prev_digest in html and record.signature in html
@@ -605,6 +615,7 @@ def test_record_page_hides_sealed_rows_without_the_permission(example_world, cli
 
 def test_record_page_runs_the_full_verification_on_request(example_world, client_as) -> None:
     record = CertifiedResult.objects.filter(experiment=example_world).first()
+    assert record is not None
     client = client_as("viewer")
     url = reverse("review:record", args=[record.pk])
     assert "Verify the whole chain" in page(client.get(url))
@@ -624,9 +635,11 @@ def _queries(client, url: str) -> int:
 
 
 def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, django_assert_max_num_queries) -> None:
-    seed = example_world.seed_candidate
+    seed = seed_of(example_world)
     flagged = Candidate.objects.filter(experiment=example_world, state=Candidate.State.FLAGGED).first()
+    assert flagged is not None
     accepted = Candidate.objects.filter(experiment=example_world, state="accepted", origin="proposed").first()
+    assert accepted is not None
     client = client_as("viewer")
     urls = [
         reverse("review:candidate", args=[seed.pk]),
@@ -635,7 +648,7 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, 
         reverse("review:candidate_diff", args=[seed.pk]),
         reverse("review:candidate_diff", args=[accepted.pk]) + "?layout=unified",
         reverse("review:candidate_diff", args=[flagged.pk]) + "?partial=1",
-        reverse("review:record", args=[CertifiedResult.objects.filter(candidate=seed).last().pk]),
+        reverse("review:record", args=[CertifiedResult.objects.filter(candidate=seed).latest("seq").pk]),
     ]
     small = [_queries(client, url) for url in urls]
     grow(example_world, candidates=40)

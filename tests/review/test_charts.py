@@ -73,6 +73,7 @@ def test_score_chart_draws_each_split_with_its_last_value_written() -> None:
     assert "heldout" not in svg  # no held-out data, no held-out series
     # Sealed was not measured in round 1: its line is dotted across it.
     sealed = re.search(r'class="series split-sealed" points="([^"]+)"[^>]*stroke-dasharray="([^"]+)"', svg)
+    assert sealed is not None
     assert sealed.group(1).count(",") == 2 and sealed.group(2) == "2 4"
     # The noise band and its legend, accepted candidates marked, axes labelled, x ticks up to total_rounds.
     assert 'class="noise-band"' in svg and "δ=0.050" in svg
@@ -89,7 +90,9 @@ def test_score_chart_without_noise_says_so_and_without_data_is_empty() -> None:
 
 def test_noise_band_stays_inside_zero_and_one() -> None:
     svg = str(charts.score_chart([RoundScores(0, {"train": 1.0}, best=0.99)], delta=0.5, height=300))
-    points = re.search(r'class="noise-band" points="([^"]+)"', svg).group(1).split()
+    found = re.search(r'class="noise-band" points="([^"]+)"', svg)
+    assert found is not None
+    points = found.group(1).split()
     ys = [float(p.split(",")[1]) for p in points]
     grid = [float(v) for v in re.findall(r'<line class="grid" x1="\d+" x2="[\d.]+" y1="([\d.]+)"', svg)]
     assert len(grid) == 6 and min(ys) >= min(grid) - 1e-6 and max(ys) <= max(grid) + 1e-6

@@ -33,6 +33,22 @@ def render(fd: diffs.FileDiff, old: str | None, new: str | None, layout: str = "
     )
 
 
+def unified_rows(fd: diffs.FileDiff) -> list[diffs.Row]:
+    """The rows of a file rendered in the unified layout."""
+    assert fd.rows is not None, "not rendered"
+    rows = [row for row in fd.rows if isinstance(row, diffs.Row)]
+    assert len(rows) == len(fd.rows), "not the unified layout"
+    return rows
+
+
+def split_rows(fd: diffs.FileDiff) -> list[diffs.SplitRow]:
+    """The rows of a file rendered in the split layout."""
+    assert fd.rows is not None, "not rendered"
+    rows = [row for row in fd.rows if isinstance(row, diffs.SplitRow)]
+    assert len(rows) == len(fd.rows), "not the split layout"
+    return rows
+
+
 def text_of(html: str) -> str:
     """What a browser shows: tags dropped, entities decoded."""
     plain = re.sub(r"<[^>]+>", "", html)
@@ -93,7 +109,7 @@ def test_unified_rows_carry_line_numbers_of_both_sides() -> None:
     new = "one\nTWO\nthree\nfour\nfive\n"
     [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
     render(fd, old, new, "unified")
-    rows = [(r.kind, r.old_no, r.new_no, text_of(r.html)) for r in fd.rows]
+    rows = [(r.kind, r.old_no, r.new_no, text_of(r.html)) for r in unified_rows(fd)]
     assert rows == [
         ("hunk", None, None, "@@ -1,4 +1,5 @@"),
         ("ctx", 1, 1, "one"),
@@ -110,10 +126,11 @@ def test_split_rows_pair_removals_with_additions_and_pad_the_rest() -> None:
     new = "A\nkeep\nnew1\nnew2\n"
     [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
     render(fd, old, new, "split")
-    lines = [r for r in fd.rows if r.kind == "line"]
+    lines = [r for r in split_rows(fd) if r.kind == "line"]
+    cells = [(r.left, r.right) for r in lines if r.left is not None and r.right is not None]
+    assert len(cells) == len(lines)
     shape = [
-        ((r.left.kind, r.left.no, text_of(r.left.html)), (r.right.kind, r.right.no, text_of(r.right.html)))
-        for r in lines
+        ((left.kind, left.no, text_of(left.html)), (right.kind, right.no, text_of(right.html))) for left, right in cells
     ]
     assert shape == [
         (("del", 1, "a"), ("add", 1, "A")),
@@ -123,7 +140,7 @@ def test_split_rows_pair_removals_with_additions_and_pad_the_rest() -> None:
         (("empty", None, ""), ("add", 3, "new1")),
         (("empty", None, ""), ("add", 4, "new2")),
     ]
-    assert fd.rows[0].kind == "hunk"
+    assert split_rows(fd)[0].kind == "hunk"
 
 
 def test_intraline_marks_wrap_only_the_changed_words_of_paired_lines() -> None:
@@ -131,8 +148,8 @@ def test_intraline_marks_wrap_only_the_changed_words_of_paired_lines() -> None:
     new = 'history = "last"\n'
     [fd] = diffs.build_file_diffs([entry("w.txt", old)], [entry("w.txt", new)])
     render(fd, old, new, "unified")
-    removed = next(r for r in fd.rows if r.kind == "del")
-    added = next(r for r in fd.rows if r.kind == "add")
+    removed = next(r for r in unified_rows(fd) if r.kind == "del")
+    added = next(r for r in unified_rows(fd) if r.kind == "add")
     assert str(removed.html) == 'history = &quot;<span class="x">full</span>&quot;'
     assert str(added.html) == 'history = &quot;<span class="x">last</span>&quot;'
 
@@ -147,17 +164,18 @@ def test_last_line_without_newline_pairs_and_shows_the_marker() -> None:
     new = "a\nlast = 2"
     [fd] = diffs.build_file_diffs([entry("n.txt", old)], [entry("n.txt", new)])
     render(fd, old, new, "unified")
-    kinds = [r.kind for r in fd.rows]
+    rows = unified_rows(fd)
+    kinds = [r.kind for r in rows]
     assert kinds == ["hunk", "ctx", "del", "eof", "add", "eof"]
-    assert '<span class="x">1</span>' in str(fd.rows[2].html)
-    assert '<span class="x">2</span>' in str(fd.rows[4].html)
-    assert text_of(fd.rows[3].html) == "No newline at end of file"
+    assert '<span class="x">1</span>' in str(rows[2].html)
+    assert '<span class="x">2</span>' in str(rows[4].html)
+    assert text_of(rows[3].html) == "No newline at end of file"
 
 
 def _highlighted(path: str, old: str, new: str) -> str:
     [fd] = diffs.build_file_diffs([entry(path, old)], [entry(path, new)])
     render(fd, old, new, "unified")
-    return "".join(str(r.html) for r in fd.rows if r.kind == "add")
+    return "".join(str(r.html) for r in unified_rows(fd) if r.kind == "add")
 
 
 def test_pygments_classes_by_file_type() -> None:
@@ -192,9 +210,10 @@ def test_untrusted_content_is_escaped_in_every_layout() -> None:
         for path in ("page.html", "x.py", "plain.txt"):
             [fd] = diffs.build_file_diffs([entry(path, old)], [entry(path, new)])
             render(fd, old, new, layout)
-            html = "".join(
-                str(r.html) if layout == "unified" else str(r.html) + str(getattr(r.right, "html", "")) for r in fd.rows
-            )
+            if layout == "unified":
+                html = "".join(str(r.html) for r in unified_rows(fd))
+            else:
+                html = "".join(str(r.html) + str(getattr(r.right, "html", "")) for r in split_rows(fd))
             assert "<img" not in html and "</script>" not in html and "<script" not in html
             assert "&lt;/script&gt;" in html or "&lt;" in html
             assert XSS in text_of(html)
@@ -206,8 +225,8 @@ def test_leak_marks_wrap_escaped_text_on_the_new_side_only() -> None:
     marks = [diffs.LeakMark("p.txt", "<b>route-017</b>", 'rule task_id; "quoted" <evidence>')]
     [fd] = diffs.build_file_diffs([entry("p.txt", old)], [entry("p.txt", new)])
     render(fd, old, new, "unified", marks=marks)
-    added = str(next(r for r in fd.rows if r.kind == "add").html)
-    removed = str(next(r for r in fd.rows if r.kind == "del").html)
+    added = str(next(r for r in unified_rows(fd) if r.kind == "add").html)
+    removed = str(next(r for r in unified_rows(fd) if r.kind == "del").html)
     title = 'title="rule task_id; &quot;quoted&quot; &lt;evidence&gt;"'
     assert f'<mark class="leak" {title}>&lt;b&gt;route-017&lt;/b&gt;</mark>' in added
     assert added.count("<mark") == 1  # the bare "route-017" is a different text
@@ -221,7 +240,7 @@ def test_leak_marks_inside_highlighted_tokens_keep_tags_balanced() -> None:
     html = str(diffs.line_html(segments, changes=[(4, 12)], leaks=[(9, 16, "rule")]))
     assert text_of(html) == line
     # Tags open and close in strict nesting order.
-    stack = []
+    stack: list[str] = []
     for match in re.finditer(r"<(/?)(span|mark)\b", html):
         closing, name = match.groups()
         if closing:
@@ -237,7 +256,7 @@ def test_carriage_returns_are_shown_not_dropped_and_highlighting_stays_aligned()
     new = "a = 1\r\nb = 3\r\n"
     [fd] = diffs.build_file_diffs([entry("c.py", old)], [entry("c.py", new)])
     render(fd, old, new, "unified")
-    added = next(r for r in fd.rows if r.kind == "add")
+    added = next(r for r in unified_rows(fd) if r.kind == "add")
     assert text_of(added.html) == "b = 3" + diffs.CR_SYMBOL
     assert '<span class="n">b</span>' in str(added.html)
 
@@ -303,7 +322,7 @@ def test_listing_without_diffing_agrees_with_the_diff_on_every_kind_of_change() 
         if fd.counted:  # known without a diff: it has no hunks
             assert (fd.added, fd.removed, exact.hunks) == (0, 0, []), fd.path
         else:
-            assert exact.hunks and 1 <= fd.least_changed <= exact.changed, fd.path
+            assert exact.hunks and exact.changed is not None and 1 <= fd.least_changed <= exact.changed, fd.path
     uncounted = {fd.path for fd in listed if not fd.counted}
     assert uncounted == {"keep.txt", "gone.md", "new.json", "link", "moved.txt"}
     diffs.count_file_diffs(listed, old, new)

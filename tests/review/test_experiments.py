@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from html import unescape
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -19,6 +20,9 @@ from evolution.services import loop
 from tests.factories import make_tiny_experiment
 from tests.review.world import grow
 
+if TYPE_CHECKING:  # the test client's response, as django-stubs names it
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
+
 pytestmark = pytest.mark.django_db
 
 PAYLOAD = "</script><img src=x onerror=alert(1)>"
@@ -30,15 +34,15 @@ def _csrf(client: Client, url: str) -> str:
     return client.cookies["csrftoken"].value
 
 
-def _post(client: Client, url: str, data: dict | None = None, *, page: str = "/") -> object:
+def _post(client: Client, url: str, data: dict | None = None, *, page: str = "/") -> TestResponse:
     return client.post(url, data or {}, HTTP_X_CSRFTOKEN=_csrf(client, page))
 
 
-def _messages(response: object) -> list[str]:
+def _messages(response: TestResponse) -> list[str]:
     return [str(m) for m in response.context["messages"]] if response.context else []
 
 
-def _active_run(experiment: Experiment, **kwargs: object) -> Run:
+def _active_run(experiment: Experiment, **kwargs: Any) -> Run:
     """A run created like the dashboard creates one, never driven (no worker)."""
     return loop.run_create(experiment=experiment, recipe=load_preset("rrsi"), proposer="example", **kwargs)
 
@@ -87,7 +91,9 @@ def test_dashboard_shows_facts_runs_charts_rounds_and_ledger(example_world, clie
         assert f"{split} {size}" in text
     assert f"= {sum(sizes.values())} tasks" in text
     # Charts: every measured split is a series, the last values are written out.
-    score_chart = re.search(r'<svg class="chart score-chart".*?</svg>', html, re.S).group(0)
+    found = re.search(r'<svg class="chart score-chart".*?</svg>', html, re.S)
+    assert found is not None
+    score_chart = found.group(0)
     final = run.state["final"]["scores"]
     for split in ("train", "gate", "sealed"):
         assert f'class="series split-{split}"' in score_chart
@@ -95,7 +101,9 @@ def test_dashboard_shows_facts_runs_charts_rounds_and_ledger(example_world, clie
     assert f"S_best {run.state['best_score']:.3f}" in score_chart
     chosen = list(run.gate_decisions.filter(accepted=True, round__gt=0).values_list("candidate_id", flat=True))
     assert chosen and all(f"#{pk}" in score_chart for pk in chosen)
-    cost_chart = re.search(r'<svg class="chart cost-chart".*?</svg>', html, re.S).group(0)
+    found = re.search(r'<svg class="chart cost-chart".*?</svg>', html, re.S)
+    assert found is not None
+    cost_chart = found.group(0)
     assert (
         cost_chart.count('<circle class="point')
         == example_world.candidates.filter(evaluations__state="certified", evaluations__purpose="candidate")
@@ -108,7 +116,9 @@ def test_dashboard_shows_facts_runs_charts_rounds_and_ledger(example_world, clie
     total = run.evaluations.aggregate(n=Sum("trials_total"))["n"]
     assert f'<progress value="{total}" max="{total}"' in html
     assert f"{run.rounds} of {run.rounds} rounds" in text
-    assert "hx-trigger" not in re.search(r'<section id="run-progress".*?>', html, re.S).group(0)
+    found = re.search(r'<section id="run-progress".*?>', html, re.S)
+    assert found is not None
+    assert "hx-trigger" not in found.group(0)
     # Rounds table: one row per gated round, with the chosen candidate linked.
     for number, summary in run.state["rounds"].items():
         if number != "0":
@@ -141,7 +151,9 @@ def test_dashboard_warns_when_evolve_scores_rise_while_sealed_falls(example_worl
     state["final"]["divergence"] = "evolve score rose by +0.451 while sealed 0.389 -> 0.250: overfitting?"
     Run.objects.filter(pk=run.pk).update(state=state)
     html = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk])).content.decode()
-    notice = re.search(r'<div class="notice warning divergence".*?</div>', html, re.S).group(0)
+    found = re.search(r'<div class="notice warning divergence".*?</div>', html, re.S)
+    assert found is not None
+    notice = found.group(0)
     assert "evolve score rose by +0.451 while sealed 0.389 -&gt; 0.250" in notice
     assert re.search(r'<tr class="falling">.*?sealed.*?0\.389.*?0\.250.*?-0\.139', notice, re.S)
 
@@ -166,7 +178,9 @@ def test_trial_errors_are_listed_and_sealed_ones_only_for_sealed_access(example_
 
     run = example_world.runs.get()
     train = Trial.objects.filter(evaluation__run=run, split="train").order_by("pk").first()
+    assert train is not None
     sealed = Trial.objects.filter(evaluation__run=run, split="sealed").order_by("pk").first()
+    assert sealed is not None
     for trial, message in ((train, "agent timed out after 20 s"), (sealed, "sealed verifier crashed")):
         Trial.objects.filter(pk=trial.pk).update(
             state=Trial.State.ERROR, outcome=Trial.Outcome.ERROR, error_kind="agent_timeout", error=message
@@ -184,6 +198,7 @@ def test_trial_errors_are_listed_and_sealed_ones_only_for_sealed_access(example_
 def test_dashboard_escapes_untrusted_text(example_world, client_as) -> None:
     run = example_world.runs.get()
     entry = LedgerEntry.objects.filter(run=run).first()
+    assert entry is not None
     LedgerEntry.objects.filter(pk=entry.pk).update(hypothesis=PAYLOAD)
     AtomicEdit.objects.filter(pk=entry.edit_id).update(hypothesis=PAYLOAD)
     Candidate.objects.filter(pk=entry.candidate_id).update(label=PAYLOAD, state_reason=PAYLOAD)
@@ -204,12 +219,14 @@ def test_dashboard_escapes_untrusted_text(example_world, client_as) -> None:
 # --- Ledger --------------------------------------------------------------------------
 
 
-def _ledger(client: Client, experiment: Experiment, **params: str) -> object:
+def _ledger(client: Client, experiment: Experiment, **params: str) -> TestResponse:
     return client.get(reverse("review:experiment_ledger", args=[experiment.pk]), params, HTTP_HX_REQUEST="true")
 
 
 def _ledger_rows(html: str) -> list[list[str]]:
-    body = re.search(r"<tbody>(.*?)</tbody>", html, re.S).group(1)
+    found = re.search(r"<tbody>(.*?)</tbody>", html, re.S)
+    assert found is not None
+    body = found.group(1)
     return [
         [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
         for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
@@ -220,6 +237,7 @@ def test_ledger_filters_by_component_accepted_and_text(example_world, client_as)
     run = example_world.runs.get()
     client = client_as("viewer")
     component = LedgerEntry.objects.filter(run=run).values_list("component", flat=True).first()
+    assert component is not None
     response = _ledger(client, example_world, run=str(run.pk), component=component)
     assert response.status_code == 200
     assert "<html" not in response.content.decode()  # the partial only
@@ -236,7 +254,7 @@ def test_ledger_filters_by_component_accepted_and_text(example_world, client_as)
     assert len(rejected) == LedgerEntry.objects.filter(run=run, accepted=False).count() > 0
     assert {r[6] for r in rejected} == {"no"}
 
-    word = LedgerEntry.objects.filter(run=run).first().hypothesis.split()[1]
+    word = LedgerEntry.objects.filter(run=run).order_by("pk")[0].hypothesis.split()[1]
     found = _ledger_rows(_ledger(client, example_world, q=word.upper()).content.decode())
     assert len(found) == LedgerEntry.objects.filter(run=run, hypothesis__icontains=word).count() > 0
 
@@ -259,7 +277,9 @@ def test_ledger_filter_works_without_javascript(example_world, client_as) -> Non
     assert plain.status_code == 302
     assert plain["Location"] == f"/experiments/{example_world.pk}/?accepted=no#ledger"
     html = client.get(reverse("review:experiment", args=[example_world.pk]), {"accepted": "no"}).content.decode()
-    ledger = re.search(r'<div id="ledger-table">.*?</div>', html, re.S).group(0)
+    found = re.search(r'<div id="ledger-table">.*?</div>', html, re.S)
+    assert found is not None
+    ledger = found.group(0)
     rows = _ledger_rows(ledger)
     assert rows and {r[6] for r in rows} == {"no"}
     assert '<option value="no" selected>' in html
@@ -280,8 +300,10 @@ def test_progress_polls_only_while_the_run_moves(client_as) -> None:
     client = client_as("viewer")
     url = reverse("review:experiment_progress", args=[experiment.pk])
 
-    def section(response: object) -> str:
-        return re.search(r'<section id="run-progress"[^>]*>', response.content.decode(), re.S).group(0)
+    def section(response: TestResponse) -> str:
+        found = re.search(r'<section id="run-progress"[^>]*>', response.content.decode(), re.S)
+        assert found is not None
+        return found.group(0)
 
     moving = section(client.get(url, HTTP_HX_REQUEST="true"))
     assert 'hx-trigger="every 2s"' in moving
@@ -329,6 +351,7 @@ def test_an_operator_starts_a_run_and_a_second_one_is_refused(client_as) -> None
     assert run.recipe.spec["candidates_per_round"] == 2
     assert run.recipe.spec["evaluation"]["trials_per_task"] == 1
     assert run.recipe.spec["proposal"]["operator"] == "example"
+    assert run.started_by is not None
     assert run.started_by.username == "operator"
     followed = client.get(response["Location"])
     assert f"Run #{run.pk} started: recipe rrsi, 2 round(s), k=1, 2 candidate(s) per round" in _messages(followed)[0]
@@ -483,7 +506,7 @@ def _staff(make_user, role: str) -> Client:
     return client
 
 
-def _start_page(client: Client, experiment: Experiment, **form: object) -> object:
+def _start_page(client: Client, experiment: Experiment, **form: object) -> TestResponse:
     url = reverse("admin:evolution_experiment_changelist")
     return client.post(url, {"action": "start_run", "_selected_action": [experiment.pk], **form}, follow=True)
 
@@ -559,10 +582,12 @@ def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:
 
     response = _start_page(client, experiment, recipe="archive", rounds="2", start="Start")
     run = Run.objects.order_by("-pk").first()
+    assert run is not None
     assert _messages(response) == [f"{experiment.name}: run {run.pk} started (archive, 2 round(s), proposer example)"]
     assert response.redirect_chain == [(reverse("admin:evolution_experiment_changelist"), 302)]
     assert run.status == Run.Status.RUNNING and run.rounds == 2 and run.recipe.name == "archive"
     assert run.recipe.spec["proposal"]["operator"] == "example"  # the last run's proposer
+    assert run.started_by is not None
     assert run.started_by.username == "staff-operator"
 
     refused = _start_page(client, experiment, recipe="own", start="Start")
@@ -570,6 +595,7 @@ def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:
     Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED)
     response = _start_page(client, experiment, recipe="own", start="Start")
     own = Run.objects.order_by("-pk").first()
+    assert own is not None
     assert _messages(response) == [f"{experiment.name}: run {own.pk} started (rrsi, 10 round(s), proposer example)"]
     experiment.refresh_from_db()
     assert own.recipe_id == experiment.recipe_id == first.recipe_id
@@ -622,6 +648,7 @@ def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_worl
     ancestry, cursor = [], Candidate.objects.get(pk=run.current_candidate_id)
     while cursor.parent_id:
         ancestry.append(cursor.parent_id)
+        assert cursor.parent is not None
         cursor = cursor.parent
     assert len(ancestry) >= 2 and html.count('class="edge main"') == len(ancestry)
     assert 'flagged, awaiting review <span class="muted">' + str(len(flagged)) in html
@@ -630,7 +657,7 @@ def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_worl
 # --- Query counts ------------------------------------------------------------------------
 
 
-def _count(client: Client, url: str, **headers: str) -> int:
+def _count(client: Client, url: str, **headers: Any) -> int:
     client.get(url, **headers)  # warm per-process caches (content types, templates)
     with CaptureQueriesContext(connection) as queries:
         response = client.get(url, **headers)

@@ -92,6 +92,7 @@ def test_matrix_cells_and_columns_are_unchanged_by_external_results(
     before_improved = _matrix_table(client, example_world, change="improved")
     assert f'data-candidate="{never_ran.pk}"' not in before
 
+    assert child.parent is not None
     ingested = [_ingest(child), _ingest(child.parent), _ingest(never_ran)]
     external_trials = Trial.objects.filter(evaluation__in=ingested)
     assert (
@@ -185,6 +186,7 @@ def test_trial_page_of_an_external_trial_says_so_with_its_source(
     child = _child_with_parent(example_world)
     evaluation = _ingest(child, source={"tool": XSS, "job": "job-7"})
     trial = Trial.objects.filter(evaluation=evaluation).exclude(split=SplitName.SEALED).order_by("pk").first()
+    assert trial is not None
     html = _html(client.get(reverse("review:trial", args=[trial.pk])))
     assert NOTICE in html  # the badge's title
     assert "external result — not run or certified by rsiweb</span>" in html  # the badge
@@ -199,8 +201,10 @@ def test_trial_page_of_an_external_trial_says_so_with_its_source(
 
     # A trial we ran has no such notice; a sealed external trial is 404 like any sealed trial.
     ours = Trial.objects.filter(candidate=child, evaluation__external=False).exclude(split=SplitName.SEALED).first()
+    assert ours is not None
     assert NOTICE not in _html(client.get(reverse("review:trial", args=[ours.pk])))
     sealed = Trial.objects.filter(evaluation=evaluation, split=SplitName.SEALED).first()
+    assert sealed is not None
     assert client.get(reverse("review:trial", args=[sealed.pk])).status_code == 404
     assert (
         client_as("viewer", username="sealer", extra_perms=SEALED)
@@ -216,9 +220,11 @@ def test_parent_comparison_never_picks_an_external_trial(
     client = client_as("viewer")
     child = _child_with_parent(example_world)
     # Index 5 exists only in the external submissions: the parent has no trial of ours there.
+    assert child.parent is not None
     _ingest(child.parent, index=5)
     evaluation = _ingest(child, index=5)
     trial = Trial.objects.filter(evaluation=evaluation).exclude(split=SplitName.SEALED).order_by("pk").first()
+    assert trial is not None
     response = client.get(reverse("review:trial", args=[trial.pk]))
     assert response.status_code == 200
     assert response.context["parent_trial"] is None
@@ -229,6 +235,7 @@ def test_parent_comparison_never_picks_an_external_trial(
 
     # A trial we ran still finds the parent's trial of ours, not the parent's external one.
     ours = Trial.objects.filter(candidate=child, evaluation__external=False, split=SplitName.TRAIN).first()
+    assert ours is not None and child.parent is not None
     _ingest(child.parent, index=ours.index)
     parent = client.get(reverse("review:trial", args=[ours.pk])).context["parent_trial"]
     assert parent is not None
@@ -264,6 +271,7 @@ def test_annotating_an_external_trial_is_refused_with_a_message(
     client = client_as("annotator")
     evaluation = _ingest(_child_with_parent(example_world))
     trial = Trial.objects.filter(evaluation=evaluation, split=SplitName.TRAIN).first()
+    assert trial is not None
     url = reverse("review:trial_annotations", args=[trial.pk])
     client.get(reverse("review:annotate_queue"))
     token = client.cookies["csrftoken"].value
@@ -282,6 +290,7 @@ def test_the_annotation_service_itself_refuses_external_trials(example_world: Ex
 
     evaluation = _ingest(_child_with_parent(example_world))
     failed = Trial.objects.filter(evaluation=evaluation, outcome=Trial.Outcome.FAIL).first()
+    assert failed is not None
     label = AnnotationLabel.objects.filter(experiment__isnull=True).first()
     with pytest.raises(AnnotationError, match="external result"):
         annotation_create(trial=failed, author=make_user("annotator"), label=label, note="n")

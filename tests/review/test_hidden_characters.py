@@ -121,10 +121,12 @@ def test_trajectory_steps_task_text_and_compare_show_markers(example_world, clie
 def test_review_item_and_flags_show_markers_in_evidence_and_the_edit_diff(example_world, client_as) -> None:
     item = multi_edit_item(example_world)
     edit = item.candidate.edits.order_by("index").first()
+    assert edit is not None
     AtomicEdit.objects.filter(pk=edit.pk).update(
         hypothesis="clearer\u200b wording", diff="+++ b/x\n+line \u202e one\u2028two\n-old \u2066\n"
     )
     flag = LeakageFlag.objects.filter(candidate=item.candidate).order_by("pk").first()
+    assert flag is not None
     LeakageFlag.objects.filter(pk=flag.pk).update(matched="\u202e", line="x = 1 # \u202e admin", path="x\u200b.py")
     client = client_as("reviewer")
     html = page(client.get(reverse("review:review_item", args=[item.pk])))
@@ -156,6 +158,7 @@ def test_a_flagged_candidate_diff_marks_the_flagged_hidden_character(example_wor
 
 def test_the_dashboard_ledger_marks_hidden_characters_in_hypotheses(example_world, client_as) -> None:
     entry = LedgerEntry.objects.filter(run__experiment=example_world).order_by("pk").first()
+    assert entry is not None
     LedgerEntry.objects.filter(pk=entry.pk).update(hypothesis="check is\u200bAdmin \u202e first")
     client = client_as("viewer")
     for url, headers in (

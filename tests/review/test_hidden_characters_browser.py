@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from evolution import selectors
 from evolution.models import Experiment
 from review import diffs
 from tests.review.test_browser import Journey, browser  # noqa: F401 (the fixture)
@@ -37,7 +38,9 @@ def test_a_reviewer_sees_every_hidden_character_as_a_marker(
     make_user: Any,
 ) -> None:
     make_user("reviewer", username="rita")
-    cand = child(example_world.seed_candidate, {"prompts/trojan.c": TROJAN, "prompts/zw.md": "is\u200bAdmin\n"})
+    cand = child(
+        selectors.experiment_seed(example_world), {"prompts/trojan.c": TROJAN, "prompts/zw.md": "is\u200bAdmin\n"}
+    )
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     journey = Journey(context.new_page(), live_server.url)
     page = journey.page

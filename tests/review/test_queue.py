@@ -128,8 +128,11 @@ def test_the_item_page_shows_edits_evidence_marked_and_the_task_to_a_reviewer(ex
         assert f"<code>{html.escape(edit.paths[0])}</code>" in page
     assert reverse("review:candidate", args=[candidate.parent_id]) in page
     flag = LeakageFlag.objects.filter(candidate=candidate, task__isnull=False).first()
+    assert flag is not None
     assert f"<mark>{html.escape(flag.matched)}</mark>" in page or f"<mark>{flag.matched}</mark>" in page
+    assert flag.task is not None
     assert f"<code>{flag.task.external_id}</code>" in page
+    assert flag.task is not None
     assert html.escape(flag.task.instruction[:60]) in page
     assert html.escape(flag.evidence["evidence"]) in page
     diff = reverse("review:candidate_diff", args=[candidate.pk])
@@ -140,15 +143,17 @@ def test_the_item_page_shows_edits_evidence_marked_and_the_task_to_a_reviewer(ex
 
 def seal_a_flag_task(item: ReviewItem) -> tuple[LeakageFlag, Any]:
     """Point one flag at a sealed task of the experiment (as a critic reading sealed text would)."""
-    sealed = (
+    membership = (
         SplitMembership.objects.filter(experiment_id=item.candidate.experiment_id, split=SplitName.SEALED)
         .select_related("task")
         .first()
-        .task
     )
+    assert membership is not None, "the experiment has a sealed task"
+    sealed = membership.task
     sealed.instruction = "SEALED-INSTRUCTION-TEXT " + sealed.instruction
     sealed.save(update_fields=["instruction"])
     flag = LeakageFlag.objects.filter(candidate=item.candidate).order_by("pk").first()
+    assert flag is not None
     LeakageFlag.objects.filter(pk=flag.pk).update(
         task=sealed,
         evidence={
@@ -190,6 +195,7 @@ def flag_a_task_in(item: ReviewItem, split: str | None) -> tuple[LeakageFlag, Ta
     if split is not None:
         SplitMembership.objects.create(experiment=experiment, task=task, split=split)
     flag = LeakageFlag.objects.filter(candidate=item.candidate).order_by("pk").first()
+    assert flag is not None
     LeakageFlag.objects.filter(pk=flag.pk).update(
         task=task,
         evidence={"line_number": 5, "evidence": f"NOTE-ABOUT-{task.external_id}", "task": task.external_id},
@@ -233,8 +239,10 @@ def test_both_pages_show_held_out_tasks_and_hide_tasks_in_no_split(
 def test_untrusted_text_is_escaped_on_both_pages(example_world, client_as, make_user) -> None:
     item = multi_edit_item(example_world)
     edit = item.candidate.edits.order_by("index").first()
+    assert edit is not None
     AtomicEdit.objects.filter(pk=edit.pk).update(hypothesis=f"hyp {XSS}", diff=f"+++ b/x\n+line {XSS}\n")
     flag = LeakageFlag.objects.filter(candidate=item.candidate).order_by("pk").first()
+    assert flag is not None
     LeakageFlag.objects.filter(pk=flag.pk).update(
         matched=XSS, line=f"keywords = [{XSS}]", evidence={"evidence": f"why {XSS}", "note": XSS}
     )
@@ -350,6 +358,7 @@ def test_a_claim_can_be_released_for_another_reviewer(example_world, make_user) 
     assert post(alice, "review:review_release", item.pk).status_code == 302
     assert post(bob, "review:review_claim", item.pk).status_code == 302
     item.refresh_from_db()
+    assert item.claimed_by is not None
     assert item.claimed_by.username == "bob"
 
 
@@ -363,12 +372,14 @@ def test_viewers_read_but_every_post_is_403_and_no_buttons_are_shown(example_wor
     queue = client.get(reverse("review:queue")).content.decode()
     assert reverse("review:review_claim", args=[item.pk]) not in queue
     edit = item.candidate.edits.first()
-    for name, data in [
+    assert edit is not None
+    posts: list[tuple[str, dict[str, Any]]] = [
         ("review:review_claim", {}),
         ("review:review_release", {}),
         ("review:review_decide", {"verdict": "approve", "reason": "x"}),
         ("review:review_decide", {"verdict": "reject_edits", "reason": "x", "edits": [edit.pk]}),
-    ]:
+    ]
+    for name, data in posts:
         assert post(client, name, item.pk, data).status_code == 403
     item.refresh_from_db()
     assert item.state == ReviewItem.State.OPEN and not ReviewDecision.objects.exists()
@@ -399,6 +410,7 @@ def test_rejecting_the_flagged_edit_derives_a_candidate_without_its_files(exampl
     assert response.status_code == 302
     decision = ReviewDecision.objects.get(item=item)
     derived = decision.derived_candidate
+    assert derived is not None
     assert decision.verdict == ReviewDecision.Verdict.REJECT_EDITS
     assert set(decision.rejected_edits.all()) == set(leaky)
     item.refresh_from_db()
@@ -407,6 +419,7 @@ def test_rejecting_the_flagged_edit_derives_a_candidate_without_its_files(exampl
     assert flagged.state == Candidate.State.REJECTED_REVIEW
     assert derived.origin == Candidate.Origin.DERIVED and derived.parent_id == flagged.parent_id
     assert (derived.run_id, derived.round) == (flagged.run_id, flagged.round)
+    assert flagged.parent is not None
     parent_files = {e.path: e.data for e in tree_entries(tree=flagged.parent.tree)}
     flagged_files = {e.path: e.data for e in tree_entries(tree=flagged.tree)}
     derived_files = {e.path: e.data for e in tree_entries(tree=derived.tree)}
@@ -516,7 +529,7 @@ ITEM_QUERIES = 12
 
 
 def page_query_counts(client: Client, experiment: Experiment, item: ReviewItem, decided: ReviewItem) -> list[int]:
-    urls = [
+    urls: list[tuple[str, dict[str, Any]]] = [
         (reverse("review:queue"), {}),
         (reverse("review:queue"), {"tab": "decided"}),
         (reverse("review:queue"), {"experiment": experiment.pk}),

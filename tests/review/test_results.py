@@ -113,15 +113,19 @@ def _child_trial(experiment: Any) -> Trial:
         trajectory__isnull=False,
         evaluation__purpose__in=REPORTED_PURPOSES,
     ).order_by("pk"):
-        if Trial.objects.filter(candidate_id=trial.candidate.parent_id, task=trial.task, index=trial.index).exists():
+        parent_id = trial.candidate.parent_id
+        assert parent_id is not None  # filtered on candidate__parent__isnull=False
+        if Trial.objects.filter(candidate_id=parent_id, task=trial.task, index=trial.index).exists():
             return trial
     raise AssertionError("the example world has no child trial with a parent trial")
 
 
 def _parent_trial_of(trial: Trial) -> Trial:
-    return (
+    parent_id = trial.candidate.parent_id
+    assert parent_id is not None, "the seed has no parent"
+    found = (
         Trial.objects.filter(
-            candidate_id=trial.candidate.parent_id,
+            candidate_id=parent_id,
             task=trial.task,
             index=trial.index,
             evaluation__purpose__in=REPORTED_PURPOSES,
@@ -129,6 +133,8 @@ def _parent_trial_of(trial: Trial) -> Trial:
         .order_by("evaluation_id", "pk")
         .first()
     )
+    assert found is not None, f"no parent trial for trial {trial.pk}"
+    return found
 
 
 def _give_trajectory(trial: Trial, steps: list[dict[str, Any]]) -> Trajectory:
@@ -147,7 +153,7 @@ def _give_trajectory(trial: Trial, steps: list[dict[str, Any]]) -> Trajectory:
 
 
 def _plain_steps(count: int, **overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    steps = [{"step_id": n, "message": f"message number {n}."} for n in range(1, count + 1)]
+    steps: list[dict[str, Any]] = [{"step_id": n, "message": f"message number {n}."} for n in range(1, count + 1)]
     for step_id, fields in overrides.items():
         steps[int(step_id.removeprefix("s")) - 1].update(fields)
     return steps
@@ -245,7 +251,8 @@ def _changes(example_world: Any) -> dict[str, set[int]]:
     parents = dict(Candidate.objects.filter(experiment=example_world).values_list("pk", "parent_id"))
     changes: dict[str, set[int]] = {"improved": set(), "regressed": set(), "unchanged": set()}
     for (candidate, task), cell in cells.items():
-        parent = cells.get((parents.get(candidate), task))
+        parent_id = parents.get(candidate)
+        parent = cells.get((parent_id, task)) if parent_id is not None else None
         if parent is None or not cell["n"] or not parent["n"]:
             continue
         mine, theirs = cell["passes"] / cell["n"], parent["passes"] / parent["n"]
@@ -538,7 +545,9 @@ def test_compare_marks_the_first_divergence_and_pages_long_trajectories(example_
     call = {"function_name": "bash", "arguments": {"cmd": "ls"}}
     common = {f"s{n}": {"tool_calls": [{**call, "tool_call_id": f"left-{n}"}]} for n in (10, 20)}
     _give_trajectory(parent, _plain_steps(250, **common))
-    changed = {f"s{n}": {"tool_calls": [{**call, "tool_call_id": f"right-{n}"}]} for n in (10, 20)}
+    changed: dict[str, dict[str, Any]] = {
+        f"s{n}": {"tool_calls": [{**call, "tool_call_id": f"right-{n}"}]} for n in (10, 20)
+    }
     changed["s180"] = {"message": "a different thought"}
     _give_trajectory(trial, _plain_steps(260, **changed))
     client = client_as("viewer")
@@ -551,12 +560,12 @@ def test_compare_marks_the_first_divergence_and_pages_long_trajectories(example_
     assert [int(p) for p, _ in rows] == list(range(1, 101))
     assert all(cls == "same" for _, cls in rows)  # call ids differ at 10 and 20: not a divergence
     second = _html(client.get(f"{url}?page=2"))
-    rows = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', second))
-    assert rows["180"] == "differs first"
-    assert [p for p, cls in rows.items() if cls != "same"] == ["180"]
+    by_position = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', second))
+    assert by_position["180"] == "differs first"
+    assert [p for p, cls in by_position.items() if cls != "same"] == ["180"]
     third = _html(client.get(f"{url}?page=3"))
-    rows = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', third))
-    assert [p for p, cls in rows.items() if cls != "same"] == [str(n) for n in range(251, 261)]
+    by_position = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', third))
+    assert [p for p, cls in by_position.items() if cls != "same"] == [str(n) for n in range(251, 261)]
     assert "no step 251: this trajectory ended" in third
 
 
@@ -580,6 +589,7 @@ def test_compare_with_any_trial_of_the_same_task(example_world, client_as) -> No
     assert f'Compared with: <a href="{reverse("review:trial", args=[other.pk])}">trial #{other.pk}</a>' in html
     assert f'<option value="{other.pk}" selected>' in html
     elsewhere = Trial.objects.exclude(task=trial.task).filter(split=SplitName.TRAIN).first()
+    assert elsewhere is not None
     response = client.get(f"{url}?with={elsewhere.pk}")
     assert response.status_code == 400
     assert "is of another task" in response.content.decode()
@@ -589,6 +599,7 @@ def test_compare_with_any_trial_of_the_same_task(example_world, client_as) -> No
 
 def test_compare_of_the_seed_offers_other_trials(example_world, client_as) -> None:
     seed_trial = Trial.objects.filter(candidate=example_world.seed_candidate, split=SplitName.TRAIN).first()
+    assert seed_trial is not None
     html = _html(client_as("viewer").get(reverse("review:trial_compare", args=[seed_trial.pk])))
     assert "This is the seed: it has no parent." in html
     assert '<select name="with">' in html

@@ -26,6 +26,7 @@ from evolution.models import (
 )
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
+from tests.factories import seed_of
 
 STATES = (Candidate.State.REJECTED_GATE, Candidate.State.FLAGGED, Candidate.State.REJECTED_SURFACE)
 
@@ -34,7 +35,7 @@ def grow(experiment: Experiment, *, candidates: int = 40, steps: int = 0) -> Non
     """Add ``candidates`` candidates (children of the seed, rounds after the
     run's last) with their rows; with ``steps``, one more trial of the last
     candidate carries a trajectory of that many steps."""
-    seed = experiment.seed_candidate
+    seed = seed_of(experiment)
     run = experiment.runs.order_by("-pk").first()
     seed_files = tree_entries(tree=seed.tree)
     memberships = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))
@@ -94,6 +95,7 @@ def grow(experiment: Experiment, *, candidates: int = 40, steps: int = 0) -> Non
             )
             for task_id, split in memberships
         )
+        assert candidate.round is not None
         if run is not None:
             GateDecision.objects.create(
                 run=run,

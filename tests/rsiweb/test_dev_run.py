@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -33,8 +34,9 @@ READY = "[rsiweb] web server: "
 START_TIMEOUT = 240  # a first start migrates a new database, on a machine shared with other test runs
 
 
-def _dev_module() -> object:
+def _dev_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("rsiweb_dev", DEV)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -139,7 +141,8 @@ class DevRun:
         children = _children(self.process.pid)
         assert len(children) == 2, (children, self.output()[-2000:])  # the worker and the web server
         # Each leads a session of its own (start_new_session), which holds its processes.
-        assert {_stat(child)[2] for child in children} == set(children)
+        stats = [_stat(child) for child in children]
+        assert {stat[2] for stat in stats if stat is not None} == set(children)
         self.sessions = set(children)
 
     def stop(self, signum: int, timeout: float = 60) -> int | None:
@@ -228,7 +231,9 @@ def test_dev_run_refuses_a_busy_port_before_starting_anything(tmp_path: Path) ->
         assert result.returncode == 2
         assert result.stderr == ""
         line = result.stdout.strip()
-        suggested = int(re.fullmatch(r".* e\.g\. RSI_PORT=(\d+) python3\.11 dev\.py run", line).group(1))
+        found = re.fullmatch(r".* e\.g\. RSI_PORT=(\d+) python3\.11 dev\.py run", line)
+        assert found is not None, line
+        suggested = int(found.group(1))
         assert line == (
             f"[rsiweb] port {port} on 127.0.0.1 is already in use (another dev.py run, or another server): "
             f"choose another port with RSI_PORT, e.g. RSI_PORT={suggested} python3.11 dev.py run"

@@ -166,8 +166,12 @@ def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, ma
 
     status, page, headers = fetch(port, "/login/")
     assert status == 200
-    csrf = re.search(r"csrftoken=([^;]+)", " ".join(headers.get_all("Set-Cookie"))).group(1)
-    form_token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    found = re.search(r"csrftoken=([^;]+)", " ".join(headers.get_all("Set-Cookie") or []))
+    assert found is not None
+    csrf = found.group(1)
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None
+    form_token = found.group(1)
     status, _body, headers = fetch(
         port,
         "/login/",
@@ -176,7 +180,9 @@ def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, ma
         body=f"username=olga&password=pw-olga&csrfmiddlewaretoken={form_token}",
     )
     assert status == 302 and headers["Location"] == "/"
-    session = re.search(r"sessionid=([^;]+)", " ".join(headers.get_all("Set-Cookie"))).group(1)
+    found = re.search(r"sessionid=([^;]+)", " ".join(headers.get_all("Set-Cookie") or []))
+    assert found is not None
+    session = found.group(1)
     cookies = {"Cookie": f"csrftoken={csrf}; sessionid={session}"}
 
     assets: set[str] = set()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.conf import settings
@@ -17,6 +17,9 @@ from django.test import Client, override_settings
 
 from review.models import LoginFailure
 from tests.conftest import REPO_ROOT, database_url_for_subprocess
+
+if TYPE_CHECKING:  # the test client's response, as django-stubs names it
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_hashing")]
 
@@ -30,7 +33,7 @@ def fast_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-def attempt(username: str, password: str, *, address: str = "203.0.113.7", path: str = "/login/") -> object:
+def attempt(username: str, password: str, *, address: str = "203.0.113.7", path: str = "/login/") -> TestResponse:
     # A fresh client each time: a web farm does not share a session between attempts.
     return Client(REMOTE_ADDR=address).post(path, {"username": username, "password": password})
 

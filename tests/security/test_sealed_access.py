@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.http import StreamingHttpResponse
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.authtoken.models import Token
@@ -41,6 +42,7 @@ from evolution.models import (
 )
 from review.access import SEALED
 from tests.api.conftest import CANARY, World
+from tests.factories import seed_id, seed_of
 
 pytestmark = pytest.mark.django_db
 
@@ -240,11 +242,11 @@ def ids(api_world: World, make_user: Callable[..., User]) -> Ids:
     run = Run.objects.filter(experiment=world.experiment).first()  # this world has none: its routes 404
     return Ids(
         experiment=world.experiment.pk,
-        seed=world.experiment.seed_candidate_id,
+        seed=seed_id(world.experiment),
         flagged=world.flagged.pk,
         train_trial=world.train_trial.pk,
         sealed_trial=sealed.pk,
-        gate_trial=trials.filter(split=SplitName.GATE).values_list("pk", flat=True).first(),
+        gate_trial=trials.filter(split=SplitName.GATE).order_by("pk").values_list("pk", flat=True)[0],
         record=world.record.pk,
         item=ReviewItem.objects.get(candidate=world.flagged).pk,
         sealed_annotation=sealed_note.pk,
@@ -270,7 +272,7 @@ def fetch_all(client: Client, paths: list[str]) -> dict[str, tuple[int, str]]:
         if token_only and not path.startswith("/api/"):
             continue  # a token authenticates the API only; the screens are covered by the session
         response = client.get(path)
-        body = b"".join(response.streaming_content) if response.streaming else response.content
+        body = b"".join(response.streaming_content) if isinstance(response, StreamingHttpResponse) else response.content
         seen[path] = (response.status_code, body.decode(errors="replace"))
     return seen
 
@@ -449,10 +451,9 @@ def _build_shared_world() -> None:
         error=f"shared detail {CANARY}", criteria_results=[{"id": "c", "met": True, "note": CANARY}]
     )
     _trajectory(trial, f"shared {CANARY}")
-    seed = other.seed_candidate
     flagged = Candidate.objects.create(
         experiment=other,
-        parent=seed,
+        parent=seed_of(other),
         tree=Candidate.objects.get(experiment=first, state=Candidate.State.FLAGGED).tree,
         origin=Candidate.Origin.PROPOSED,
         state=Candidate.State.FLAGGED,
@@ -506,11 +507,11 @@ def shared_ids(db: Any, shared_world_rows: Any, make_user: Callable[..., User]) 
     open_note = Annotation.objects.create(trial=open_trial, author=author, label=label, note="train note")
     return Ids(
         experiment=other.pk,
-        seed=other.seed_candidate_id,
+        seed=seed_id(other),
         flagged=other.candidates.get(state="flagged").pk,
         train_trial=open_trial.pk,
         sealed_trial=shared_trial.pk,
-        gate_trial=trials.filter(split=SplitName.GATE).values_list("pk", flat=True).first(),
+        gate_trial=trials.filter(split=SplitName.GATE).order_by("pk").values_list("pk", flat=True)[0],
         record=CertifiedResult.objects.get(experiment=other).pk,
         item=ReviewItem.objects.get(candidate__experiment=other).pk,
         sealed_annotation=shared_note.pk,

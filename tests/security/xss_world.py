@@ -11,6 +11,7 @@ from evolution.models import Annotation, AnnotationLabel, Candidate, Task, Traje
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from tests.api.conftest import World
+from tests.factories import seed_of
 
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = '<img src=x onerror="window.__xss=1">'
@@ -37,7 +38,7 @@ class XssWorld:
 
 def plant_xss(world: World, author: Any) -> XssWorld:
     trial = world.train_trial
-    seed = world.experiment.seed_candidate
+    seed = seed_of(world.experiment)
     tree = tree_store(
         entries=[
             *tree_entries(tree=seed.tree),

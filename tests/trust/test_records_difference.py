@@ -38,6 +38,7 @@ def test_a_difference_names_the_errors_and_retries_behind_it() -> None:
     evaluate_seed_inline(control, ("train",))
     evaluate_seed_inline(twin, ("train",))
     trial = Trial.objects.filter(evaluation__experiment=twin).order_by("pk").first()
+    assert trial is not None
     Trial.objects.filter(pk=trial.pk).update(error_kind="infra", error="gave up after 3 attempts", attempt=4)
     words = records_difference(control, twin)
     assert f"error here: {trial.task.external_id}#0 attempt 4 infra: 'gave up after 3 attempts'" in words

@@ -35,8 +35,10 @@ class Command(BaseCommand):
             candidate = Candidate.objects.filter(pk=options["candidate"], experiment=experiment).first()
             if candidate is None:
                 raise CommandError(f"experiment {experiment.pk} has no candidate {options['candidate']}", returncode=2)
-        else:
+        elif experiment.seed_candidate is not None:
             candidate = experiment.seed_candidate
+        else:
+            raise CommandError(f"experiment {experiment.pk} has no seed candidate", returncode=2)
         splits = [name.strip() for name in options["splits"].split(",") if name.strip()]
         try:
             evaluation = evaluation_services.evaluation_start(candidate=candidate, splits=splits, k=options["k"])
