@@ -162,6 +162,8 @@ ROUTES: dict[str, Paths] = {
         f"/api/v1/annotations/{i.train_annotation}/",
     ],
     "api:external-results": lambda i: [f"/api/v1/candidates/{i.flagged}/external-results/"],
+    # Write-only (POST a Harbor job's files); a GET is refused and shows nothing.
+    "api:harbor-jobs": lambda i: ["/api/v1/harbor-jobs/"],
 }
 
 # Pages that show sealed per-task data to a user who may see it (the canary
