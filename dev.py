@@ -183,8 +183,11 @@ def _session_members(session: int) -> list[int]:
 
 
 def stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> list[str]:
-    """Stop every process of each child's session: SIGTERM to its process
-    group, then SIGKILL to whatever is left after STOP_GRACE_SECONDS, or at
+    """Stop every process of each child's session: SIGTERM to the child
+    itself (Celery's main process then stops its own pool in order; a pool
+    process signalled behind its back can leave the main process waiting on
+    it for good), SIGTERM to whatever is left of the session once the child
+    has exited, and SIGKILL to all of it after STOP_GRACE_SECONDS, or at
     once when another stop signal arrives meanwhile. Returns the names of
     the children that had to be killed. Safe to repeat."""
     hurry: list[int] = []
@@ -194,9 +197,10 @@ def stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> list[s
     for _, process in children:
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+                os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     killed: list[str] = []
+    orphans_told: set[int] = set()
     while True:
         for _, process in children:
             process.poll()  # reaps the session leader as soon as it exits
@@ -204,6 +208,14 @@ def stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> list[s
         alive = [(name, pids) for name, pids in alive if pids]
         if not alive:
             return killed
+        for _, process in children:
+            if process.returncode is None:
+                continue
+            # The child has exited; what it left in its session is told to stop.
+            for pid in set(_session_members(process.pid)) - orphans_told:
+                orphans_told.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         if hurry or time.monotonic() > deadline:
             for name, pids in alive:
                 if name not in killed:

@@ -9,6 +9,7 @@ the evolve tasks.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from django.core.management import call_command
 
 from evolution.critic import build_index, critique
 from evolution.management.commands.run_experiment import summary_table
-from evolution.models import Candidate, Evaluation, Experiment, Run
+from evolution.models import Candidate, Evaluation, Experiment, Run, Trial
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 from evolution.services import loop
 from evolution.services.proposals import evolve_tasks_for_critic
@@ -50,10 +51,23 @@ def leaky(run: Run, candidate: Candidate) -> bool:
     return bool(critique(tree_diff(old=candidate.parent.tree, new=candidate.tree), index))
 
 
+def progress(run: Run, worker: Any) -> str:
+    """Where a run that did not finish stands, for the failure message."""
+    run.refresh_from_db()
+    candidates = Counter(Candidate.objects.filter(run=run).values_list("state", flat=True).order_by())
+    trials = Counter(Trial.objects.filter(evaluation__candidate__run=run).values_list("state", flat=True).order_by())
+    return (
+        f"run {run.status}, state {run.state}\ncandidates {dict(candidates)}\ntrials {dict(trials)}\n"
+        f"--- worker log:\n{worker.log()[-4000:]}"
+    )
+
+
 def test_regularization_stops_leaks_that_the_unregularized_loop_accepts(start_worker) -> None:
     import evolution.proposers  # noqa: F401  (registers the example proposer in this process)
 
-    start_worker(concurrency=2)
+    # With the lease reaper (beat), as ``dev.py run`` and a deployment run it:
+    # a trial whose task a loaded machine loses is taken up again.
+    worker = start_worker(concurrency=2, beat=True)
     unregularized = loop.run_create(experiment=example("example-unregularized"), recipe=recipe("unregularized"))
     regularized = loop.run_create(experiment=example("example-rrsi"), recipe=recipe("rrsi"))
     for run in (unregularized, regularized):
@@ -64,9 +78,10 @@ def test_regularization_stops_leaks_that_the_unregularized_loop_accepts(start_wo
 
         wait_until(
             finished,
-            timeout=900,
+            timeout=1500,
             interval=1,
             what=f"run {run.pk}",
+            diagnose=lambda run=run: progress(run, worker),
         )
         assert run.status == Run.Status.FINISHED, run.error
         print(f"\n{run.recipe.name}:", *summary_table(run), sep="\n")
