@@ -32,6 +32,7 @@ from evolution.models import (
     TrajectoryStep,
     Trial,
 )
+from evolution.loop import load
 from evolution.recipes import PRESET_NAMES
 from evolution.trajectory_formats import STEP_FIELDS
 
@@ -235,10 +236,55 @@ class CandidateDetailSerializer(CandidateSerializer):
     total_size = serializers.IntegerField(source="tree.total_size", read_only=True)
     state = serializers.ChoiceField(choices=Candidate.State.choices, read_only=True)
     origin = serializers.ChoiceField(choices=Candidate.Origin.choices, read_only=True)
+    delta = serializers.SerializerMethodField(
+        help_text=(
+            "dS against the harness the gate compared it with (else its parent), in the recipe's metric on the "
+            "evolve splits, the gate's number, with a paired bootstrap interval over the tasks both were "
+            "measured on (null low/high: not enough paired tasks); null for the seed or without certified trials"
+        )
+    )
 
     class Meta(CandidateSerializer.Meta):
-        fields = (*CandidateSerializer.Meta.fields, "file_count", "total_size", "edits", "gate_decisions")
+        fields = (*CandidateSerializer.Meta.fields, "file_count", "total_size", "edits", "gate_decisions", "delta")
         read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "against": {"type": "integer"},
+                "gated": {"type": "boolean"},
+                "metric": {"type": "string"},
+                "splits": {"type": "array", "items": {"type": "string"}},
+                "dS": {"type": "number"},
+                "low": {"type": "number", "nullable": True},
+                "high": {"type": "number", "nullable": True},
+                "confidence": {"type": "number"},
+                "paired_tasks": {"type": "integer"},
+                "dC": {"type": "number", "nullable": True},
+                "noise_delta": {"type": "number", "nullable": True},
+            },
+        }
+    )
+    def get_delta(self, obj: Candidate) -> dict[str, Any] | None:
+        delta = load.candidate_delta(obj)
+        if delta is None:
+            return None
+        e = delta.estimate
+        return {
+            "against": delta.base_id,
+            "gated": delta.gated,
+            "metric": e.metric,
+            "splits": list(delta.splits),
+            "dS": e.delta,
+            "low": e.low,
+            "high": e.high,
+            "confidence": e.confidence,
+            "paired_tasks": e.pairs,
+            "dC": delta.delta_cost,
+            "noise_delta": delta.noise_delta,
+        }
 
 
 class TreeEntrySerializer(serializers.Serializer):

@@ -11,9 +11,8 @@ from django.db.models import BigIntegerField, Count, Exists, IntegerField, Outer
 from django.db.models.functions import Cast, Coalesce
 
 from evolution import metrics
-from evolution.loop import measure
+from evolution.loop import load, measure
 from evolution.models import (
-    EVOLVE_SPLITS,
     Candidate,
     CertifiedResult,
     Evaluation,
@@ -398,15 +397,14 @@ def candidate_trial_records(*, candidate: Candidate) -> list[metrics.TrialRecord
 @dataclass(frozen=True)
 class CandidateMetrics:
     splits: dict[str, metrics.SplitSummary]
-    delta_score: float | None  # evolve-set pass@1 minus the parent's
-    delta_cost: float | None  # relative change in tokens per trial
-    delta_ci: tuple[float, float, float] | None  # paired bootstrap over evolve tasks: (mean, low, high)
+    # dS (with its interval) and dC against the harness the gate compared it with, else its parent:
+    # ``loop.load.candidate_delta``, the one dS the gate, the ledger and the API give too.
+    delta: load.ComparedDelta | None
 
 
-def candidate_metrics(*, candidate: Candidate, evolve_splits: tuple[str, ...] = EVOLVE_SPLITS) -> CandidateMetrics:
+def candidate_metrics(*, candidate: Candidate) -> CandidateMetrics:
     """Per-split rate and contribution (labelled apart), pass@k, pass^k,
-    tokens and steps; and dS, dC against the parent with a paired bootstrap
-    confidence interval of dS over the evolve tasks."""
+    tokens and steps; and dS with its interval and dC (``loop.load.candidate_delta``)."""
     total = (
         SplitMembership.objects.filter(experiment_id=candidate.experiment_id).exclude(split=SplitName.HELDOUT).count()
     )
@@ -418,22 +416,7 @@ def candidate_metrics(*, candidate: Candidate, evolve_splits: tuple[str, ...] = 
             experiment_id=candidate.experiment_id, split=SplitName.HELDOUT
         ).count()
         summaries.update(metrics.split_summaries(heldout, heldout_total))
-    if candidate.parent is None:
-        return CandidateMetrics(summaries, None, None, None)
-    parent = candidate_trial_records(candidate=candidate.parent)
-    mine = [r for r in own if r.split in evolve_splits]
-    theirs = [r for r in parent if r.split in evolve_splits]
-    if not mine or not theirs:
-        return CandidateMetrics(summaries, None, None, None)
-    new_score, old_score = metrics.pass_at_1(mine), metrics.pass_at_1(theirs)
-    assert new_score is not None and old_score is not None  # both lists have trials
-    d_score = new_score - old_score
-    new_cost, old_cost = metrics.mean_tokens(mine), metrics.mean_tokens(theirs)
-    d_cost = metrics.relative_cost_change(new_cost, old_cost) if new_cost is not None and old_cost else None
-    ci = metrics.paired_bootstrap_ci(
-        metrics.task_mean_scores(theirs), metrics.task_mean_scores(mine), seed=candidate.pk
-    )
-    return CandidateMetrics(summaries, d_score, d_cost, ci)
+    return CandidateMetrics(summaries, load.candidate_delta(candidate))
 
 
 @dataclass(frozen=True)

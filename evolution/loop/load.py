@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from django.db.models import Q
 
 from evolution.loop import measure
 from evolution.loop.regularization import CandidateStats
-from evolution.models import Candidate, Evaluation, Experiment, TreeEntry, Trial
+from evolution.metrics import relative_cost_change
+from evolution.models import Candidate, Evaluation, Experiment, GateDecision, Run, TreeEntry, Trial
+from evolution.recipes import EVOLVE_SPLIT_CHOICES, parse_recipe
 from evolution.surfaces import STRUCTURAL_KINDS, kinds_present, parse_surface, reachable_kinds
 
 __all__ = [
     "MEASURED_PURPOSES",
+    "ComparedDelta",
+    "candidate_delta",
     "candidate_stats",
+    "candidate_task_rows",
     "candidate_totals",
     "evaluation_score",
     "mean_tokens",
@@ -91,3 +97,63 @@ def structural_kinds_had(experiment: Experiment) -> list[str]:
 def reachable_components(experiment: Experiment) -> list[str]:
     """The component kinds the experiment's surface lets the proposer reach (stall exploration draws from these)."""
     return reachable_kinds(parse_surface(experiment.surface.spec))
+
+
+def candidate_task_rows(candidate_id: int, splits: Sequence[str]) -> dict[str, list[measure.TrialRow]]:
+    """The candidate's trials the gate measures it by (``candidate_totals``'s), as rows by task."""
+    found: dict[str, list[measure.TrialRow]] = {}
+    for task, *row in Trial.objects.filter(
+        candidate_id=candidate_id,
+        split__in=splits,
+        evaluation__state=Evaluation.State.CERTIFIED,
+        evaluation__purpose__in=MEASURED_PURPOSES,
+    ).values_list("task__external_id", *ROW):
+        found.setdefault(task, []).append(measure.TrialRow(*row))
+    return found
+
+
+@dataclass(frozen=True)
+class ComparedDelta:
+    """dS of a candidate against the harness it is compared with, as the gate compared them."""
+
+    base_id: int
+    gated: bool  # True: the harness the gate compared it with; False: its parent (not gated yet)
+    splits: tuple[str, ...]
+    estimate: measure.DeltaEstimate
+    delta_cost: float | None  # relative change in tokens per trial (None: no cost on one side, or from 0)
+    noise_delta: float | None  # the run's noise band, beside dS
+
+
+def candidate_delta(candidate: Candidate) -> ComparedDelta | None:
+    """The one dS of ``candidate``: against the harness its latest gate decision compared it with (else its
+    parent), in its run's recipe's metric over the recipe's evolve splits, on the trials the gate reads, with
+    its paired bootstrap interval (``measure.paired_delta``). None for the seed or without certified trials on
+    both sides. The gate's dS in its decision, the ledger's, this and the API's are one number."""
+    decision = (
+        GateDecision.objects.filter(candidate=candidate, round__gt=0, current__isnull=False)
+        .select_related("run__recipe")
+        .order_by("-round", "-pk")
+        .first()
+    )
+    run: Run | None
+    if decision is not None and decision.current_id is not None:
+        base_id, run, gated = decision.current_id, decision.run, True
+    elif candidate.parent_id is not None:
+        base_id, run, gated = candidate.parent_id, candidate.run, False
+    else:
+        return None
+    spec = run.recipe.spec if run is not None else None
+    if spec is None and candidate.experiment.recipe_id is not None:
+        spec = candidate.experiment.recipe.spec if candidate.experiment.recipe else None
+    evaluation = parse_recipe(spec).evaluation if spec else None
+    metric = evaluation.score_metric if evaluation else "pass_at_1"
+    splits = evaluation.evolve_splits if evaluation else EVOLVE_SPLIT_CHOICES
+    base_rows, rows = candidate_task_rows(base_id, splits), candidate_task_rows(candidate.pk, splits)
+    estimate = measure.paired_delta(base_rows, rows, metric, seed=candidate.pk)
+    if estimate is None:
+        return None
+    base_cost = measure.cost(measure.totals(row for task in base_rows.values() for row in task))
+    cost = measure.cost(measure.totals(row for task in rows.values() for row in task))
+    delta_cost = relative_cost_change(cost, base_cost) if cost is not None and base_cost is not None else None
+    noise = run.noise_delta if run is not None else None
+    return ComparedDelta(base_id, gated, tuple(splits), estimate, delta_cost, noise)

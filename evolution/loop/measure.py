@@ -14,12 +14,16 @@ module agree to the last bit; ``score_sql`` writes the same formula for a query 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = [
     "ERROR",
+    "MIN_PAIRS",
+    "DeltaEstimate",
+    "paired_delta",
     "PASS",
     "SCORE_METRICS",
     "Measurement",
@@ -136,4 +140,79 @@ def measure(t: Totals, metric: str) -> Measurement | None:
         valid_rate=t.valid / t.trials,
         no_submission_rate=(t.trials - t.submitted) / t.trials,
         trials=t.trials,
+    )
+
+
+# --- dS and its interval ----------------------------------------------------------------------
+
+MIN_PAIRS = 5  # fewer tasks measured on both sides give "not enough data", never an interval
+
+
+@dataclass(frozen=True)
+class DeltaEstimate:
+    """dS = S(new) - S(base) in one metric over all their trials (the number the gate computes), with a paired
+    bootstrap interval of that same quantity over the tasks both were measured on (``pairs``). ``low`` and
+    ``high`` are None when there are fewer than ``MIN_PAIRS`` pairs: not enough data for an interval."""
+
+    delta: float
+    low: float | None
+    high: float | None
+    pairs: int
+    metric: str
+    confidence: float
+
+    @property
+    def enough(self) -> bool:
+        return self.low is not None
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def paired_delta(
+    base: dict[str, list[TrialRow]],
+    new: dict[str, list[TrialRow]],
+    metric: str,
+    *,
+    seed: int = 0,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+) -> DeltaEstimate | None:
+    """dS of ``new`` against ``base`` (trial rows by task) and its interval; None when either has no trial.
+
+    The interval resamples the paired tasks with replacement and, within each drawn task, each side's trials
+    with replacement (the two sources of noise in S: which tasks, and each trial's luck), computes S on both
+    sides as ``score`` does, and takes the percentile interval of the differences. Deterministic given
+    ``seed``: the tasks are taken in sorted order.
+    """
+    s_base = score(totals(row for rows in base.values() for row in rows), metric)
+    s_new = score(totals(row for rows in new.values() for row in rows), metric)
+    if s_base is None or s_new is None:
+        return None
+    shared = sorted(task for task in base.keys() & new.keys() if base[task] and new[task])
+    if len(shared) < MIN_PAIRS:
+        return DeltaEstimate(s_new - s_base, None, None, len(shared), metric, confidence)
+    rng = random.Random(seed)
+    differences = []
+    for _ in range(resamples):
+        drawn_base = Totals()
+        drawn_new = Totals()
+        for task in rng.choices(shared, k=len(shared)):
+            drawn_base += totals(rng.choices(base[task], k=len(base[task])))
+            drawn_new += totals(rng.choices(new[task], k=len(new[task])))
+        difference = (score(drawn_new, metric) or 0.0) - (score(drawn_base, metric) or 0.0)
+        differences.append(difference)
+    differences.sort()
+    tail = (1.0 - confidence) / 2.0
+    return DeltaEstimate(
+        s_new - s_base,
+        _quantile(differences, tail),
+        _quantile(differences, 1.0 - tail),
+        len(shared),
+        metric,
+        confidence,
     )

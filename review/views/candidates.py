@@ -23,7 +23,7 @@ from django.utils.http import content_disposition_header, url_has_allowed_host_a
 from django.views.decorators.http import require_GET, require_POST
 
 from evolution import hidden_chars, records, selectors
-from evolution.loop import regularization
+from evolution.loop import load, regularization
 from evolution.models import (
     EVOLVE_SPLITS,
     STRUCTURAL_KINDS,
@@ -146,6 +146,19 @@ def gate_numbers(numbers: dict[str, Any]) -> list[NumberRow]:
     known = {key for key, _, _ in NUMBER_LABELS}
     rows += [NumberRow(key, "", _format_number(value, "number")) for key, value in numbers.items() if key not in known]
     return rows
+
+
+def delta_text(delta: load.ComparedDelta) -> str:
+    """dS with its interval and how many paired tasks it rests on, or why there is no interval."""
+    e = delta.estimate
+    text = f"dS = {e.delta:+.3f}"
+    if e.low is not None and e.high is not None:
+        text += f" ({e.confidence:.0%} CI {e.low:+.3f} .. {e.high:+.3f} over {e.pairs} paired tasks)"
+    else:
+        text += f" (not enough data for an interval: {e.pairs} paired task{'s' if e.pairs != 1 else ''})"
+    if delta.noise_delta is not None:
+        text += f"; noise band δ = {delta.noise_delta:.3f}"
+    return text
 
 
 def gate_summary(numbers: dict[str, Any]) -> str:
@@ -394,7 +407,7 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
         record.verified = all(check.ok for check in record.checks)
 
     evolve = _evolve_splits(cand)
-    result = selectors.candidate_metrics(candidate=cand, evolve_splits=evolve)
+    result = selectors.candidate_metrics(candidate=cand)
     order: dict[str, int] = {split: index for index, split in enumerate(SPLIT_ORDER)}
     split_rows = [
         SplitRowView.of(split, summary)
@@ -402,12 +415,11 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
     ]
     overall = sum(row.contribution_value for row in split_rows if row.split != SplitName.HELDOUT)
     ci_text = dc_text = ""
-    if result.delta_score is not None:
-        ci_text = f"dS = {result.delta_score:+.3f}"
-        if result.delta_ci is not None:
-            ci_text += f" (95% CI {result.delta_ci[1]:+.2f} .. {result.delta_ci[2]:+.2f})"
-    if result.delta_cost is not None:
-        dc_text = f"dC = {result.delta_cost * 100:+.1f}%"
+    delta = result.delta
+    if delta is not None:
+        ci_text = delta_text(delta)
+        if delta.delta_cost is not None:
+            dc_text = f"dC = {delta.delta_cost * 100:+.1f}%"
 
     # Kept apart from the certified numbers above, which never count them.
     external_results = [ExternalResultView.of(found) for found in selectors.candidate_external_results(candidate=cand)]
@@ -433,6 +445,7 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
             "dc_text": dc_text,
             "evolve_splits": evolve,
             "ci_text": ci_text,
+            "delta": delta,
             "children": children,
             "choices": others,
             "review_item": review_item,

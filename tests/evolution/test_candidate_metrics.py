@@ -29,7 +29,7 @@ def test_seed_metrics_label_rate_and_contribution_apart() -> None:
     gate = result.splits["gate"]  # t04 passes, t05 fails
     assert (gate.rate, gate.contribution) == (0.5, 1 / 8)
     assert sum(s.contribution for s in result.splits.values()) == 0.5
-    assert result.delta_score is None and result.delta_ci is None
+    assert result.delta is None  # the seed is compared with nothing
 
 
 def test_child_metrics_carry_ds_dc_and_a_bootstrap_interval() -> None:
@@ -55,9 +55,19 @@ def test_child_metrics_carry_ds_dc_and_a_bootstrap_interval() -> None:
     )
     result = selectors.candidate_metrics(candidate=Candidate.objects.get(pk=child.pk))
     assert result.splits["train"].rate == 1.0
-    assert result.delta_score == pytest.approx(1.0 - 0.5)
-    assert result.delta_ci is not None
-    mean, low, high = result.delta_ci
-    assert mean == pytest.approx(0.5)
-    assert 0.0 <= low <= mean <= high <= 1.0
-    assert result.delta_cost is not None
+    delta = result.delta
+    assert delta is not None
+    # Not gated: against its parent, in pass@1 over train + gate (6 tasks, 12 trials a side).
+    assert (delta.base_id, delta.gated, delta.splits, delta.estimate.metric) == (
+        seed.pk,
+        False,
+        ("train", "gate"),
+        "pass_at_1",
+    )
+    assert delta.estimate.delta == pytest.approx(1.0 - 0.5)
+    assert delta.estimate.pairs == 6
+    low, high = delta.estimate.low, delta.estimate.high
+    assert low is not None and high is not None
+    # Three of six tasks gain 1, three gain 0: the resampled mean gain lies in [0, 1] around 0.5.
+    assert 0.0 <= low < 0.5 < high <= 1.0
+    assert delta.delta_cost is not None

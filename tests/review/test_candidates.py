@@ -29,7 +29,7 @@ from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from review import access, diffs
 from review.models import ViewedFile
-from review.views.candidates import RULE_WORDS, gate_summary
+from review.views.candidates import RULE_WORDS, delta_text, gate_summary
 from tests.factories import seed_of
 from tests.review.world import grow
 
@@ -147,10 +147,9 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
     # A rate and a contribution of one split differ (train is a part of the benchmark).
     train = result.splits[SplitName.TRAIN]
     assert f"{train.rate * 100:.1f}%" != f"{train.contribution * 100:.1f}%"
-    assert result.delta_ci is not None
-    mean, low, high = result.delta_ci
-    ci = f"dS = {result.delta_score:+.3f} (95% CI {low:+.2f} .. {high:+.2f})"
-    assert ci in html
+    assert result.delta is not None and result.delta.estimate.enough
+    assert delta_text(result.delta) in html
+    assert "CI" in delta_text(result.delta) and f"over {result.delta.estimate.pairs} paired tasks" in html
     overall = sum(s.contribution for k, s in result.splits.items() if k != SplitName.HELDOUT)
     assert f"sum of the contributions = {overall * 100:.1f}%" in html
 
@@ -659,3 +658,34 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, 
         with django_assert_max_num_queries(bound):
             client.get(url)
     assert bound <= 20
+
+
+def test_the_gate_the_ledger_the_page_and_the_api_give_one_ds(example_world, client_as) -> None:
+    """Issue 18, item 4: for every gated candidate of the example run, the dS the gate decided on, the ledger's,
+    the candidate page's and the API's are one number, with the interval of that same dS beside it."""
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+    from rest_framework.test import APIClient  # noqa: PLC0415
+
+    from evolution.models import GateDecision, LedgerEntry  # noqa: PLC0415
+
+    viewer = client_as("viewer")
+    api = APIClient()
+    api.force_authenticate(get_user_model().objects.get(username="viewer"))
+    decisions = GateDecision.objects.filter(run__experiment=example_world, round__gt=0).order_by("pk")
+    assert decisions.count() >= 3
+    for decision in decisions:
+        gate_ds = decision.numbers["dS"]
+        for entry in LedgerEntry.objects.filter(candidate_id=decision.candidate_id):
+            assert entry.delta_score == pytest.approx(gate_ds, abs=1e-12)
+        found = selectors.candidate_metrics(candidate=decision.candidate).delta
+        assert found is not None and found.gated and found.base_id == decision.current_id
+        assert found.estimate.delta == pytest.approx(gate_ds, abs=1e-12)
+        html = page(viewer.get(reverse("review:candidate", args=[decision.candidate_id])))
+        assert escape(delta_text(found)) in html
+        body = api.get(reverse("api:candidate-detail", args=[decision.candidate_id])).json()
+        assert body["delta"]["dS"] == pytest.approx(gate_ds, abs=1e-12)
+        assert body["delta"]["against"] == decision.current_id
+        assert (body["delta"]["low"], body["delta"]["high"]) == (found.estimate.low, found.estimate.high)
+        assert body["delta"]["paired_tasks"] == found.estimate.pairs > 0
+        if found.estimate.enough:
+            assert body["delta"]["low"] <= body["delta"]["high"]
