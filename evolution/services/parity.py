@@ -220,9 +220,13 @@ def _platform_run(plan: _Plan, iteration: int) -> dict[parity.TrialKey, str]:
     outcomes: dict[parity.TrialKey, str] = {}
     try:
         with transaction.atomic():
-            evaluation = evaluation_services.evaluation_start(
-                candidate=plan.candidate, splits=plan.splits, k=plan.k, repeat=iteration
-            )
+            try:
+                evaluation = evaluation_services.evaluation_start(
+                    candidate=plan.candidate, splits=plan.splits, k=plan.k, repeat=iteration
+                )
+            except evaluation_services.EvaluationError as exc:
+                # The candidate moved on meanwhile (a run is certifying it, say): no platform leg to compare.
+                raise ParityError(f"the platform refused to evaluate candidate {plan.candidate.pk}: {exc}") from exc
             trial_ids = Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True)
             for trial_id in list(trial_ids):
                 evaluation_services.trial_execute(trial_id=trial_id, owner=PLATFORM_OWNER)

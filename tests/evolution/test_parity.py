@@ -24,6 +24,8 @@ from evolution import parity, trials
 from evolution.example.setup import example_experiment_create
 from evolution.models import Candidate, Evaluation, ParityCheck, Trial
 from evolution.services import evaluation as evaluation_services
+from evolution.services.snapshots import tree_store
+from evolution.trees import FileEntry
 from evolution.trials import TrialResult, TrialSpec
 from tests.conftest import REPO_ROOT, database_url_for_subprocess
 from tests.factories import make_tiny_experiment, seed_of
@@ -193,6 +195,12 @@ def test_a_platform_that_changes_outcomes_fails_the_verdict(monkeypatch: pytest.
 def test_bad_input_is_refused_with_status_2_before_anything_runs() -> None:
     experiment = make_tiny_experiment(tasks=2)
     other = make_tiny_experiment(tasks=2)
+    frozen = Candidate.objects.create(
+        experiment=other,
+        tree=tree_store(entries=[FileEntry("default.txt", "100644", b"no\n")]),
+        parent=seed_of(other),
+        origin=Candidate.Origin.PROPOSED,
+    )
     cases = [
         (["--experiment", "999999"], "no experiment with id 999999"),
         (["--experiment", str(experiment.pk), "--candidate", "999999"], "no candidate with id 999999"),
@@ -201,6 +209,10 @@ def test_bad_input_is_refused_with_status_2_before_anything_runs() -> None:
             f"belongs to experiment {other.pk}",
         ),
         (["--experiment", str(experiment.pk), "--splits", "nonesuch"], "has no split(s) nonesuch"),
+        (
+            ["--experiment", str(other.pk), "--candidate", str(frozen.pk)],
+            f"candidate {frozen.pk} is frozen; the platform does not evaluate it",
+        ),
         (["--experiment", str(experiment.pk), "--iterations", "0"], "iterations must be at least 1"),
     ]
     for args, message in cases:
