@@ -171,12 +171,13 @@ class RunState:
     def dropped_in(self, round_number: int) -> list[Dropped]:
         return list(self.dropped.get(round_number, []))
 
-    def unexplored_kinds(self) -> list[str]:
-        """The component kinds never edited and measured: what a stalled round's exploration slots must touch
-        (the rule the loop applies, ``regularization.unexplored_kinds``)."""
+    def unexplored_kinds(self, reachable: list[str]) -> list[str]:
+        """The component kinds among ``reachable`` (the surface's, ``surfaces.reachable_kinds``) never edited
+        and measured: what a stalled round's exploration slots must touch (the rule the loop applies,
+        ``regularization.unexplored_kinds``)."""
         from evolution.loop.regularization import unexplored_kinds
 
-        return unexplored_kinds(self.measured_components)
+        return unexplored_kinds(self.measured_components, reachable)
 
     def special_events(self) -> list[Event]:
         """Stops, errors and divergence warnings: what a reader must not miss."""

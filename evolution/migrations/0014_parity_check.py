@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("evolution", "0012_ledger_delta_cost_null"),
+        ("evolution", "0013_ledger_admissible"),
     ]
 
     operations = [
