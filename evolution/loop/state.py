@@ -23,7 +23,7 @@ IN_ROUND_PHASES = frozenset({"propose", "proposing", "evaluating"})
 
 class Event(TypedDict, total=False):
     round: int
-    kind: str  # baseline, gate, stop, error, divergence
+    kind: str  # baseline, gate, stop, pause, error, divergence
     text: str
 
 
@@ -180,8 +180,8 @@ class RunState:
         return unexplored_kinds(self.measured_components, reachable)
 
     def special_events(self) -> list[Event]:
-        """Stops, errors and divergence warnings: what a reader must not miss."""
-        return [e for e in self.events if e.get("kind") in {"stop", "error", "divergence"}]
+        """Stops, pauses the platform made, errors and divergence warnings: what a reader must not miss."""
+        return [e for e in self.events if e.get("kind") in {"stop", "pause", "error", "divergence"}]
 
 
 def _float_or_none(value: Any) -> float | None:
