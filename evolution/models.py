@@ -583,6 +583,33 @@ class TrajectoryStep(models.Model):
         return f"step {self.step_id}"
 
 
+class ParityCheck(models.Model):
+    """The outcome of ``manage.py parity``: direct runs of an evaluator's
+    commands against the same trials through the platform (see
+    ``evolution.parity``). Kept per check; the dashboard shows the latest of
+    the experiment's evaluator. ``numbers`` is the command's JSON document."""
+
+    class Verdict(models.TextChoices):
+        PASS = "pass"
+        FAIL = "fail"
+
+    evaluator = models.ForeignKey(Evaluator, on_delete=models.CASCADE, related_name="parity_checks")
+    # The evaluator's configuration when checked: a later change makes the check stale.
+    evaluator_digest = models.CharField(max_length=64)
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="parity_checks")
+    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="parity_checks")
+    iterations = models.PositiveSmallIntegerField()
+    numbers = models.JSONField(default=dict)
+    verdict = models.CharField(max_length=4, choices=Verdict.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes: ClassVar = [models.Index(fields=["evaluator", "-created_at"], name="parity_evaluator_latest")]
+
+    def __str__(self) -> str:
+        return f"parity check {self.pk} of {self.evaluator_id}: {self.verdict}"
+
+
 # --- Certified records --------------------------------------------------------
 
 

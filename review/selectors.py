@@ -23,6 +23,7 @@ from evolution.models import (
     Experiment,
     GateDecision,
     LedgerEntry,
+    ParityCheck,
     Run,
     SplitMembership,
     Trial,
@@ -101,6 +102,11 @@ def split_sizes(*, experiment_ids: list[int]) -> dict[int, dict[str, int]]:
     ):
         sizes[row["experiment_id"]][row["split"]] = row["n"]
     return sizes
+
+
+def last_parity_check(*, evaluator_id: int) -> ParityCheck | None:
+    """The evaluator's latest ``manage.py parity`` result, or None (one query)."""
+    return ParityCheck.objects.filter(evaluator_id=evaluator_id).order_by("-created_at", "-pk").first()
 
 
 def candidate_state_counts(*, experiment: Experiment) -> list[tuple[str, int]]:

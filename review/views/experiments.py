@@ -35,6 +35,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import Recipe
+from evolution.services.records import evaluator_config_digest
 from evolution.surfaces import parse_surface, reachable_kinds
 from review import access, charts
 from review import lineage as lineage_layout
@@ -563,6 +564,24 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
     }
 
 
+def _parity_fact(experiment: Experiment) -> dict[str, Any] | None:
+    """The latest parity check of the experiment's evaluator, as the facts list shows it."""
+    check = review_selectors.last_parity_check(evaluator_id=experiment.evaluator_id)
+    if check is None:
+        return None
+
+    def percent(pair: str) -> str:
+        rate = check.numbers.get("trials", {}).get(pair, {}).get("rate")
+        return "-" if rate is None else f"{100 * rate:.1f}%"
+
+    return {
+        "check": check,
+        "platform_vs_direct": percent("platform_vs_direct"),
+        "direct_vs_direct": percent("direct_vs_direct"),
+        "stale": check.evaluator_digest != evaluator_config_digest(experiment.evaluator),
+    }
+
+
 @require_GET
 @access.permission_required()
 def experiment(request: HttpRequest, pk: int) -> HttpResponse:
@@ -580,6 +599,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "task_total": sum(sizes.values()),
         "heldout_benchmarks": list(experiment.heldout_benchmarks.values_list("name", flat=True)),
         "state_counts": review_selectors.candidate_state_counts(experiment=experiment),
+        "parity": _parity_fact(experiment),
         "unexplored": [],
         "run_rows": [{"run": r, "progress": _progress(r, counts.get(r.pk), sizes)} for r in runs],
     }
