@@ -14,6 +14,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from evolution.loop import load
 from evolution.models import (
     Annotation,
     AtomicEdit,
@@ -32,7 +33,6 @@ from evolution.models import (
     TrajectoryStep,
     Trial,
 )
-from evolution.loop import load
 from evolution.recipes import PRESET_NAMES
 from evolution.trajectory_formats import STEP_FIELDS
 
