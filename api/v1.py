@@ -50,4 +50,4 @@ def trial_trajectory(request: HttpRequest, pk: str) -> HttpResponse:
     return _trajectory_read(request, pk=pk)
 
 
-urlpatterns.insert(0, re_path(r"^trials/(?P<pk>[0-9]+)/trajectory/$", trial_trajectory, name="trial-trajectory"))
+urlpatterns.insert(0, re_path(r"^trials/(?P<pk>-?[0-9]+)/trajectory/$", trial_trajectory, name="trial-trajectory"))
