@@ -1,0 +1,130 @@
+"""Reviewer ergonomics in real Chromium (issue 21): the review item's styled
+diff, the keyboard on every screen where people repeat an action, the diff's
+context expansion, file tree and line permalinks.
+
+Every page the tests open records console errors and Content-Security-Policy
+reports (a ``securitypolicyviolation`` listener installed before any page
+script runs); a test fails on either. The screens are saved at 1,440 and
+1,280 px wide into ``docs/screenshots/`` when ``RSI_DOC_SCREENSHOTS=1``
+(docs/review.md shows them), else into the test artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from evolution.models import Annotation, Candidate, Experiment, ReviewDecision, ReviewItem, Trial
+from review import diffs
+from review.models import ViewedFile
+from tests.conftest import REPO_ROOT
+from tests.factories import seed_of
+from tests.review.test_browser import SHOTS, TIMEOUT_MS, browser, ensure_default_labels
+from tests.review.test_candidates import child
+
+__all__ = ["browser"]  # the fixture, imported to be used here
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+DOC_SHOTS = REPO_ROOT / "docs" / "screenshots"
+WIDTHS = (1440, 1280)
+
+# Installed before any script of the page: CSP reports become entries of a list the test reads.
+CSP_LISTENER = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation", function (e) {
+  window.__csp.push(e.violatedDirective + " " + (e.blockedURI || "inline") + " at " + e.sourceFile + ":" + e.lineNumber);
+});
+"""
+
+
+class Screen:
+    """A logged-in page that fails the test on a console error or a CSP report."""
+
+    def __init__(self, context: Any, base_url: str) -> None:
+        context.add_init_script(CSP_LISTENER)
+        self.page = context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.base_url = base_url.rstrip("/")
+        self.errors: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(f"{self.page.url}: {message.text}")
+
+    def login(self, username: str) -> None:
+        self.page.goto(self.base_url + "/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", "pw-" + username)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url(self.base_url + "/")
+
+    def go(self, path: str) -> None:
+        self.check()
+        response = self.page.goto(self.base_url + path)
+        assert response is not None and response.status == 200, f"{path}: {response and response.status}"
+
+    def key(self, key: str) -> None:
+        """One key press with the focus on the page itself (not in a field)."""
+        self.page.keyboard.press(key)
+
+    def check(self) -> None:
+        """No console error and no CSP report so far on this page."""
+        reports = self.page.evaluate("() => window.__csp || []") if self.page.url.startswith("http") else []
+        assert reports == [], reports
+        assert self.errors == [], self.errors
+
+    def shots(self, name: str) -> list[Path]:
+        """The page at each documented width, full length."""
+        folder = DOC_SHOTS if os.environ.get("RSI_DOC_SCREENSHOTS") == "1" else SHOTS / "keys"
+        folder.mkdir(parents=True, exist_ok=True)
+        saved = []
+        size = self.page.viewport_size
+        for width in WIDTHS:
+            self.page.set_viewport_size({"width": width, "height": 900})
+            target = folder / f"{name}-{width}.png"
+            self.page.screenshot(path=str(target), full_page=True)
+            saved.append(target)
+        self.page.set_viewport_size(size)
+        return saved
+
+
+@pytest.fixture
+def screen(browser: Any, live_server: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    made = Screen(context, live_server.url)
+    yield made
+    made.check()
+    context.close()
+
+
+def test_the_review_item_page_styles_its_diff_and_folds_viewed_files(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("reviewer", username="rhea")
+    item = ReviewItem.objects.filter(candidate__experiment=example_world).order_by("pk").first()
+    assert item is not None
+    screen.login("rhea")
+    screen.go(reverse("review:review_item", args=[item.pk]))
+    page = screen.page
+    page.wait_for_selector("#diff section.diff-file")
+    # The diff's own stylesheet applies: code font, red and green rows.
+    code = page.locator("#diff table.diff td.code").first
+    assert "mono" in code.evaluate("el => getComputedStyle(el).fontFamily").lower()
+    added = page.locator("#diff table.diff td.code.add, #diff table.diff tr.add td.code").first
+    assert added.evaluate("el => getComputedStyle(el).backgroundColor") == "rgb(230, 255, 236)"
+    # "Viewed" folds the file (diff.js) and the counter follows.
+    first = page.locator("#diff section.diff-file").first
+    assert first.locator(".diff-file-body").is_visible()
+    with page.expect_response(lambda r: r.url.endswith(reverse("review:diff_viewed")) and r.status == 200):
+        first.locator("input.js-viewed").check()
+    assert not first.locator(".diff-file-body").is_visible()
+    assert page.locator("#diff .js-viewed-count").first.inner_text() == "1"
+    assert ViewedFile.objects.filter(user__username="rhea").count() == 1
