@@ -128,3 +128,129 @@ def test_the_review_item_page_styles_its_diff_and_folds_viewed_files(
     assert not first.locator(".diff-file-body").is_visible()
     assert page.locator("#diff .js-viewed-count").first.inner_text() == "1"
     assert ViewedFile.objects.filter(user__username="rhea").count() == 1
+
+
+def test_the_queue_and_a_decision_by_keyboard_alone(screen: Screen, example_world: Experiment, make_user: Any) -> None:
+    make_user("reviewer", username="rhea")
+    items = list(ReviewItem.objects.filter(candidate__experiment=example_world, state="open").order_by("pk"))
+    assert len(items) >= 2
+    screen.login("rhea")
+    screen.go(reverse("review:queue"))
+    page = screen.page
+
+    # "?" lists the screen's keys; Esc closes the list.
+    screen.key("?")
+    overlay = page.locator("#keys-overlay")
+    assert overlay.is_visible()
+    listed = overlay.inner_text()
+    assert "Claim the selected item" in listed and "Select the next row" in listed
+    screen.shots("keys-overlay-queue")
+    screen.key("Escape")
+    assert overlay.count() == 0
+
+    # j selects the first row, j again the second, k back; c claims the selected row.
+    screen.key("j")
+    screen.key("j")
+    screen.key("k")
+    selected = page.locator("#waiting tr.is-selected")
+    assert selected.count() == 1 and f"#{items[0].pk}" in selected.inner_text()
+    screen.key("c")
+    page.wait_for_url(f"**{reverse('review:review_item', args=[items[0].pk])}")
+    assert ReviewItem.objects.get(pk=items[0].pk).claimed_by.username == "rhea"
+
+    # "a" without a reason puts the cursor in the reason; keys typed there are text, not shortcuts.
+    page.wait_for_selector("#decide-form")
+    screen.key("a")
+    assert page.evaluate("() => document.activeElement.id") == "reason"
+    reason = "A general routing rule; nothing a task answers. (c, r, n, a typed here stay text.)"
+    page.keyboard.type(reason)
+    assert ReviewDecision.objects.filter(item=items[0]).count() == 0
+    assert page.locator("#reason").input_value() == reason
+    with page.expect_navigation():
+        page.keyboard.press("Control+Enter")
+    decision = ReviewDecision.objects.get(item=items[0])
+    assert (decision.verdict, decision.reason) == ("approve", reason)
+
+    # n opens the next waiting item, c claims it, r with a reason written rejects at once.
+    screen.key("n")
+    page.wait_for_url(f"**{reverse('review:review_item', args=[items[1].pk])}")
+    screen.key("c")
+    page.wait_for_selector("#decide-form")
+    page.locator("#reason").fill("Copies an order id from a train task.")
+    screen.key("Escape")  # leaves the field: keys work again
+    with page.expect_navigation():
+        screen.key("r")
+    assert ReviewDecision.objects.get(item=items[1]).verdict == "reject"
+
+
+def test_the_diff_by_keyboard_alone(screen: Screen, example_world: Experiment, make_user: Any) -> None:
+    make_user("viewer", username="vera")
+    seed = seed_of(example_world)
+    old = {f"src/f{n}.py": "".join(f"value_{n}_{i} = {i}\n" for i in range(60)) for n in range(3)}
+    parent = child(seed, old, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    new = {path: text.replace("= 30\n", "= 31\n") for path, text in old.items()}
+    cand = child(parent, new)
+    screen.login("vera")
+    screen.go(reverse("review:candidate_diff", args=[cand.pk]))
+    page = screen.page
+    anchors = [diffs.file_anchor(f"src/f{n}.py") for n in range(3)]
+
+    def current() -> str:
+        return page.evaluate("() => (document.querySelector('section.diff-file.is-current') || {}).id || ''")
+
+    screen.key("j")
+    assert current() == anchors[0]
+    screen.key("j")
+    assert current() == anchors[1]
+    screen.key("n")
+    assert current() == anchors[2]
+    screen.key("k")
+    assert current() == anchors[1]
+    screen.key("p")
+    assert current() == anchors[0]
+    # v marks the current file viewed (it folds) and moves on.
+    with page.expect_response(lambda r: r.url.endswith(reverse("review:diff_viewed")) and r.status == 200):
+        screen.key("v")
+    assert current() == anchors[1]
+    assert ViewedFile.objects.filter(user__username="vera", path="src/f0.py").count() == 1
+    assert not page.locator(f"#{anchors[0]} .diff-file-body").is_visible()
+    # u goes to the next file not viewed, wrapping past the viewed one.
+    screen.key("u")
+    assert current() == anchors[2]
+    screen.key("u")
+    assert current() == anchors[1]
+    screen.key("?")
+    assert "Next file not yet viewed" in page.locator("#keys-overlay").inner_text()
+    screen.key("Escape")
+
+
+def test_annotation_by_keyboard_alone(screen: Screen, example_world: Experiment, make_user: Any) -> None:
+    ensure_default_labels()
+    make_user("annotator", username="ann")
+    screen.login("ann")
+    screen.go(reverse("review:annotate_queue") + f"?experiment={example_world.pk}")
+    page = screen.page
+    link = page.locator("a[href^='/trials/']").first
+    first_pk = int((link.get_attribute("href") or "").split("/")[2])
+    screen.go(reverse("review:trial", args=[first_pk]))
+    page.wait_for_selector("#annotations .label-keys button")
+    picks = page.locator("#annotations .label-keys button")
+    second = picks.nth(1).get_attribute("data-label-pick")
+    screen.key("2")
+    assert page.locator("#annotations form.annotation-form select[name=label]").input_value() == second
+    assert picks.nth(1).get_attribute("aria-pressed") == "true"
+    screen.key("?")
+    assert "Label: " in page.locator("#keys-overlay").inner_text()
+    screen.key("Escape")
+    with page.expect_response(lambda r: f"/trials/{first_pk}/annotations" in r.url and r.request.method == "POST"):
+        screen.key("s")
+    page.wait_for_selector("#annotations .annotation-list")
+    annotation = Annotation.objects.get(trial_id=first_pk)
+    assert str(annotation.label_id) == second and annotation.author.username == "ann"
+    # n opens the next trial to label.
+    next_link = page.locator("#annotations a.next-trial")
+    assert next_link.count() == 1
+    next_pk = int((next_link.get_attribute("href") or "").split("/")[2])
+    screen.key("n")
+    page.wait_for_url(f"**/trials/{next_pk}/**")
+    assert Trial.objects.get(pk=next_pk).outcome in {Trial.Outcome.FAIL, Trial.Outcome.ERROR}
