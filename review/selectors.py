@@ -23,6 +23,7 @@ from evolution.models import (
     LedgerEntry,
     Run,
     SplitMembership,
+    TreeEntry,
     Trial,
 )
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe, recipe_to_dict
@@ -353,3 +354,12 @@ def matrix_trials(
         .order_by("index", "pk")
         .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
     )
+
+
+# --- Diffs -------------------------------------------------------------------------------
+
+
+def tree_file(*, candidate: Candidate, path: str) -> bytes | None:
+    """The content of one file of the candidate's stored tree (None when the tree has no such file)."""
+    entry = TreeEntry.objects.filter(tree_id=candidate.tree_id, path=path).select_related("blob").first()
+    return bytes(entry.blob.content) if entry is not None else None

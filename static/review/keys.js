@@ -90,6 +90,9 @@
       f.classList.remove("is-current");
     });
     file.classList.add("is-current");
+    Array.prototype.forEach.call(document.querySelectorAll(".file-tree a"), function (a) {
+      a.classList.toggle("is-current", a.getAttribute("href") === "#" + file.id);
+    });
     file.scrollIntoView({block: "start"});
     var link = file.querySelector(".diff-file-head a.path");
     if (link) link.focus({preventScroll: true});
@@ -140,17 +143,11 @@
     var file = current(list);
     if (!file) return false;
     if (file.classList.contains("is-viewed")) return true;
-    var selector = whole ? "button.expand-all" : "button.expand-up, button.expand-down";
-    var buttons = file.querySelectorAll(selector);
-    if (!buttons.length && !whole) buttons = file.querySelectorAll("button.expand-all");
-    var seen = {};
-    Array.prototype.forEach.call(buttons, function (button) {
-      // One request per gap: a gap's row holds an up and a down button.
-      var row = button.closest("tr");
-      var id = row ? row.getAttribute("data-gap") : "";
-      if (seen[id]) return;
-      seen[id] = true;
-      button.click();
+    // One request per hidden stretch: its row holds up, down and "all" buttons.
+    Array.prototype.forEach.call(file.querySelectorAll("tr[data-gap]"), function (row) {
+      var button = whole ? null : row.querySelector("button.expand-up, button.expand-down");
+      button = button || row.querySelector("button.expand-all");
+      if (button) button.dispatchEvent(new MouseEvent("click", {bubbles: true}));
     });
     if (!file.classList.contains("is-current")) focusFile(file);
     return true;

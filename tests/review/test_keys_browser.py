@@ -38,7 +38,7 @@ WIDTHS = (1440, 1280)
 CSP_LISTENER = """
 window.__csp = [];
 document.addEventListener("securitypolicyviolation", function (e) {
-  window.__csp.push(e.violatedDirective + " " + (e.blockedURI || "inline") + " at " + e.sourceFile + ":" + e.lineNumber);
+  window.__csp.push(e.violatedDirective + " " + (e.blockedURI || "inline") + " at " + e.sourceFile);
 });
 """
 
@@ -254,3 +254,93 @@ def test_annotation_by_keyboard_alone(screen: Screen, example_world: Experiment,
     screen.key("n")
     page.wait_for_url(f"**/trials/{next_pk}/**")
     assert Trial.objects.get(pk=next_pk).outcome in {Trial.Outcome.FAIL, Trial.Outcome.ERROR}
+
+
+def test_a_diff_link_with_a_comparison_and_a_line_reproduces_the_view(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("viewer", username="vera")
+    seed = seed_of(example_world)
+    lines = [f"setting_{i} = {i}\n" for i in range(1, 101)]
+    base = child(seed, {"conf/a.py": "".join(lines)}, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    lines[9] = "setting_10 = 'parent'\n"
+    parent = child(base, {"conf/a.py": "".join(lines)}, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    lines[89] = "setting_90 = 'child'\n"
+    # One file of more than 400 changed lines: collapsed behind "Load diff".
+    big = "".join(f"entry {i}\n" for i in range(450))
+    cand = child(parent, {"conf/a.py": "".join(lines), "data/big.txt": big})
+    anchor = diffs.file_anchor("conf/a.py")
+    screen.login("vera")
+    page = screen.page
+
+    # Against the grandparent, unified, line 50 (hidden context between the two changes).
+    link = reverse("review:candidate_diff", args=[cand.pk]) + f"?against={base.pk}&layout=unified#{anchor}-R50"
+    screen.go(link)
+    page.wait_for_selector(f"#{anchor}-R50")
+    assert page.locator("select[name=against]").input_value() == str(base.pk)
+    assert page.locator("table.layout-unified").count() == 1
+    body = page.locator(f"#{anchor}").inner_text()
+    assert "'parent'" in body and "'child'" in body  # both changes: the comparison is the grandparent
+    row = page.locator(f"#{anchor}-R50")
+    assert row.evaluate("el => el.matches(':target')")
+    assert "setting_50 = 50" in row.locator("xpath=..").inner_text()
+    assert row.is_visible()
+    screen.shots("diff-permalink")
+
+    # The same link opened again gives the same view; the parent's default view differs.
+    screen.go(reverse("review:candidate_diff", args=[cand.pk]) + f"#{anchor}-R50")
+    page.wait_for_selector(f"#{anchor}-R50")
+    removed = page.locator(f"#{anchor} td.code.del").all_inner_texts()
+    assert len(removed) == 1 and "setting_90 = 90" in removed[0]  # against the parent: only the child's change
+    assert page.locator("table.layout-split").count() == 1
+
+    # The file tree: each file once, a click jumps to it.
+    tree = page.locator("nav.file-tree a")
+    assert sorted(tree.all_inner_texts()) == ["a.py", "big.txt"]
+    page.locator("nav.file-tree a", has_text="big.txt").click()
+    assert page.evaluate("() => location.hash") == "#" + diffs.file_anchor("data/big.txt")
+    big_file = page.locator(f"#{diffs.file_anchor('data/big.txt')}")
+    assert "450 changed lines hidden" in big_file.inner_text()
+    big_file.locator("a:has-text('Load diff')").click()
+    big_file.locator("table.diff").wait_for()
+    assert big_file.locator("td.code.add").count() == 450
+
+
+def test_context_expands_by_keyboard_and_viewed_state_shows_in_the_tree(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("viewer", username="vera")
+    seed = seed_of(example_world)
+    old = "".join(f"item_{i} = {i}\n" for i in range(1, 121))
+    files = {"pkg/m.py": old, "pkg/n.py": "n = 1\n"}
+    parent = child(seed, files, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    cand = child(parent, {"pkg/m.py": old.replace("item_60 = 60\n", "item_60 = 'sixty'\n"), "pkg/n.py": "n = 2\n"})
+    anchor = diffs.file_anchor("pkg/m.py")
+    screen.login("vera")
+    screen.go(reverse("review:candidate_diff", args=[cand.pk]) + "?layout=unified")
+    page = screen.page
+    lines = page.locator(f"#{anchor} tr.ctx, #{anchor} tr.add, #{anchor} tr.del")
+    assert lines.count() == 8  # 3 context lines either side, one removed, one added
+    assert "56 unchanged lines above" in page.locator(f"#{anchor}").inner_text()
+
+    screen.key("j")  # pkg/m.py
+    assert page.evaluate("() => document.querySelector('section.diff-file.is-current').id") == anchor
+    screen.key("e")  # 20 more lines above the change, 20 more below it
+    page.wait_for_function(f"() => document.querySelectorAll('#{anchor} tr.ctx').length === 46")
+    assert "36 unchanged lines above" in page.locator(f"#{anchor}").inner_text()
+    assert page.locator(f"#{anchor}-R37").count() == 1 and page.locator(f"#{anchor}-R36").count() == 0
+    screen.key("x")  # the whole file
+    page.wait_for_function(f"() => document.querySelectorAll('#{anchor} tr.ctx').length === 119")
+    numbers = page.evaluate(
+        f"() => Array.from(document.querySelectorAll('#{anchor} td.no[id*=\"-R\"]')).map(td => +td.textContent)"
+    )
+    assert numbers == list(range(1, 121))  # every line once, in order
+    assert "unchanged line" not in page.locator(f"#{anchor}").inner_text()
+    screen.shots("diff-expanded")
+
+    # v marks it viewed: the tree shows it, the file folds.
+    with page.expect_response(lambda r: r.url.endswith(reverse("review:diff_viewed")) and r.status == 200):
+        screen.key("v")
+    leaf = page.locator(f"nav.file-tree a[href='#{anchor}']")
+    assert "is-viewed" in (leaf.get_attribute("class") or "")
+    assert not page.locator(f"#{anchor} .diff-file-body").is_visible()
