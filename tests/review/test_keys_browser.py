@@ -344,3 +344,48 @@ def test_context_expands_by_keyboard_and_viewed_state_shows_in_the_tree(
     leaf = page.locator(f"nav.file-tree a[href='#{anchor}']")
     assert "is-viewed" in (leaf.get_attribute("class") or "")
     assert not page.locator(f"#{anchor} .diff-file-body").is_visible()
+
+
+def test_the_annotation_panel_stays_beside_the_transcript_and_takes_the_clicked_step(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    ensure_default_labels()
+    make_user("annotator", username="ann")
+    trial = (
+        Trial.objects.filter(
+            candidate__experiment=example_world,
+            outcome__in=[Trial.Outcome.FAIL, Trial.Outcome.ERROR],
+            trajectory__step_count__gte=3,
+            evaluation__external=False,
+        )
+        .exclude(split="sealed")
+        .order_by("pk")
+        .first()
+    )
+    assert trial is not None
+    screen.login("ann")
+    screen.go(reverse("review:trial", args=[trial.pk]) + "#annotations")
+    page = screen.page
+    page.wait_for_selector("#annotations form.annotation-form")
+    steps = page.locator("ol.steps li.step[data-step]")
+    panel = page.locator("aside.annotations-wrap")
+    steps_box, panel_box = page.locator("section.steps-section").bounding_box(), panel.bounding_box()
+    assert steps_box is not None and panel_box is not None
+    assert panel_box["x"] >= steps_box["x"] + steps_box["width"]  # beside, not below
+    # Scrolled to the end of the transcript, the panel is still in the window.
+    page.evaluate("() => window.scrollTo(0, document.body.scrollHeight)")
+    box = panel.bounding_box()
+    assert box is not None and 0 <= box["y"] < 900
+    screen.shots("trial-annotation-panel")
+
+    third = steps.nth(2)
+    step_id = third.get_attribute("data-step")
+    third.locator(".step-head").click(position={"x": 300, "y": 5})
+    assert page.locator("#annotations input[name=step]").input_value() == step_id
+    assert "is-picked" in (third.get_attribute("class") or "")
+    screen.key("1")
+    with page.expect_response(lambda r: f"/trials/{trial.pk}/annotations" in r.url and r.request.method == "POST"):
+        screen.key("s")
+    page.wait_for_selector("#annotations .annotation-list")
+    annotation = Annotation.objects.select_related("step").get(trial=trial)
+    assert annotation.step is not None and str(annotation.step.step_id) == step_id
