@@ -81,8 +81,8 @@ class Screen:
         assert reports == [], reports
         assert self.errors == [], self.errors
 
-    def shots(self, name: str) -> list[Path]:
-        """The page at each documented width, full length."""
+    def shots(self, name: str, *, full: bool = True) -> list[Path]:
+        """The page at each documented width, full length unless ``full`` is False."""
         folder = DOC_SHOTS if os.environ.get("RSI_DOC_SCREENSHOTS") == "1" else SHOTS / "keys"
         folder.mkdir(parents=True, exist_ok=True)
         saved = []
@@ -90,7 +90,7 @@ class Screen:
         for width in WIDTHS:
             self.page.set_viewport_size({"width": width, "height": 900})
             target = folder / f"{name}-{width}.png"
-            self.page.screenshot(path=str(target), full_page=True)
+            self.page.screenshot(path=str(target), full_page=full)
             saved.append(target)
         self.page.set_viewport_size(size)
         return saved
@@ -389,3 +389,67 @@ def test_the_annotation_panel_stays_beside_the_transcript_and_takes_the_clicked_
     page.wait_for_selector("#annotations .annotation-list")
     annotation = Annotation.objects.select_related("step").get(trial=trial)
     assert annotation.step is not None and str(annotation.step.step_id) == step_id
+
+
+def test_every_screen_fits_its_window_and_keeps_the_csp_the_api_docs_included(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    ensure_default_labels()
+    make_user("reviewer", "annotator", "operator", username="rhea")
+    screen.login("rhea")
+    page = screen.page
+    item = ReviewItem.objects.filter(candidate__experiment=example_world).order_by("pk").first()
+    candidate = example_world.candidates.filter(parent__isnull=False).order_by("pk").first()
+    trial = Trial.objects.filter(candidate=candidate, trajectory__isnull=False).exclude(split="sealed").first()
+    assert item is not None and candidate is not None and trial is not None
+
+    def fits(width: int) -> None:
+        page.set_viewport_size({"width": width, "height": 900})
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        wide = page.evaluate(
+            "() => Array.from(document.querySelectorAll('main *')).filter(el =>"
+            " el.getBoundingClientRect().right > window.innerWidth + 1).slice(0, 5)"
+            ".map(el => el.tagName + '.' + el.className + ' ' + Math.round(el.getBoundingClientRect().right))"
+        )
+        assert overflow <= 0, f"{page.url} is {overflow} px wider than a {width} px window: {wide}"
+
+    screens = {
+        "home": reverse("review:home"),
+        "dashboard": reverse("review:experiment", args=[example_world.pk]),
+        "queue": reverse("review:queue"),
+        "review-item": reverse("review:review_item", args=[item.pk]),
+        "diff": reverse("review:candidate_diff", args=[candidate.pk]),
+        "compare": reverse("review:trial_compare", args=[trial.pk]),
+        "annotation-queue": reverse("review:annotate_queue"),
+    }
+    for name, path in screens.items():
+        screen.go(path)
+        page.wait_for_load_state("networkidle")
+        for width in WIDTHS:
+            fits(width)
+        screen.check()
+        screen.shots(name)
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+    # The home table ends inside the window: its last column's links are on screen.
+    screen.go(reverse("review:home"))
+    right = page.evaluate("() => document.querySelector('table.experiments').getBoundingClientRect().right")
+    assert right <= 1440
+    # The queue's matched text reads as phrases, not one word a line.
+    screen.go(reverse("review:queue"))
+    widths = page.evaluate("() => Array.from(document.querySelectorAll('td.matched')).map(td => td.clientWidth)")
+    assert widths and min(widths) >= 200
+    for width in WIDTHS:  # every column, the Claim buttons included, without scrolling
+        page.set_viewport_size({"width": width, "height": 900})
+        claim = page.locator("#waiting button:has-text('Claim')").first.bounding_box()
+        assert claim is not None and claim["x"] + claim["width"] <= width
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+    # The API docs: linked from every screen, rendered by Swagger UI without a CSP report.
+    page.click("header.topbar a:has-text('API')")
+    page.wait_for_url("**/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title")
+    page.wait_for_selector(".opblock-tag")
+    assert "drf_create_token" in page.locator("#api-banner").inner_text()
+    screen.check()
+    screen.shots("api-docs", full=False)
