@@ -28,6 +28,7 @@ from api import filters
 from api import serializers as out
 from api.pagination import Cursor
 from api.permissions import requires
+from evolution.loop import lifecycle
 from evolution.models import (
     Annotation,
     Benchmark,
@@ -46,7 +47,6 @@ from evolution.models import (
 )
 from evolution.recipes import RecipeError
 from evolution.services import annotations as annotation_services
-from evolution.services import loop
 from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
 from review import access
@@ -139,10 +139,10 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
             recipe = recipe_for_start(
                 name=data["recipe"], experiment=experiment, candidates_per_round=data.get("candidates_per_round")
             )
-        except (RecipeError, loop.LoopError) as exc:
+        except (RecipeError, lifecycle.LoopError) as exc:
             raise ValidationError({"recipe": [str(exc)]}) from exc
         try:
-            run = loop.run_create(
+            run = lifecycle.run_create(
                 experiment=experiment,
                 recipe=recipe,
                 rounds=data.get("rounds"),
@@ -150,7 +150,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
                 proposer=data.get("proposer") or None,
                 user=request.user,
             )
-        except (RecipeError, loop.LoopError) as exc:
+        except (RecipeError, lifecycle.LoopError) as exc:
             field = "proposer" if data.get("proposer") and "propos" in str(exc).lower() else "non_field_errors"
             raise ValidationError({field: [str(exc)]}) from exc
         return Response(out.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
@@ -159,7 +159,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str) -> Response:
         run = self.get_object()
-        if not loop.run_pause(run=run):
+        if not lifecycle.run_pause(run=run):
             return _run_state_error(run, "paused")
         return Response(out.RunDetailSerializer(self.get_object()).data)
 
@@ -167,7 +167,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         run = self.get_object()
-        if not loop.run_resume(run=run):
+        if not lifecycle.run_resume(run=run):
             return _run_state_error(run, "resumed")
         return Response(out.RunDetailSerializer(self.get_object()).data)
 
@@ -175,7 +175,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         run = self.get_object()
-        if not loop.run_cancel(run=run, reason=f"cancelled by {request.user.get_username()} (API)"):
+        if not lifecycle.run_cancel(run=run, reason=f"cancelled by {request.user.get_username()} (API)"):
             return _run_state_error(run, "cancelled")
         return Response(out.RunDetailSerializer(self.get_object()).data)
 

@@ -17,8 +17,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from evolution import example, models, operators
+from evolution.loop import lifecycle
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe
-from evolution.services import loop
 
 
 class ReadOnlyAdmin(admin.ModelAdmin[Any]):  # Any: one base for every model's admin
@@ -145,7 +145,7 @@ def _start_recipe(experiment: models.Experiment, choice: str) -> Recipe:
     if choice != OWN_RECIPE:
         return load_preset(choice)
     if experiment.recipe is None:
-        raise loop.LoopError("it has no recipe of its own yet (its first run sets one): choose a preset")
+        raise lifecycle.LoopError("it has no recipe of its own yet (its first run sets one): choose a preset")
     return parse_recipe(experiment.recipe.spec)
 
 
@@ -198,10 +198,10 @@ class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
             proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
         try:
             recipe = _start_recipe(experiment, data["recipe"])
-            run = loop.run_create(
+            run = lifecycle.run_create(
                 experiment=experiment, recipe=recipe, rounds=data["rounds"], proposer=proposer, user=request.user
             )
-        except (RecipeError, loop.LoopError) as exc:
+        except (RecipeError, lifecycle.LoopError) as exc:
             self.message_user(request, f"{experiment.name}: no run started: {exc}", messages.ERROR)
             return
         spec = run.recipe.spec
@@ -250,16 +250,16 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Pause the selected runs", permissions=["operate"])
     def pause_runs(self, request: HttpRequest, queryset: QuerySet[models.Run]) -> None:
-        self._apply(request, queryset, "paused", loop.run_pause)
+        self._apply(request, queryset, "paused", lifecycle.run_pause)
 
     @admin.action(description="Resume the selected runs", permissions=["operate"])
     def resume_runs(self, request: HttpRequest, queryset: QuerySet[models.Run]) -> None:
-        self._apply(request, queryset, "resumed", loop.run_resume)
+        self._apply(request, queryset, "resumed", lifecycle.run_resume)
 
     @admin.action(description="Cancel the selected runs", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[models.Run]) -> None:
         reason = f"cancelled by {request.user.get_username()} in the admin"
-        self._apply(request, queryset, "cancelled", lambda run: loop.run_cancel(run=run, reason=reason))
+        self._apply(request, queryset, "cancelled", lambda run: lifecycle.run_cancel(run=run, reason=reason))
 
 
 class AtomicEditInline(ReadOnlyInline, admin.StackedInline[models.AtomicEdit, models.Candidate]):

@@ -227,7 +227,7 @@ def proposer_messages(view: ProposerView) -> list[dict[str, str]]:
     if view.ledger:
         lines += [
             f"- round {e.round} {e.component} {'accepted' if e.accepted else 'NOT accepted'} "
-            f"dS={e.delta_score:+.4f} dC={e.delta_cost:+.4f}: {e.hypothesis}"
+            f"dS={e.delta_score:+.4f} dC={operators.cost_change_text(e.delta_cost)}: {e.hypothesis}"
             for e in view.ledger
         ]
     else:

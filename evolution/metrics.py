@@ -28,6 +28,8 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from evolution.loop import measure
+
 __all__ = [
     "SplitSummary",
     "TrialRecord",
@@ -157,7 +159,9 @@ def _in_split(by_task: Mapping[str, list[TrialRecord]], split: str) -> dict[str,
 
 # The three helpers below need at least one task; public callers return None first.
 def _pass_at_1(by_task: Mapping[str, list[TrialRecord]], k: int) -> float:
-    return _successes(by_task) / (len(by_task) * k)
+    score = measure.score(measure.Totals(trials=len(by_task) * k, passed=_successes(by_task)), "pass_at_1")
+    assert score is not None  # by_task has a task
+    return score
 
 
 def _pass_at_k(by_task: Mapping[str, list[TrialRecord]]) -> float:
@@ -225,9 +229,7 @@ def mean_score(trials: Iterable[TrialRecord]) -> float | None:
     """
     by_task, _ = _group(trials)
     scores = [trial.effective_score for rows in by_task.values() for trial in rows]
-    if not scores:
-        return None
-    return math.fsum(scores) / len(scores)
+    return measure.score(measure.Totals(trials=len(scores), score_sum=math.fsum(scores)), "mean_score")
 
 
 def task_mean_scores(trials: Iterable[TrialRecord]) -> dict[str, float]:

@@ -329,7 +329,7 @@ class Candidate(models.Model):
         State.FLAGGED: frozenset({State.APPROVED, State.REJECTED_REVIEW, State.CANCELLED}),
         State.APPROVED: frozenset({State.EVALUATING, State.CANCELLED}),
         State.EVALUATING: frozenset({State.EVALUATED, State.FAILED, State.CANCELLED}),
-        State.EVALUATED: frozenset({State.CERTIFIED, State.FAILED}),
+        State.EVALUATED: frozenset({State.CERTIFIED, State.FAILED, State.CANCELLED}),
         State.CERTIFIED: frozenset({State.ACCEPTED, State.REJECTED_GATE, State.EVALUATING}),
         State.ACCEPTED: frozenset({State.EVALUATING}),
         State.REJECTED_GATE: frozenset({State.EVALUATING}),
@@ -724,7 +724,9 @@ class LedgerEntry(models.Model):
     component = models.CharField(max_length=20, choices=ComponentKind.choices)
     hypothesis = models.TextField()
     delta_score = models.FloatField()
-    delta_cost = models.FloatField()
+    # Relative change in tokens per trial; null when the harness compared with reported no cost (a rise from 0
+    # has no finite relative change).
+    delta_cost = models.FloatField(null=True, blank=True)
     accepted = models.BooleanField()
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -97,8 +97,13 @@ class LedgerView:
     component: str
     hypothesis: str
     delta_score: float
-    delta_cost: float
+    delta_cost: float | None  # None: the harness compared with reported no cost
     accepted: bool
+
+
+def cost_change_text(delta_cost: float | None) -> str:
+    """A ledger row's dC for a proposer's prompt: signed, or why there is none."""
+    return "n/a (no earlier cost)" if delta_cost is None else f"{delta_cost:+.4f}"
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,8 @@ def pareto_front(candidates: Sequence[ParentCandidate]) -> set[int]:
 
 
 def _register_builtin() -> None:
-    from evolution import critic, regularization
+    from evolution import critic
+    from evolution.loop import regularization
 
     register("gate", "regularized")(regularization.regularized_gate)
     register("gate", "unregularized")(regularization.unregularized_gate)

@@ -175,7 +175,7 @@ def prompt_text(view: ProposerView) -> str:
         lines += ["| round | component | accepted | dS | dC | hypothesis |", "| --- | --- | --- | --- | --- | --- |"]
         lines += [
             f"| {e.round} | {e.component} | {'yes' if e.accepted else 'no'} | {e.delta_score:+.4f} | "
-            f"{e.delta_cost:+.4f} | {e.hypothesis} |"
+            f"{operators.cost_change_text(e.delta_cost)} | {e.hypothesis} |"
             for e in view.ledger
         ]
         lines += ["", "Do not propose a refuted hypothesis again (not accepted), even in other words."]

@@ -41,7 +41,8 @@ import yaml
 
 from evolution import limits
 from evolution.digests import json_digest
-from evolution.regularization import NOISE_RULES, SCORE_UNITS, GateParams, score_unit_size
+from evolution.loop.measure import SCORE_METRICS
+from evolution.loop.regularization import NOISE_RULES, SCORE_UNITS, GateParams, score_unit_size
 
 __all__ = [
     "BUILTIN_OPERATORS",
@@ -97,7 +98,6 @@ LEAKAGE_POLICIES: tuple[str, ...] = ("reject", "review", "off")
 SEALED_SCHEDULES: tuple[str, ...] = ("every_round", "final", "never")
 EVOLVE_SPLIT_CHOICES: tuple[str, ...] = ("train", "gate")
 REPORT_ONLY_SPLITS: tuple[str, ...] = ("sealed", "heldout")
-SCORE_METRICS: tuple[str, ...] = ("pass_at_1", "mean_score")
 GATE_ACCEPT: tuple[str, ...] = ("chosen", "admissible")
 NAME_MAX_LENGTH = 100  # evolution.models.Recipe.name
 

@@ -11,6 +11,7 @@ from django.db.models import BigIntegerField, Count, Exists, IntegerField, Outer
 from django.db.models.functions import Cast, Coalesce
 
 from evolution import metrics
+from evolution.loop import measure
 from evolution.models import (
     EVOLVE_SPLITS,
     Candidate,
@@ -173,10 +174,13 @@ def _plain_rows(queryset: QuerySet[Any]) -> list[tuple[Any, ...]]:
 
 
 def _score_of(parts: list[float], *, mean_score: bool) -> tuple[float, float | None] | None:
+    """S and C of summed totals (``_score_totals``), by ``evolution.loop.measure``."""
     n, passed, score_sum, tokens, tokens_n = parts
-    if not n:
-        return None
-    return (score_sum if mean_score else passed) / n, tokens / tokens_n if tokens_n else None
+    totals = measure.Totals(
+        trials=int(n), passed=int(passed), score_sum=score_sum, tokens_sum=int(tokens), tokens_count=int(tokens_n)
+    )
+    score = measure.score(totals, "mean_score" if mean_score else "pass_at_1")
+    return None if score is None else (score, measure.cost(totals))
 
 
 def candidate_scores(
@@ -231,13 +235,11 @@ def measured_candidates(
         fields=("state", "origin", "round"),
     )
     found = []
-    for key, (n, passed, score_sum, tokens, tokens_n) in sorted(totals.items(), key=lambda item: item[0][0]):
-        if n:  # as _score_of, inline: this runs for every measured candidate
-            score = (score_sum if mean_score else passed) / n
+    for key, parts in sorted(totals.items(), key=lambda item: item[0][0]):
+        measured = _score_of(parts, mean_score=mean_score)
+        if measured is not None:
             pk, state, origin, round_number = key
-            found.append(
-                MeasuredCandidate(pk, state, origin, round_number, score, tokens / tokens_n if tokens_n else None)
-            )
+            found.append(MeasuredCandidate(pk, state, origin, round_number, *measured))
     return found
 
 
@@ -281,16 +283,21 @@ def measured_candidates_sample(
         return MeasuredSample([], 0)
     connection = connections[stored.db]
     candidate = connection.ops.quote_name(Candidate._meta.db_table)
-    numerator = "score_sum" if mean_score else "passed"
 
     def both(column: str) -> str:  # a candidate's total over its stored and unstored evaluations
         return f"CAST(COALESCE(s.{column}, 0) + COALESCE(u.{column}, 0) AS DOUBLE PRECISION)"
 
+    score_expression = measure.score_sql(
+        "mean_score" if mean_score else "pass_at_1",
+        passed=both("passed"),
+        score_sum=both("score_sum"),
+        trials=both("n"),
+    )
     sql = f"""
         WITH stored AS ({stored_sql}), unstored AS ({unstored_sql}),
         measured AS (
             SELECT c.id, c.state, c.origin, c.{connection.ops.quote_name("round")},
-                {both(numerator)} / {both("n")} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
+                {score_expression} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
                 CASE WHEN c.origin = %s OR c.state = %s THEN 1 ELSE 0 END AS labelled
             FROM {candidate} c
             LEFT JOIN stored s ON s.candidate_id = c.id

@@ -12,8 +12,9 @@ from typing import ParamSpec, TypeVar
 
 from celery import Task, shared_task
 
+from evolution.loop import propose as loop_propose
+from evolution.loop import steps as loop_steps
 from evolution.services import evaluation as evaluation_services
-from evolution.services import loop as loop_services
 from evolution.services import records as record_services
 
 _P = ParamSpec("_P")
@@ -40,7 +41,7 @@ def lease_reap() -> dict[str, int]:
     counts = evaluation_services.lease_reap()
     # A lost run_advance message would stall a run; every step is idempotent,
     # so nudging every active run costs nothing when nothing was lost.
-    runs = loop_services.runs_to_nudge()
+    runs = loop_steps.runs_to_nudge()
     for run_id in runs:
         run_advance.delay(run_id)
     return {**counts, "runs": len(runs)}
@@ -48,9 +49,9 @@ def lease_reap() -> dict[str, int]:
 
 @task("evolution.run_advance")
 def run_advance(run_id: int) -> str:
-    return loop_services.run_advance(run_id=run_id)
+    return loop_steps.run_advance(run_id=run_id)
 
 
 @task("evolution.round_propose")
 def round_propose(run_id: int, round_number: int) -> int:
-    return loop_services.round_propose(run_id=run_id, round_number=round_number)
+    return loop_propose.round_propose(run_id=run_id, round_number=round_number)

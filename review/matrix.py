@@ -9,6 +9,8 @@ from typing import Any
 
 from django.utils.safestring import SafeString
 
+from evolution.loop import measure
+
 CHANGES = {
     "improved": "improved against the parent",
     "regressed": "regressed against the parent",
@@ -35,7 +37,8 @@ class Cell:
 
     @property
     def rate(self) -> float | None:
-        return self.passes / self.n if self.n else None
+        """The cell's pass rate: S under pass@1 over its finished trials."""
+        return measure.score(measure.Totals(trials=self.n, passed=self.passes), "pass_at_1")
 
     @property
     def outcome(self) -> str:

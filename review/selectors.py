@@ -12,9 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
+from django.db.models.expressions import OrderBy
 from django.db.models.functions import Cast, Left
 
-from evolution import regularization, selectors
+from evolution import selectors
+from evolution.loop import lifecycle
 from evolution.models import (
     Candidate,
     Evaluation,
@@ -29,7 +31,6 @@ from evolution.models import (
 )
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe, recipe_to_dict
 from evolution.selectors import REPORTED_PURPOSES
-from evolution.services import loop
 from review import access
 
 if TYPE_CHECKING:  # django-stubs-ext is a development requirement
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # django-stubs-ext is a development requirement
 def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round: int | None) -> Recipe:
     """The recipe a start request names: a preset, or ``run-<pk>`` for the
     recipe of one of the experiment's runs; with ``candidates_per_round``
-    overriding its own (``loop.run_create`` overrides rounds, k and the
+    overriding its own (``lifecycle.run_create`` overrides rounds, k and the
     proposer itself, and checks the operators after its overrides, so they
     are not checked here: the preset's proposer may be replaced).
     Raises RecipeError or LoopError. The start form and ``POST /api/v1/runs/`` both call it."""
@@ -50,10 +51,10 @@ def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round:
     elif name.startswith("run-") and name[4:].isdigit():
         run = Run.objects.filter(pk=int(name[4:]), experiment=experiment).select_related("recipe").first()
         if run is None:
-            raise loop.LoopError(f"no run {name[4:]} in this experiment")
+            raise lifecycle.LoopError(f"no run {name[4:]} in this experiment")
         recipe = parse_recipe(run.recipe.spec)
     else:
-        raise loop.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
+        raise lifecycle.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
     if candidates_per_round is not None and candidates_per_round != recipe.candidates_per_round:
         data = recipe_to_dict(recipe)
         data["candidates_per_round"] = candidates_per_round
@@ -64,7 +65,7 @@ def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round:
 def recipe_of(run: Run) -> Recipe | None:
     """The run's recipe, or None when it names an operator this process does not load (shown without a plan)."""
     try:
-        return loop.run_recipe(run)
+        return lifecycle.run_recipe(run)
     except (RecipeError, ValueError):
         return None
 
@@ -159,11 +160,6 @@ def run_failures(*, run: Run, user: Any) -> dict[str, list[Mapping[str, Any]]]:
     }
 
 
-def unexplored_kinds(*, run: Run) -> list[str]:
-    """The component kinds ``run`` has never edited and measured, by the loop's own rule."""
-    return regularization.unexplored_kinds(run.state.get("measured_components", []))
-
-
 def exploration_rejects(*, run: Run) -> list[Mapping[str, Any]]:
     """Candidates refused while the run was stalled because they explored no new kind."""
     return list(
@@ -202,7 +198,12 @@ def component_ledger(*, run: Run, window_after: int) -> list[Mapping[str, Any]]:
 
 
 def ledger_entries(
-    *, run: Run | None, component: str = "", text: str = "", accepted: bool | None = None, order: Sequence[str] = ()
+    *,
+    run: Run | None,
+    component: str = "",
+    text: str = "",
+    accepted: bool | None = None,
+    order: Sequence[str | OrderBy] = (),
 ) -> QuerySet[LedgerEntry]:
     """The run's ledger entries filtered by component, hypothesis text and acceptance (none without a run)."""
     if run is None:

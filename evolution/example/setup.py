@@ -100,9 +100,9 @@ def example_recipe(*, rounds: int, candidates: int, k: int) -> Recipe:
 def example_run_create(*, experiment: Experiment, rounds: int, candidates: int, k: int) -> Run:
     """A run of ``example_recipe`` on ``experiment``, not started (``example_run_drive`` drives it)."""
     import evolution.proposers  # noqa: F401  (registers the example proposer)
-    from evolution.services import loop
+    from evolution.loop import lifecycle
 
-    return loop.run_create(experiment=experiment, recipe=example_recipe(rounds=rounds, candidates=candidates, k=k))
+    return lifecycle.run_create(experiment=experiment, recipe=example_recipe(rounds=rounds, candidates=candidates, k=k))
 
 
 def example_run_drive(run: Run, *, on_round: Callable[[int, int], None] | None = None) -> Run:

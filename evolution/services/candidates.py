@@ -1,7 +1,7 @@
 """Candidate creation and state transitions.
 
 The state machine is ``Candidate.TRANSITIONS``; every change goes through
-``candidate_transition``, a conditional UPDATE that only succeeds from an
+``candidates_transition`` (``candidate_transition`` for one), a conditional UPDATE that only succeeds from an
 allowed state, so two processes can never both move the same candidate.
 Only an ACCEPTED candidate can be a parent, and ACCEPTED is reachable only
 from CERTIFIED.
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 
 from evolution.models import AtomicEdit, Candidate, ComponentKind, Run, Tree
 
@@ -29,6 +31,28 @@ class EditInput:
     diff: str = ""
 
 
+class IllegalTransition(ValueError):
+    """A transition ``Candidate.TRANSITIONS`` does not have: a programming error, never a lost race."""
+
+
+def candidates_transition(*, candidates: QuerySet[Candidate], to: str, reason: str | None = None, **fields: Any) -> int:
+    """Move every candidate of ``candidates`` that is in a state allowed to reach ``to`` (by
+    ``Candidate.TRANSITIONS``) to ``to``, in one conditional UPDATE; the others are left as they are (a lost
+    race or a repeated message). ``reason`` (when given) is kept as the state's reason; ``fields`` are set
+    with the state (e.g. ``certified_at``). Returns how many moved. The one place a candidate's state
+    changes, apart from the seed's and imported candidates' own rules below.
+
+    Raises ``IllegalTransition`` when no state may reach ``to``.
+    """
+    allowed_from = [state for state, targets in Candidate.TRANSITIONS.items() if to in targets]
+    if not allowed_from:
+        raise IllegalTransition(f"no candidate state may move to {to!r}")
+    values: dict[str, Any] = {"state": to, **fields}
+    if reason is not None:
+        values["state_reason"] = reason
+    return candidates.filter(state__in=allowed_from).update(**values)
+
+
 def candidate_transition(*, candidate: Candidate, to: str, reason: str = "") -> bool:
     """Move ``candidate`` to state ``to`` if allowed from its current state.
 
@@ -36,8 +60,7 @@ def candidate_transition(*, candidate: Candidate, to: str, reason: str = "") -> 
     that may move to ``to``: a lost race or a repeated message. Use
     ``candidate_accept`` for ACCEPTED, which also needs a certification.
     """
-    allowed_from = [state for state, targets in Candidate.TRANSITIONS.items() if to in targets]
-    updated = Candidate.objects.filter(pk=candidate.pk, state__in=allowed_from).update(state=to, state_reason=reason)
+    updated = candidates_transition(candidates=Candidate.objects.filter(pk=candidate.pk), to=to, reason=reason)
     if updated:
         candidate.state = to
         candidate.state_reason = reason
@@ -47,9 +70,13 @@ def candidate_transition(*, candidate: Candidate, to: str, reason: str = "") -> 
 def candidate_accept(*, candidate: Candidate, reason: str = "") -> bool:
     """Accept a certified candidate (the gate's decision). False when it is
     not certified: an uncertified candidate is never accepted."""
-    updated = Candidate.objects.filter(
-        pk=candidate.pk, state=Candidate.State.CERTIFIED, certified_at__isnull=False
-    ).update(state=Candidate.State.ACCEPTED, state_reason=reason)
+    updated = candidates_transition(
+        candidates=Candidate.objects.filter(
+            pk=candidate.pk, state=Candidate.State.CERTIFIED, certified_at__isnull=False
+        ),
+        to=Candidate.State.ACCEPTED,
+        reason=reason,
+    )
     if updated:
         candidate.state = Candidate.State.ACCEPTED
     return bool(updated)

@@ -32,6 +32,7 @@ from django.utils import timezone
 from evolution import digests, faults
 from evolution.models import Candidate, Evaluation, Evaluator, Run, SplitMembership, Tree, Trial
 from evolution.sandbox import Limits
+from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
 from evolution.services.snapshots import tree_entries
 from evolution.services.trajectories import trajectory_store
@@ -170,7 +171,10 @@ def evaluation_start(
         Trial.objects.bulk_create(trials)
         evaluation.trials_total = len(trials)
         evaluation.save(update_fields=["trials_total"])
-        Candidate.objects.filter(pk=locked.pk, state=Candidate.State.APPROVED).update(state=Candidate.State.EVALUATING)
+        candidates_transition(
+            candidates=Candidate.objects.filter(pk=locked.pk, state=Candidate.State.APPROVED),
+            to=Candidate.State.EVALUATING,
+        )
         trial_ids = list(Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True))
         transaction.on_commit(lambda: _enqueue_trials(trial_ids))
     return evaluation
@@ -398,8 +402,8 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
             # cannot both see the other still running.
             Candidate.objects.select_for_update().filter(pk=trial.candidate_id).first()
             if not Evaluation.objects.filter(candidate_id=trial.candidate_id, state=Evaluation.State.RUNNING).exists():
-                Candidate.objects.filter(pk=trial.candidate_id, state=Candidate.State.EVALUATING).update(
-                    state=Candidate.State.EVALUATED
+                candidates_transition(
+                    candidates=Candidate.objects.filter(pk=trial.candidate_id), to=Candidate.State.EVALUATED
                 )
             evaluation_id = trial.evaluation_id
             transaction.on_commit(lambda: _enqueue_certify(evaluation_id))

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from evolution.loop import propose as loop_propose
+from evolution.loop import steps as loop_steps
+from evolution.loop.state import RunState
 from evolution.models import Evaluation, Run, Trial
 from evolution.services import evaluation as evaluation_services
-from evolution.services import loop
 from evolution.services.records import result_certify
 
 
@@ -41,9 +43,9 @@ def run_drive(
             "pk", flat=True
         ):
             result_certify(evaluation_id=evaluation_id)
-        if run.state.get("phase") == "proposing":
-            loop.round_propose(run_id=run.pk, round_number=run.current_round)
-        loop.run_advance(run_id=run.pk)
+        if RunState.of(run).phase == "proposing":
+            loop_propose.round_propose(run_id=run.pk, round_number=run.current_round)
+        loop_steps.run_advance(run_id=run.pk)
         if on_step is not None:
             on_step(run)
-    raise RuntimeError(f"run {run.pk} did not finish in {max_steps} steps (phase {run.state.get('phase')})")
+    raise RuntimeError(f"run {run.pk} did not finish in {max_steps} steps (phase {RunState.of(run).phase})")

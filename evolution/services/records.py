@@ -32,6 +32,7 @@ from evolution.models import (
     Run,
     Trial,
 )
+from evolution.services.candidates import candidates_transition
 from evolution.services.experiments import split_digests_compute
 from evolution.services.snapshots import tree_verify
 
@@ -256,8 +257,10 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
             reason = "certification refused: " + "; ".join(problems)
             logger.error("evaluation %s: %s", evaluation.pk, reason)
             Evaluation.objects.filter(pk=evaluation.pk).update(state=Evaluation.State.FAILED, error=reason)
-            Candidate.objects.filter(pk=evaluation.candidate_id, state=Candidate.State.EVALUATED).update(
-                state=Candidate.State.FAILED, state_reason=reason
+            candidates_transition(
+                candidates=Candidate.objects.filter(pk=evaluation.candidate_id, state=Candidate.State.EVALUATED),
+                to=Candidate.State.FAILED,
+                reason=reason,
             )
             return None
 
@@ -294,8 +297,10 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
             state__in=[Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING],
         )
         if not unfinished.exists():
-            Candidate.objects.filter(pk=evaluation.candidate_id, state=Candidate.State.EVALUATED).update(
-                state=Candidate.State.CERTIFIED, certified_at=now
+            candidates_transition(
+                candidates=Candidate.objects.filter(pk=evaluation.candidate_id),
+                to=Candidate.State.CERTIFIED,
+                certified_at=now,
             )
         faults.checkpoint("certify:before_commit")
         if evaluation.run_id:

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from evolution import digests, operators
+from evolution.loop.state import RunState
 from evolution.models import AtomicEdit, Candidate, ReviewDecision, ReviewItem, Run
 from evolution.services.candidates import candidate_transition
 from evolution.services.records import review_decision_certify
@@ -97,7 +98,8 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
     A reason is required. The item must be open or claimed by ``user``.
     Approving evaluates the candidate for its run; rejecting drops it.
     """
-    from evolution.services.loop import candidate_evaluate, run_recipe
+    from evolution.loop.lifecycle import run_recipe
+    from evolution.loop.propose import candidate_evaluate
 
     reason = _required_reason(reason)
     with transaction.atomic():
@@ -176,8 +178,9 @@ def review_decide_partial(
     Everything happens in one transaction: on ReviewError or ReviewConflict
     nothing is written. Not repeatable: a second call gets ReviewConflict.
     """
+    from evolution.loop.lifecycle import run_recipe
+    from evolution.loop.propose import candidate_evaluate
     from evolution.services import proposals
-    from evolution.services.loop import candidate_evaluate, run_recipe
 
     reason = _required_reason(reason)
     try:
@@ -235,7 +238,7 @@ def review_decide_partial(
             files={entry.path: entry.data for entry in files},
             edits=[operators.EditDeclaration(edit.component, edit.hypothesis, list(edit.paths)) for edit in kept],
         )
-        budget = run.state.get("round_budgets", {}).get(str(flagged.round))
+        budget = RunState.of(run).round_budgets.get(flagged.round or 0)
         try:
             outcome = proposals.candidate_freeze(
                 run=run,

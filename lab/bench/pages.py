@@ -33,6 +33,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from evolution import digests, selectors
+from evolution.loop.lifecycle import recipe_store
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -53,7 +54,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import load_preset
-from evolution.services.loop import recipe_store
 from evolution.services.records import split_stats_store
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry

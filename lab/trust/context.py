@@ -434,9 +434,9 @@ class Suite:
         return loop_recipe(benchmark)
 
     def run_start(self, experiment: Experiment) -> Run:
-        from evolution.services import loop
+        from evolution.loop import lifecycle
 
-        return loop.run_create(experiment=experiment, recipe=loop_recipe(experiment_benchmark(experiment)))
+        return lifecycle.run_create(experiment=experiment, recipe=loop_recipe(experiment_benchmark(experiment)))
 
     def evaluation_start(self, experiment: Experiment) -> Evaluation:
         """The seed evaluated once (baseline) on the benchmark's evaluation splits, k=1."""

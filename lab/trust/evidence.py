@@ -29,8 +29,9 @@ from django.db import connection
 from django.test.utils import override_settings
 
 from evolution import operators, selectors
+from evolution.loop import lifecycle
+from evolution.loop import propose as loop_propose
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, TrajectoryStep, Trial
-from evolution.services import loop
 from evolution.services.candidates import candidate_accept
 from evolution.services.experiments import TaskInput
 from lab.trust import TrialContext, expect, scenario
@@ -126,9 +127,9 @@ def _dump(value: Any) -> str:
 
 
 def _view(run: Run, parent: Candidate, slot: int) -> operators.ProposerView:
-    return loop.proposer_view(
+    return loop_propose.proposer_view(
         run=run,
-        recipe=loop.run_recipe(run),
+        recipe=lifecycle.run_recipe(run),
         parent=parent,
         round_number=1,
         slot=slot,

@@ -31,9 +31,10 @@ from django.db.models import Model
 from django.utils import timezone
 
 from evolution import operators, records, selectors
+from evolution.loop import lifecycle
+from evolution.loop import propose as loop_propose
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, ReviewItem, Run, Task, Tree, Trial
 from evolution.services import evaluation as evaluation_services
-from evolution.services import loop
 from evolution.services.candidates import candidate_accept, candidate_transition
 from evolution.services.experiments import TaskInput, benchmark_upsert, evaluator_upsert, experiment_create
 from evolution.services.proposals import ProposalRejected, candidate_freeze, proposal_tree
@@ -193,8 +194,8 @@ def paused_run(experiment: Experiment, *, proposer: str = "example", params: Map
     data["proposal"] = {"operator": proposer, "params": dict(params or {})}
     recipe = parse_recipe(data, known_operators=operators.known_operators())
     with transaction.atomic():
-        run = loop.run_create(experiment=experiment, recipe=recipe)
-        loop.run_pause(run=run)
+        run = lifecycle.run_create(experiment=experiment, recipe=recipe)
+        lifecycle.run_pause(run=run)
     run.refresh_from_db()
     return run
 
@@ -763,9 +764,9 @@ def out_of_surface(ctx: TrialContext) -> str:
         expect(all(v.reason for v in verdict.violations), f"git diff {label}: violation without a reason")
         checked.append(label)
 
-    view = loop.proposer_view(
+    view = loop_propose.proposer_view(
         run=run,
-        recipe=loop.run_recipe(run),
+        recipe=lifecycle.run_recipe(run),
         parent=parent,
         round_number=1,
         slot=900,
@@ -1005,7 +1006,7 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     data["noise"] = {**data["noise"], "repeats": 2}
     data["edit_budget"] = {**data["edit_budget"], "T": 1}
     recipe = parse_recipe(data, known_operators=operators.known_operators())
-    run = loop.run_create(experiment=experiment, recipe=recipe)
+    run = lifecycle.run_create(experiment=experiment, recipe=recipe)
     run = run_drive(run, until=lambda r: ReviewItem.objects.filter(candidate__run=r).exists())
     item = ReviewItem.objects.filter(candidate__run=run).order_by("pk").first()
     expect(item is not None, f"the critic held no candidate for review (run {run.status}: {run.error})")

@@ -23,15 +23,15 @@ def main(what: str, experiment_id: int) -> None:
     if queue:
         app.conf.task_default_queue = queue
     from evolution import selectors
+    from evolution.loop import lifecycle
     from evolution.models import Evaluation, Experiment
-    from evolution.services import loop
     from evolution.services.evaluation import evaluation_start
     from lab.trust.context import EVAL_SPLITS, experiment_benchmark, loop_recipe
 
     experiment = Experiment.objects.get(pk=experiment_id)
     benchmark = experiment_benchmark(experiment)
     if what == "loop":
-        loop.run_create(experiment=experiment, recipe=loop_recipe(benchmark))
+        lifecycle.run_create(experiment=experiment, recipe=loop_recipe(benchmark))
     else:
         evaluation_start(
             candidate=selectors.experiment_seed(experiment),

@@ -22,7 +22,8 @@ from django.urls import path, reverse
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import hidden_chars, records, regularization, selectors
+from evolution import hidden_chars, records, selectors
+from evolution.loop import regularization
 from evolution.models import (
     EVOLVE_SPLITS,
     STRUCTURAL_KINDS,

@@ -15,12 +15,16 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.core.paginator import Paginator
+from django.db.models import F
+from django.db.models.expressions import OrderBy
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
 from evolution import selectors
+from evolution.loop import steps as loop_steps
+from evolution.loop.state import Dropped, Event, RunState
 from evolution.models import (
     Candidate,
     ComponentKind,
@@ -31,7 +35,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import Recipe
-from evolution.services import loop
 from review import access, charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
@@ -49,8 +52,6 @@ ROUNDS_PAGE_SIZE = 50
 # Beyond these, charts draw a server-side sample (the page says so).
 COST_CHART_POINTS = 400
 SCORE_CHART_ROUNDS = 300
-# The loop records dC = 1e9 when the harness it was compared with cost nothing.
-NO_COST_BEFORE = 1e8
 
 
 # --- Run progress ------------------------------------------------------------------
@@ -78,7 +79,7 @@ class RunProgress:
 
     @property
     def phase(self) -> str:
-        return str(self.run.state.get("phase", ""))
+        return RunState.of(self.run).phase
 
     @property
     def trials_total(self) -> int:
@@ -105,7 +106,7 @@ def _trials_planned(recipe: Recipe | None, split_sizes: dict[str, int]) -> int |
 
 
 def _rounds_done(run: Run) -> int:
-    return len([key for key in run.state.get("rounds", {}) if key != "0"])
+    return RunState.of(run).gated_rounds
 
 
 def _trial_counts(run_ids: list[int]) -> dict[int, dict[str, int]]:
@@ -171,11 +172,11 @@ class RoundRow:
     evaluated: int = 0
     accepted: list[int] = field(default_factory=list)
     chosen: int | None = None
-    dropped: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
     scores: dict[str, float] = field(default_factory=dict)
     best: float | None = None
     tokens: float | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     stalled: bool = False
     in_progress: bool = False
     gated: bool = False  # the loop wrote its summary: the gate has decided this round
@@ -202,12 +203,12 @@ def _round_rows(
     """One row per round: the loop's round summary where it wrote one, else
     counts from the candidates (the round in progress, or rows added later).
     ``decisions``: the run's gate decisions that accepted or chose."""
-    state = run.state
-    summaries = state.get("rounds", {})
-    best_by_round = state.get("best_by_round", [])
-    stalled = set(state.get("stalled_rounds", []))
-    events: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for event in state.get("events", []):
+    state = RunState.of(run)
+    summaries = state.rounds
+    best_by_round = state.best_by_round
+    stalled = set(state.stalled_rounds)
+    events: dict[int, list[Event]] = defaultdict(list)
+    for event in state.events:
         events[int(event.get("round", 0))].append(event)
     accepted: dict[int, list[int]] = defaultdict(list)
     chosen: dict[int, int] = {}
@@ -216,12 +217,12 @@ def _round_rows(
             accepted[decision["round"]].append(decision["candidate_id"])
         if decision["chosen"]:
             chosen[decision["round"]] = decision["candidate_id"]
-    numbers = {int(k) for k in summaries} | set(round_states) | set(events)
-    if run.status in UNFINISHED and state.get("phase") in {"propose", "proposing", "evaluating"}:
+    numbers = set(summaries) | set(round_states) | set(events)
+    if run.status in UNFINISHED and state.in_round:
         numbers.add(run.current_round)
     rows = []
     for number in sorted(numbers):
-        summary = summaries.get(str(number))
+        summary = summaries.get(number)
         row = RoundRow(number=number, events=events.get(number, []), stalled=number in stalled)
         if summary:
             row.gated = True
@@ -237,8 +238,8 @@ def _round_rows(
             row.dropped = list(summary.get("dropped", []))
         else:
             states = round_states.get(number, Counter())
-            row.parent = state.get("round_parents", {}).get(str(number))
-            row.budget = state.get("round_budgets", {}).get(str(number))
+            row.parent = state.round_parents.get(number)
+            row.budget = state.round_budgets.get(number)
             row.proposed = sum(states.values())
             row.flagged = states[Candidate.State.FLAGGED] + states[Candidate.State.REJECTED_REVIEW]
             row.rejected_surface = states[Candidate.State.REJECTED_SURFACE]
@@ -246,7 +247,7 @@ def _round_rows(
             row.evaluated = sum(
                 states[s] for s in (Candidate.State.CERTIFIED, Candidate.State.ACCEPTED, Candidate.State.REJECTED_GATE)
             )
-            row.dropped = list(state.get("dropped", {}).get(str(number), []))
+            row.dropped = state.dropped_in(number)
             row.in_progress = run.status in UNFINISHED and number == run.current_round
         row.accepted = accepted.get(number, [])
         row.chosen = chosen.get(number) if number > 0 else None
@@ -260,10 +261,11 @@ def _with_transfer(rows: list[RoundRow], run: Run) -> list[RoundRow]:
     """Sealed and held-out are measured at the end (unless the recipe says
     every round): put the seed's on round 0 and the final harness's on the
     last round, so the chart shows transfer beside the evolve scores."""
-    final = run.state.get("final") or {}
+    state = RunState.of(run)
+    final = state.final or {}
     if not rows or not final:
         return rows
-    gated = [r for r in rows if str(r.number) in run.state.get("rounds", {})]
+    gated = [r for r in rows if r.number in state.rounds]
     first, last = gated[0] if gated else rows[0], gated[-1] if gated else rows[-1]
     for split in TRANSFER_SPLITS:
         if split in final.get("seed_scores", {}) and first.number == 0:
@@ -276,7 +278,7 @@ def _with_transfer(rows: list[RoundRow], run: Run) -> list[RoundRow]:
 def _divergence(run: Run, recipe: Recipe | None, rows: list[RoundRow]) -> tuple[Divergence | None, list[dict]]:
     """The divergence warning (evolve up, sealed or held-out down) and the
     seed-versus-latest comparison per split it is based on."""
-    final = run.state.get("final") or {}
+    final = RunState.of(run).final or {}
     if final:
         start, end, text = final.get("seed_scores", {}), final.get("scores", {}), final.get("divergence", "")
     else:
@@ -284,7 +286,7 @@ def _divergence(run: Run, recipe: Recipe | None, rows: list[RoundRow]) -> tuple[
         if len(measured) < 2 or measured[0].number != 0:
             return None, []
         start, end = measured[0].scores, measured[-1].scores
-        text = loop.divergence(start, end, recipe) if recipe else ""
+        text = loop_steps.divergence(start, end, recipe.evaluation.evolve_splits) if recipe else ""
     evolve = set(recipe.evaluation.evolve_splits) if recipe else {SplitName.TRAIN, SplitName.GATE}
     comparison = [
         {
@@ -373,7 +375,7 @@ def _component_table(run: Run, recipe: Recipe | None, last_round: int) -> list[d
     """Per component kind: edits measured and accepted, best dS overall and
     in the pruning window, and whether it is a pruning target now."""
     window = recipe.pruning.window if recipe else 3
-    targets = set(run.state.get("pruning_targets", []))
+    targets = set(RunState.of(run).pruning_targets)
     rows = review_selectors.component_ledger(run=run, window_after=last_round - window)
     measured = {row["component"]: {**row, "target": row["component"] in targets} for row in rows}
     return [
@@ -384,13 +386,14 @@ def _component_table(run: Run, recipe: Recipe | None, last_round: int) -> list[d
 # --- Ledger ------------------------------------------------------------------------
 
 
-LEDGER_SORTS = {
+LEDGER_SORTS: dict[str, tuple[str | OrderBy, str]] = {
     "round": ("round", "pk"),
     "-round": ("-round", "-pk"),
     "dS": ("delta_score", "pk"),
     "-dS": ("-delta_score", "pk"),
-    "dC": ("delta_cost", "pk"),
-    "-dC": ("-delta_cost", "pk"),
+    # A rise from no cost (no dC) counts as the largest increase.
+    "dC": (F("delta_cost").asc(nulls_last=True), "pk"),
+    "-dC": (F("delta_cost").desc(nulls_first=True), "pk"),
 }
 
 
@@ -437,7 +440,8 @@ def _ledger_context(request: HttpRequest, experiment: Experiment, run: Run | Non
             "delta_score": entry.delta_score,
             "delta_cost": entry.delta_cost,
             "dS": f"{entry.delta_score:+.3f}",
-            "dC": "no earlier cost" if entry.delta_cost >= NO_COST_BEFORE else f"{entry.delta_cost * 100:+.1f}%",
+            # No dC when the harness it was compared with reported no cost: a rise from 0 has no relative change.
+            "dC": "no earlier cost" if entry.delta_cost is None else f"{entry.delta_cost * 100:+.1f}%",
             "accepted": entry.accepted,
         }
         for entry in page.object_list
@@ -501,9 +505,10 @@ def _progress_context(
     (a count over every trial of the run is the page's most expensive query)."""
     counts = (all_counts if all_counts is not None else _trial_counts([run.pk])).get(run.pk)
     progress = _progress(run, counts, sizes)
+    state = RunState.of(run)
     dropped = [
-        {"round": int(r), **item}
-        for r, items in sorted(run.state.get("dropped", {}).items(), key=lambda kv: int(kv[0]))
+        {"round": r, **item}
+        for r, items in sorted(state.dropped.items())
         for item in items
         if item.get("why") == "proposer_error"
     ]
@@ -514,7 +519,8 @@ def _progress_context(
         # Per-task rows among them: sealed ones only for those who may see them.
         **review_selectors.run_failures(run=run, user=request.user),
         "proposer_errors": dropped[-10:],
-        "recent_events": list(reversed(run.state.get("events", [])[-6:])),
+        "recent_events": list(reversed(state.events[-6:])),
+        "state": state,
     }
 
 
@@ -530,7 +536,7 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
     for row in rounds_page["rounds"]:
         row.split_values = [(s, row.scores.get(s)) for s in splits]
     cost_chart, cost_drawn, cost_total = _cost_chart(experiment, run, recipe)
-    last_gated = max((int(k) for k in run.state.get("rounds", {})), default=0)
+    state = RunState.of(run)
     return {
         "recipe": recipe,
         **rounds_page,
@@ -542,12 +548,13 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
         "cost_total": cost_total,
         "divergence": divergence,
         "comparison": comparison,
-        "components": _component_table(run, recipe, last_gated),
-        "pruning_targets": run.state.get("pruning_targets", []),
-        "stalled_rounds": run.state.get("stalled_rounds", []),
-        "unexplored": review_selectors.unexplored_kinds(run=run),
+        "components": _component_table(run, recipe, state.last_gated_round),
+        "pruning_targets": state.pruning_targets,
+        "stalled_rounds": state.stalled_rounds,
+        "unexplored": state.unexplored_kinds(),
         "exploration_rejects": review_selectors.exploration_rejects(run=run),
-        "special_events": [e for e in run.state.get("events", []) if e.get("kind") in {"stop", "error", "divergence"}],
+        "special_events": state.special_events(),
+        "state": state,
     }
 
 

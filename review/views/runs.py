@@ -1,6 +1,6 @@
 """Run control: the start form (a preset, or an earlier run's recipe, with overrides), pause, resume and cancel.
 
-Runs change state only through ``evolution.services.loop``; every refusal is a message and changes nothing.
+Runs change state only through ``evolution.loop.lifecycle``; every refusal is a message and changes nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from evolution import example, operators
+from evolution.loop import lifecycle
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError
-from evolution.services import loop
 from review import access
 from review import selectors as review_selectors
 
@@ -95,7 +95,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         recipe = review_selectors.recipe_for_start(
             name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"]
         )
-        run = loop.run_create(
+        run = lifecycle.run_create(
             experiment=experiment,
             recipe=recipe,
             rounds=data["rounds"],
@@ -103,7 +103,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             proposer=proposer,
             user=request.user,
         )
-    except (RecipeError, loop.LoopError) as exc:
+    except (RecipeError, lifecycle.LoopError) as exc:
         messages.error(request, f"The run was not started: {exc}")
         return HttpResponseRedirect(dashboard)
     spec = run.recipe.spec
@@ -125,11 +125,11 @@ def run_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     run = get_object_or_404(Run.objects.all(), pk=pk)
     done, refusal = RUN_ACTIONS[action]
     if action == "pause":
-        changed = loop.run_pause(run=run)
+        changed = lifecycle.run_pause(run=run)
     elif action == "resume":
-        changed = loop.run_resume(run=run)
+        changed = lifecycle.run_resume(run=run)
     else:
-        changed = loop.run_cancel(run=run, reason=f"cancelled by {request.user.get_username()}")
+        changed = lifecycle.run_cancel(run=run, reason=f"cancelled by {request.user.get_username()}")
     if changed:
         messages.success(request, f"Run #{run.pk} {done}.")
     else:

@@ -9,6 +9,7 @@ import pytest
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
+from evolution.loop import lifecycle
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -22,7 +23,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import load_preset
-from evolution.services import loop
 from review.access import SEALED
 from tests.api.conftest import CANARY, World
 from tests.factories import seed_of
@@ -241,7 +241,7 @@ def test_operator_starts_pauses_resumes_and_cancels(api_world: World, api_as: An
 
 
 def test_viewer_cannot_pause(api_world: World, api_as: Any) -> None:
-    run = loop.run_create(experiment=api_world.experiment, recipe=load_preset("rrsi"), proposer="example")
+    run = lifecycle.run_create(experiment=api_world.experiment, recipe=load_preset("rrsi"), proposer="example")
     assert api_as("viewer").post(f"{V1}/runs/{run.pk}/pause/").status_code == 403
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING
@@ -309,7 +309,7 @@ def test_review_bad_input_is_400_by_field(api_world: World, api_as: Any) -> None
 
 
 def test_ledger_filters(api_world: World, api_as: Any) -> None:
-    run = loop.run_create(experiment=api_world.experiment, recipe=load_preset("rrsi"), proposer="example")
+    run = lifecycle.run_create(experiment=api_world.experiment, recipe=load_preset("rrsi"), proposer="example")
     for accepted, edit in zip((True, False), api_world.edits, strict=True):
         LedgerEntry.objects.create(
             run=run,

@@ -425,7 +425,7 @@ def test_the_upgrade_certifies_earlier_decisions_and_keeps_old_records_valid(
 
     upgrade = importlib.import_module("evolution.migrations.0011_certify_existing_decisions")
     # The code before this change made decisions without certifying them.
-    monkeypatch.setattr("evolution.services.loop.gate_decision_certify", lambda **kwargs: None)
+    monkeypatch.setattr("evolution.loop.steps.gate_decision_certify", lambda **kwargs: None)
     monkeypatch.setattr("evolution.services.review.review_decision_certify", lambda **kwargs: None)
     run = reviewed_run()
     monkeypatch.undo()
@@ -459,7 +459,7 @@ def test_the_upgrade_leaves_a_broken_chain_alone(monkeypatch: pytest.MonkeyPatch
     import importlib
 
     upgrade = importlib.import_module("evolution.migrations.0011_certify_existing_decisions")
-    monkeypatch.setattr("evolution.services.loop.gate_decision_certify", lambda **kwargs: None)
+    monkeypatch.setattr("evolution.loop.steps.gate_decision_certify", lambda **kwargs: None)
     monkeypatch.setattr("evolution.services.review.review_decision_certify", lambda **kwargs: None)
     run = reviewed_run()
     monkeypatch.undo()

@@ -19,10 +19,10 @@ from evolution.llm_operators import (
     llm_critique,
     llm_proposer,
 )
+from evolution.loop import lifecycle
 from evolution.models import Candidate, Run, Trial
 from evolution.operators import LedgerView, ProposerView, TrialEvidence
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from evolution.services import loop
 from evolution.trees import FileEntry, diff_entries
 from tests.evolution.test_llm import Reply, Stub, completion, serving
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
@@ -222,7 +222,7 @@ def test_in_the_loop_surface_is_checked_and_sealed_text_never_reaches_the_model(
         return answer({"component": "prompt", "hypothesis": "h", "files": {"verify.py": "print('pass')\n"}})
 
     stub.responder = respond
-    run = drive(loop.run_create(experiment=experiment, recipe=tiny_llm_recipe(stub)))
+    run = drive(lifecycle.run_create(experiment=experiment, recipe=tiny_llm_recipe(stub)))
     assert run.status == Run.Status.FINISHED
     assert len(stub.requests) == 2
     by_label = {c.label: c for c in Candidate.objects.filter(run=run)}
@@ -355,7 +355,7 @@ def critic_or_proposer(critic: Reply) -> Any:
 def test_the_loop_runs_the_recipes_llm_critic_and_records_the_proposers_usage(stub: Stub) -> None:
     flag = {"rule": "task_id", "path": "default.txt", "matched": "t03", "task": "t03", "evidence": "a task id"}
     stub.responder = critic_or_proposer(completion(json.dumps({"flags": [flag]})))
-    run = drive(loop.run_create(experiment=make_tiny_experiment(tasks=8, k=1), recipe=llm_critic_recipe(stub)))
+    run = drive(lifecycle.run_create(experiment=make_tiny_experiment(tasks=8, k=1), recipe=llm_critic_recipe(stub)))
     candidate = Candidate.objects.get(run=run, label="r1s0")
     assert candidate.state == Candidate.State.FLAGGED
     flags = list(candidate.leakage_flags.values_list("rule", "matched", "evidence"))
@@ -370,7 +370,7 @@ def test_the_loop_runs_the_recipes_llm_critic_and_records_the_proposers_usage(st
 def test_a_critic_that_cannot_answer_holds_the_candidate_for_a_person(stub: Stub) -> None:
     stub.responder = critic_or_proposer(Reply(status=503, body={"error": "down"}))
     recipe = llm_critic_recipe(stub, max_retries=1)
-    run = drive(loop.run_create(experiment=make_tiny_experiment(tasks=8, k=1), recipe=recipe))
+    run = drive(lifecycle.run_create(experiment=make_tiny_experiment(tasks=8, k=1), recipe=recipe))
     candidate = Candidate.objects.get(run=run, label="r1s0")
     assert candidate.state == Candidate.State.FLAGGED
     flag = candidate.leakage_flags.get()

@@ -10,6 +10,8 @@ import pytest
 from django.db import connection
 
 from evolution import operators
+from evolution.loop import lifecycle
+from evolution.loop import steps as loop_steps
 from evolution.models import (
     Candidate,
     CertifiedResult,
@@ -21,7 +23,6 @@ from evolution.models import (
     Run,
 )
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from evolution.services import loop
 from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
 from tests.operators import tiny_proposer
@@ -45,7 +46,7 @@ def tiny_recipe(base: str, **overrides: Any) -> Any:
 
 def start(base: str, **overrides: Any) -> Run:
     experiment = make_tiny_experiment(tasks=12, k=1)
-    return loop.run_create(experiment=experiment, recipe=tiny_recipe(base, **overrides))
+    return lifecycle.run_create(experiment=experiment, recipe=tiny_recipe(base, **overrides))
 
 
 def test_unregularized_run_accepts_a_leaky_edit_and_raises_train_only() -> None:
@@ -137,7 +138,7 @@ def test_the_proposer_never_sees_gate_or_sealed_data() -> None:
         seen.append(repr(view))
         return tiny_proposer(view)
 
-    run = loop.run_create(experiment=experiment, recipe=tiny_recipe("rrsi", proposal={"operator": "canary-watch"}))
+    run = lifecycle.run_create(experiment=experiment, recipe=tiny_recipe("rrsi", proposal={"operator": "canary-watch"}))
     drive(run)
     assert seen, "the proposer was never called"
     assert not any(CANARY in text for text in seen)
@@ -147,20 +148,20 @@ def test_the_proposer_never_sees_gate_or_sealed_data() -> None:
 
 def test_cancel_stops_the_run_and_its_trials() -> None:
     run = start("rrsi")
-    loop.run_advance(run_id=run.pk)  # starts the seed's evaluations
-    assert loop.run_cancel(run=run)
+    loop_steps.run_advance(run_id=run.pk)  # starts the seed's evaluations
+    assert lifecycle.run_cancel(run=run)
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
     assert not Evaluation.objects.filter(run=run, state=Evaluation.State.RUNNING).exists()
-    assert loop.run_advance(run_id=run.pk) == Run.Status.CANCELLED
+    assert loop_steps.run_advance(run_id=run.pk) == Run.Status.CANCELLED
 
 
 def test_pause_holds_the_run_and_resume_finishes_it() -> None:
     run = start("rrsi")
-    assert loop.run_pause(run=run)
-    assert loop.run_advance(run_id=run.pk) == Run.Status.PAUSED
+    assert lifecycle.run_pause(run=run)
+    assert loop_steps.run_advance(run_id=run.pk) == Run.Status.PAUSED
     assert not Evaluation.objects.filter(run=run).exists()
-    assert loop.run_resume(run=run)
+    assert lifecycle.run_resume(run=run)
     assert drive(run).status == Run.Status.FINISHED
 
 
@@ -173,15 +174,15 @@ def test_a_token_budget_stops_the_run_cleanly_with_the_reason() -> None:
 
 def test_one_active_run_per_experiment() -> None:
     run = start("rrsi")
-    with pytest.raises(loop.LoopError, match="active run already"):
-        loop.run_create(experiment=run.experiment, recipe=tiny_recipe("rrsi"))
+    with pytest.raises(lifecycle.LoopError, match="active run already"):
+        lifecycle.run_create(experiment=run.experiment, recipe=tiny_recipe("rrsi"))
 
 
 def test_a_second_run_of_the_same_experiment_starts_again_from_the_accepted_seed() -> None:
     first = drive(start("rrsi"))
     assert first.status == Run.Status.FINISHED
     experiment = first.experiment
-    second = drive(loop.run_create(experiment=experiment, recipe=tiny_recipe("unregularized")))
+    second = drive(lifecycle.run_create(experiment=experiment, recipe=tiny_recipe("unregularized")))
     assert second.status == Run.Status.FINISHED, second.error
     seed_decision = GateDecision.objects.get(run=second, round=0)
     assert seed_decision.candidate_id == experiment.seed_candidate_id and seed_decision.accepted
@@ -207,8 +208,8 @@ def test_no_update_of_the_loop_goes_through_a_subquery_of_its_own_table() -> Non
     with connection.execute_wrapper(record):
         finished = drive(start("rrsi"))
         cancelled = start("rrsi")
-        loop.run_advance(run_id=cancelled.pk)  # the seed's trials are pending
-        assert loop.run_cancel(run=cancelled)
+        loop_steps.run_advance(run_id=cancelled.pk)  # the seed's trials are pending
+        assert lifecycle.run_cancel(run=cancelled)
     assert finished.status == Run.Status.FINISHED, finished.error
     updates = [sql for sql in seen if sql.startswith("UPDATE")]
     assert any('"evolution_trial"' in sql for sql in updates)  # the claims and the cancellation were seen

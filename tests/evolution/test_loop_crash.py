@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from evolution.loop import lifecycle
 from evolution.models import Candidate, CertifiedResult, Run
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from evolution.services import loop
 from evolution.services.records import records_verify
 from lab.records import record_contents, records_digest
 from tests.conftest import wait_until
@@ -51,7 +51,7 @@ def finished(run: Run) -> bool:
 @pytest.fixture
 def control(start_worker) -> Run:
     worker = start_worker(extra_env=WORKER_ENV, beat=True)
-    run = loop.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="control"), recipe=recipe())
+    run = lifecycle.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="control"), recipe=recipe())
     wait_until(lambda: finished(run), timeout=300, what="the control run")
     assert run.status == Run.Status.FINISHED, run.error
     worker.stop()
@@ -80,7 +80,7 @@ def test_a_killed_worker_resumes_to_the_same_certified_results(
         beat=True,
     )
     twin = make_tiny_experiment(name="crashed", like=control.experiment)
-    run = loop.run_create(experiment=twin, recipe=recipe())
+    run = lifecycle.run_create(experiment=twin, recipe=recipe())
     wait_until(marker.exists, timeout=300, interval=0.1, what=f"the fault point {point}")
     faulty.kill()
     assert run_state(run) == Run.Status.RUNNING

@@ -16,10 +16,10 @@ import pytest
 from django.core.management import call_command
 
 from evolution.critic import build_index, critique
+from evolution.loop import lifecycle
 from evolution.management.commands.run_experiment import summary_table
 from evolution.models import Candidate, Evaluation, Experiment, Run, Trial
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from evolution.services import loop
 from evolution.services.proposals import evolve_tasks_for_critic
 from evolution.services.snapshots import tree_diff
 from tests.conftest import wait_until
@@ -68,20 +68,23 @@ def test_regularization_stops_leaks_that_the_unregularized_loop_accepts(start_wo
     # With the lease reaper (beat), as ``dev.py run`` and a deployment run it:
     # a trial whose task a loaded machine loses is taken up again.
     worker = start_worker(concurrency=2, beat=True)
-    unregularized = loop.run_create(experiment=example("example-unregularized"), recipe=recipe("unregularized"))
-    regularized = loop.run_create(experiment=example("example-rrsi"), recipe=recipe("rrsi"))
+    unregularized = lifecycle.run_create(experiment=example("example-unregularized"), recipe=recipe("unregularized"))
+    regularized = lifecycle.run_create(experiment=example("example-rrsi"), recipe=recipe("rrsi"))
     for run in (unregularized, regularized):
 
         def finished(run: Run = run) -> bool:
             run.refresh_from_db()
             return run.status != Run.Status.RUNNING
 
+        def where(run: Run = run) -> str:
+            return progress(run, worker)
+
         wait_until(
             finished,
             timeout=1500,
             interval=1,
             what=f"run {run.pk}",
-            diagnose=lambda run=run: progress(run, worker),
+            diagnose=where,
         )
         assert run.status == Run.Status.FINISHED, run.error
         print(f"\n{run.recipe.name}:", *summary_table(run), sep="\n")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from evolution.loop import lifecycle
 from evolution.models import Candidate, Run
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from evolution.services import loop
 from tests.conftest import wait_until
 from tests.factories import make_tiny_experiment
 
@@ -39,10 +39,10 @@ def test_a_run_paused_while_proposing_proposes_again_as_soon_as_it_is_resumed(st
     worker = start_worker(
         extra_env={"RSI_OPERATOR_MODULES": "tests.operators", "RSI_TRIAL_LEASE_SECONDS": "300"}, beat=False
     )
-    run = loop.run_create(experiment=make_tiny_experiment(tasks=12, k=1), recipe=held_recipe(tmp_path))
+    run = lifecycle.run_create(experiment=make_tiny_experiment(tasks=12, k=1), recipe=held_recipe(tmp_path))
     wait_until((tmp_path / "entered").exists, timeout=180, what="the first proposal slot")
 
-    assert loop.run_pause(run=run)
+    assert lifecycle.run_pause(run=run)
     (tmp_path / "release").touch()
     # round_propose sees the pause after its slot and returns, leaving the round unfilled.
     wait_until(
@@ -55,7 +55,7 @@ def test_a_run_paused_while_proposing_proposes_again_as_soon_as_it_is_resumed(st
     assert not Candidate.objects.filter(run=run, round=1).exists()  # the held slot's proposal was not kept
 
     resumed = time.monotonic()
-    assert loop.run_resume(run=run)
+    assert lifecycle.run_resume(run=run)
 
     def proposed() -> bool:
         run.refresh_from_db()

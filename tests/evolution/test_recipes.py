@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from evolution.loop.regularization import GateParams
 from evolution.recipes import (
     BUILTIN_OPERATORS,
     PRESET_DIR,
@@ -22,7 +23,6 @@ from evolution.recipes import (
     recipe_digest,
     recipe_to_dict,
 )
-from evolution.regularization import GateParams
 
 SWITCHES = ("edit_budget", "ledger", "stall", "critique", "noise", "admissibility", "pruning")
 

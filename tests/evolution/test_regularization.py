@@ -1,4 +1,4 @@
-"""Unit tests for evolution.regularization: pure functions, no database.
+"""Unit tests for evolution.loop.regularization: pure functions, no database.
 
 Most gate tests use scores that are multiples of 1/8 (exact in binary
 floating point) with ``score_unit = 1/8``, so every dS, unit count and cost
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from evolution.regularization import (
+from evolution.loop.regularization import (
     GATE_RULES,
     CandidateStats,
     GateParams,

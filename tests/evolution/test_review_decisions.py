@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from evolution import operators
+from evolution.loop import lifecycle
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -21,7 +22,6 @@ from evolution.models import (
     ReviewItem,
     Run,
 )
-from evolution.services import loop
 from evolution.services.review import (
     ReviewConflict,
     ReviewError,
@@ -117,7 +117,7 @@ def test_cancelling_the_run_leaves_flagged_items_reviewable_but_unevaluated(
     held: tuple[Run, ReviewItem], alice: User
 ) -> None:
     run, item = held
-    loop.run_cancel(run=run)
+    lifecycle.run_cancel(run=run)
     review_decide(item=item, user=alice, approve=True, reason="generic")
     assert not Evaluation.objects.filter(candidate_id=item.candidate_id).exists()
 
@@ -271,7 +271,7 @@ def test_a_derived_candidate_is_held_for_the_critic_even_when_the_run_is_over(
     mixed: tuple[Run, ReviewItem], alice: User
 ) -> None:
     run, item = mixed
-    loop.run_cancel(run=run)
+    lifecycle.run_cancel(run=run)
     leaky = item.candidate.edits.filter(paths__0__startswith="answers/")
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[e.pk for e in leaky], reason="leaks")
     assert decision.derived_candidate is not None

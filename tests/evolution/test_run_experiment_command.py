@@ -15,9 +15,9 @@ import sys
 import pytest
 from django.core.management import call_command
 
+from evolution.loop import lifecycle
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES
-from evolution.services import loop
 from tests.conftest import REPO_ROOT, database_url_for_subprocess
 from tests.factories import make_tiny_experiment
 
@@ -56,7 +56,7 @@ def test_every_preset_runs_on_the_example_with_its_offline_proposer() -> None:
         assert run.recipe.name == preset
         assert run.recipe.spec["proposal"]["operator"] == "example"
         assert run.status == Run.Status.RUNNING and run.rounds == 1
-        assert loop.run_cancel(run=run)  # one active run per experiment: room for the next preset
+        assert lifecycle.run_cancel(run=run)  # one active run per experiment: room for the next preset
     assert Run.objects.filter(experiment=experiment).count() == len(PRESET_NAMES)
 
 

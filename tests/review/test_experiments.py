@@ -14,9 +14,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from evolution.loop import lifecycle
 from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, Run
 from evolution.recipes import load_preset
-from evolution.services import loop
 from tests.factories import make_tiny_experiment
 from tests.review.world import grow
 
@@ -44,7 +44,7 @@ def _messages(response: TestResponse) -> list[str]:
 
 def _active_run(experiment: Experiment, **kwargs: Any) -> Run:
     """A run created like the dashboard creates one, never driven (no worker)."""
-    return loop.run_create(experiment=experiment, recipe=load_preset("rrsi"), proposer="example", **kwargs)
+    return lifecycle.run_create(experiment=experiment, recipe=load_preset("rrsi"), proposer="example", **kwargs)
 
 
 def _text(html: bytes) -> str:
@@ -312,12 +312,12 @@ def test_progress_polls_only_while_the_run_moves(client_as) -> None:
     assert 'hx-trigger="every 2s"' in section(dashboard)
     assert "<progress" in dashboard.content.decode()
 
-    loop.run_pause(run=run)
+    lifecycle.run_pause(run=run)
     paused = client.get(url, {"run": run.pk, "was": "moving"}, HTTP_HX_REQUEST="true")
     assert "hx-trigger" not in section(paused)
     assert paused["HX-Refresh"] == "true"  # the page reloads once, with the final state
 
-    loop.run_cancel(run=run)
+    lifecycle.run_cancel(run=run)
     cancelled = client.get(url, {"run": run.pk}, HTTP_HX_REQUEST="true")
     assert "hx-trigger" not in section(cancelled) and "HX-Refresh" not in cancelled
     assert "Cancelled" in cancelled.content.decode()
@@ -375,7 +375,7 @@ def test_run_start_of_a_preset_on_the_example_uses_its_offline_proposer(client_a
     assert run.recipe.spec["proposal"]["operator"] == "example"
     assert "proposer example." in _messages(client.get(response["Location"]))[0]
     # Told otherwise, the preset's llm proposer is refused (no endpoint here) and nothing is created.
-    assert loop.run_cancel(run=run)
+    assert lifecycle.run_cancel(run=run)
     response = client.post(
         url, {"recipe": "rrsi", "proposer": "llm"}, HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value, follow=True
     )

@@ -14,8 +14,8 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
+from evolution.loop import lifecycle
 from evolution.models import Candidate, ReviewDecision, ReviewItem, Run
-from evolution.services import loop
 from evolution.services.records import records_verify
 from tests.conftest import wait_until
 from tests.evolution.test_loop_crash import WORKER_ENV, finished, recipe
@@ -43,7 +43,7 @@ def test_eight_reviewers_racing_on_one_queue_make_one_decision_per_item(
     postgres: None, redis_url: str, start_worker, make_user: Any
 ) -> None:
     start_worker(broker_url=redis_url, extra_env={**WORKER_ENV, "RSI_TRIAL_LEASE_SECONDS": "60"}, beat=True)
-    run = loop.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="raced"), recipe=recipe())
+    run = lifecycle.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="raced"), recipe=recipe())
     wait_until(
         lambda: ReviewItem.objects.filter(candidate__run=run).exists() or finished(run),
         timeout=240,

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from evolution.loop import lifecycle
 from evolution.models import Run
-from evolution.services import loop
 from evolution.services.records import records_verify
 from lab.records import record_contents
 from tests.conftest import wait_until
@@ -24,7 +24,7 @@ TRIAL_RECEIVED = re.compile(r"Task evolution\.trial_run\[[0-9a-f-]+\] received")
 def test_two_workers_on_two_hosts_certify_the_same_records_as_one(postgres: None, redis_url: str, start_worker) -> None:
     env = {**WORKER_ENV, "RSI_TRIAL_LEASE_SECONDS": "60"}
     alone = start_worker(broker_url=redis_url, extra_env=env, hostname="solo", concurrency=1, beat=True)
-    control = loop.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="one-worker"), recipe=recipe())
+    control = lifecycle.run_create(experiment=make_tiny_experiment(tasks=12, k=1, name="one-worker"), recipe=recipe())
     wait_until(lambda: finished(control), timeout=300, what="the one-worker run")
     assert control.status == Run.Status.FINISHED, control.error
     alone.stop()
@@ -33,7 +33,7 @@ def test_two_workers_on_two_hosts_certify_the_same_records_as_one(postgres: None
     first = start_worker(broker_url=redis_url, extra_env=env, hostname="worker-a", concurrency=1, beat=True)
     second = start_worker(broker_url=redis_url, extra_env=env, hostname="worker-b", concurrency=1)
     twin = make_tiny_experiment(name="two-workers", like=control.experiment)
-    run = loop.run_create(experiment=twin, recipe=recipe())
+    run = lifecycle.run_create(experiment=twin, recipe=recipe())
     wait_until(lambda: finished(run), timeout=300, what="the two-worker run")
     assert run.status == Run.Status.FINISHED, run.error
 

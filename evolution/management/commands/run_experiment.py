@@ -9,9 +9,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from evolution import example, limits, operators
+from evolution.loop import lifecycle
+from evolution.loop.state import RunState
 from evolution.models import Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
-from evolution.services import loop
 
 
 def summary_table(run: Run) -> list[str]:
@@ -23,12 +24,12 @@ def summary_table(run: Run) -> list[str]:
         f"{'evaluated':>9} {'accepted':>8} {'train':>6} {'gate':>6} {'sealed':>6} {'tokens':>8}"
     )
     lines = [header]
-    rounds = run.state.get("rounds", {})
-    final = run.state.get("final", {})
-    for key in sorted(rounds, key=int):
-        r = rounds[key]
+    state = RunState.of(run)
+    final = state.final or {}
+    for key in sorted(state.rounds):
+        r = state.rounds[key]
         scores = dict(r.get("scores", {}))
-        if int(key) == max(int(k) for k in rounds) and final.get("scores"):
+        if key == state.last_gated_round and final.get("scores"):
             scores = final["scores"]
 
         def fmt(split: str, scores: dict[str, float] = scores) -> str:
@@ -86,14 +87,14 @@ class Command(BaseCommand):
                 recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
             else:
                 raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
-            run = loop.run_create(
+            run = lifecycle.run_create(
                 experiment=experiment,
                 recipe=recipe,
                 rounds=options["rounds"],
                 k=options["k"],
                 proposer=proposer,
             )
-        except (RecipeError, loop.LoopError) as exc:
+        except (RecipeError, lifecycle.LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
         self.stdout.write(
             f"run {run.pk} of {experiment.name!r} with recipe {run.recipe.name} ({run.recipe.digest[:12]})"
@@ -104,9 +105,9 @@ class Command(BaseCommand):
         seen_events = 0
         while True:
             run.refresh_from_db()
-            events = run.state.get("events", [])
+            events = RunState.of(run).events
             for event in events[seen_events:]:
-                self.stdout.write(f"  [round {event.get('round', 0)}] {event['text']}")
+                self.stdout.write(f"  [round {event.get('round', 0)}] {event.get('text', '')}")
             seen_events = len(events)
             if run.status not in {Run.Status.RUNNING, Run.Status.PENDING, Run.Status.PAUSED}:
                 break

@@ -1,0 +1,13 @@
+"""The evolution loop (CONCEPTS.md section 3), one module a job.
+
+- ``lifecycle``: create, pause, resume and cancel a run; the recipe a run follows.
+- ``steps``: the database-driven state machine; ``run_advance`` does one step (lock, load, call, write).
+- ``propose``: filling a round's proposal slots and what the proposer may see.
+- ``enqueue``: the Celery messages a step sends after its transaction commits.
+- ``measure``: the only place S, cost and valid rate are computed (pure).
+- ``decision``: the round's decision, from measured candidates to a typed ``RoundDecision`` (pure).
+- ``regularization``: the math of CONCEPTS.md section 4 the decision uses (pure).
+- ``state``: ``RunState``, the only code that knows the keys of ``Run.state``.
+
+This package's ``__init__`` imports nothing: the pure modules can be imported without the ORM ones.
+"""

@@ -1,0 +1,192 @@
+"""A run's life: create, pause, resume, cancel; and the recipe a run follows.
+
+Each function changes the run in one transaction and sends ``run_advance`` after commit when there is work;
+the state machine itself is ``evolution.loop.steps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from evolution import operators
+from evolution.loop.enqueue import advance_after_commit, propose_send
+from evolution.loop.state import RunState
+from evolution.models import Candidate, Evaluation, Experiment, Recipe, Run, Trial
+from evolution.recipes import Recipe as RecipeSpec
+from evolution.recipes import parse_recipe, recipe_digest, recipe_to_dict
+from evolution.services.candidates import candidates_transition
+
+__all__ = [
+    "ACTIVE",
+    "IN_FLIGHT",
+    "LoopError",
+    "recipe_store",
+    "run_cancel",
+    "run_create",
+    "run_pause",
+    "run_recipe",
+    "run_resume",
+    "stop_in_flight",
+]
+
+ACTIVE = (Run.Status.RUNNING,)
+IN_FLIGHT = (Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED)
+
+
+class LoopError(ValueError):
+    pass
+
+
+def recipe_store(*, recipe: RecipeSpec) -> Recipe:
+    """The recipe row for this exact recipe (one per digest)."""
+    digest = recipe_digest(recipe)
+    row, _ = Recipe.objects.get_or_create(
+        digest=digest, defaults={"name": recipe.name, "version": recipe.version, "spec": recipe_to_dict(recipe)}
+    )
+    return row
+
+
+def run_recipe(run: Run) -> RecipeSpec:
+    operators.operators_load()
+    return parse_recipe(run.recipe.spec, known_operators=operators.known_operators())
+
+
+def check_llm_endpoints(recipe: RecipeSpec) -> None:
+    """A run whose proposer or critic is an ``llm`` operator needs its
+    endpoint configured now, not a round later."""
+    from evolution.llm import LLMConfigError, config_from
+
+    stages = (("proposal", recipe.proposal), ("critique", recipe.critique))
+    for stage, spec in stages:
+        if spec.operator == "llm" and (stage != "critique" or recipe.critique.enabled):
+            try:
+                config_from(spec.params)
+            except LLMConfigError as exc:
+                # Both ways forward, so nobody has to look them up.
+                offline = (
+                    "run an offline proposer instead (--proposer example on the bundled example, "
+                    "the proposer field on the dashboard)"
+                    if stage == "proposal"
+                    else "use the rules critic instead (critique operator: rules)"
+                )
+                raise LoopError(
+                    f"the llm {stage} operator is not configured ({exc}): configure its endpoint "
+                    f"(RSI_LLM_BASE_URL and RSI_LLM_MODEL, or the recipe's {stage} params; docs/llm.md), "
+                    f"or {offline}"
+                ) from exc
+
+
+def run_create(
+    *,
+    experiment: Experiment,
+    recipe: RecipeSpec,
+    rounds: int | None = None,
+    k: int | None = None,
+    proposer: str | None = None,
+    user: Any = None,
+) -> Run:
+    """Create a run of ``recipe`` (with ``rounds``, ``k`` and ``proposer``
+    overriding the recipe's) and start it after commit. One active run per
+    experiment."""
+    operators.operators_load()
+    overrides: dict[str, Any] = {}
+    if proposer is not None:
+        overrides["proposal"] = {"operator": proposer}
+    if rounds is not None:
+        overrides["rounds"] = rounds
+    if k is not None:
+        overrides.setdefault("evaluation", {})["trials_per_task"] = k
+    if overrides:
+        data = recipe_to_dict(recipe)
+        for key, value in overrides.items():
+            if isinstance(value, dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        if rounds is not None and recipe.rounds == recipe.edit_budget.T:
+            data["edit_budget"] = {**data["edit_budget"], "T": rounds}
+        recipe = parse_recipe(data, known_operators=operators.known_operators())
+    else:
+        parse_recipe(recipe_to_dict(recipe), known_operators=operators.known_operators())
+    check_llm_endpoints(recipe)
+    with transaction.atomic():
+        locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+        if Run.objects.filter(
+            experiment=locked, status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED]
+        ).exists():
+            raise LoopError(f"experiment {locked.name!r} has an active run already")
+        if locked.seed_candidate_id is None:
+            raise LoopError("the experiment has no seed candidate")
+        run = Run.objects.create(
+            experiment=locked,
+            recipe=recipe_store(recipe=recipe),
+            status=Run.Status.RUNNING,
+            rounds=recipe.rounds,
+            started_by=user,
+            started_at=timezone.now(),
+            state=RunState().to_json(),
+        )
+        Experiment.objects.filter(pk=locked.pk).update(status=Experiment.Status.RUNNING)
+        Experiment.objects.filter(pk=locked.pk, recipe__isnull=True).update(recipe=run.recipe)
+        advance_after_commit(run.pk)
+    return run
+
+
+def run_pause(*, run: Run) -> bool:
+    updated = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(status=Run.Status.PAUSED)
+    if updated:
+        Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.PAUSED)
+    return bool(updated)
+
+
+def run_resume(*, run: Run) -> bool:
+    with transaction.atomic():
+        updated = Run.objects.filter(pk=run.pk, status=Run.Status.PAUSED).update(status=Run.Status.RUNNING)
+        if updated:
+            Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.RUNNING)
+            _resend_proposals(run.pk)
+            advance_after_commit(run.pk)
+    return bool(updated)
+
+
+def _resend_proposals(run_id: int) -> None:
+    """A run paused while proposing: round_propose stopped between slots and
+    nothing sends it again before the lease (the proposing step), so resuming
+    sends it now. Filling slots is idempotent; a round_propose still finishing
+    its slot keeps or drops that slot under the run's lock."""
+    run = Run.objects.select_for_update().get(pk=run_id)
+    state = RunState.of(run)
+    if state.phase == "proposing":
+        propose_send(run, state)
+
+
+def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
+    """Stop a run: its unfinished evaluations are cancelled (their trials are
+    never claimed again) and in-flight candidates are marked cancelled."""
+    with transaction.atomic():
+        updated = Run.objects.filter(
+            pk=run.pk, status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED]
+        ).update(status=Run.Status.CANCELLED, stop_reason=reason, finished_at=timezone.now())
+        if updated:
+            stop_in_flight(run.pk)
+            Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.CANCELLED)
+    return bool(updated)
+
+
+def stop_in_flight(run_id: int) -> None:
+    """Cancel the run's unfinished evaluations, their unclaimed or running trials, and its in-flight candidates."""
+    Evaluation.objects.filter(run_id=run_id, state=Evaluation.State.RUNNING).update(state=Evaluation.State.CANCELLED)
+    # The state checked on the trial's own row (no join: see trial_claim), so a
+    # trial finished meanwhile is not overwritten as cancelled.
+    in_run = Evaluation.objects.filter(run_id=run_id).values("pk")
+    Trial.objects.filter(evaluation_id__in=in_run, state__in=[Trial.State.PENDING, Trial.State.RUNNING]).update(
+        state=Trial.State.CANCELLED
+    )
+    candidates_transition(
+        candidates=Candidate.objects.filter(run_id=run_id, state__in=IN_FLIGHT + (Candidate.State.FROZEN,)),
+        to=Candidate.State.CANCELLED,
+        reason="run stopped",
+    )

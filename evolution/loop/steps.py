@@ -1,0 +1,424 @@
+"""The evolution loop as a database-driven state machine.
+
+``run_advance`` is the only entry point that moves a run forward. It locks the run row, looks at what the
+database says (which evaluations are certified, which candidates are gated), does at most one step, commits,
+and enqueues itself again after commit when there is more to do. Each step locks, loads, calls the pure code
+(``measure``, ``decision``, ``regularization``) and writes. Proposing a round is its own task
+(``evolution.loop.propose.round_propose``) because a proposer may be slow.
+
+Phases (``RunState.phase``): baseline -> propose -> proposing -> evaluating -> (gate) -> propose ... -> final
+-> finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from evolution import operators
+from evolution.loop import decision as decisions
+from evolution.loop import load, regularization
+from evolution.loop.enqueue import advance_after_commit, propose_send
+from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, run_recipe, stop_in_flight
+from evolution.loop.state import RoundSummary, RunState
+from evolution.models import (
+    AtomicEdit,
+    Candidate,
+    Evaluation,
+    Experiment,
+    GateDecision,
+    LedgerEntry,
+    Run,
+    SplitName,
+    Trial,
+)
+from evolution.recipes import Recipe as RecipeSpec
+from evolution.recipes import gate_params
+from evolution.services import evaluation as evaluation_services
+from evolution.services.candidates import candidate_accept, candidate_transition
+from evolution.services.records import gate_decision_certify
+
+__all__ = ["divergence", "run_advance", "runs_to_nudge", "transfer_splits"]
+
+Step = Callable[[Run, RunState, RecipeSpec], str]
+
+
+def run_advance(*, run_id: int) -> str:
+    """Do the next step of a run, if any. Safe to call any number of times,
+    from any number of processes. Returns the phase after the step."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("experiment", "recipe").get(pk=run_id)
+        if run.status not in ACTIVE:
+            return str(run.status)
+        recipe = run_recipe(run)
+        state = RunState.of(run)
+        stop = _limit_reached(run, recipe)
+        if stop and state.phase not in {"final", "finished"}:
+            run.stop_reason = stop
+            state.event(run.current_round, "stop", stop)
+            state.phase = "final"
+            state.stopped_by_limit = True
+            _save(run, state, "stop_reason")
+            stop_in_flight(run.pk)
+            advance_after_commit(run.pk)
+            return "final"
+        steps: dict[str, Step] = {
+            "baseline": _step_baseline,
+            "propose": _step_propose,
+            "proposing": _step_proposing,
+            "evaluating": _step_evaluating,
+            "final": _step_final,
+        }
+        step = steps.get(state.phase)
+        if step is None:
+            return state.phase
+        return step(run, state, recipe)
+
+
+def runs_to_nudge() -> list[int]:
+    """Active runs, for the reaper: a lost run_advance message costs one reaper interval."""
+    return list(Run.objects.filter(status=Run.Status.RUNNING).values_list("pk", flat=True))
+
+
+def _save(run: Run, state: RunState, *fields: str) -> None:
+    state.save(run)
+    run.save(update_fields=["state", *fields])
+
+
+def transfer_splits(run: Run) -> list[str]:
+    """The report-only splits the experiment has (sealed, held-out)."""
+    return [s for s in (SplitName.SEALED, SplitName.HELDOUT) if s in run.experiment.split_digests]
+
+
+def _limit_reached(run: Run, recipe: RecipeSpec) -> str:
+    spent = Trial.objects.filter(evaluation__run=run).aggregate(tokens=Sum("tokens"))["tokens"] or 0
+    if spent != run.tokens_spent:
+        run.tokens_spent = spent
+        run.save(update_fields=["tokens_spent"])
+    if recipe.limits.max_tokens is not None and spent >= recipe.limits.max_tokens:
+        return f"token budget spent: {spent} of {recipe.limits.max_tokens} policy tokens"
+    if recipe.limits.max_wall_seconds is not None and run.started_at is not None:
+        elapsed = (timezone.now() - run.started_at).total_seconds()
+        if elapsed >= recipe.limits.max_wall_seconds:
+            return f"wall-time budget spent: {elapsed:.0f} of {recipe.limits.max_wall_seconds} s"
+    return ""
+
+
+def _fail(run: Run, state: RunState, message: str) -> str:
+    run.status = Run.Status.FAILED
+    run.error = message
+    run.finished_at = timezone.now()
+    state.phase = "failed"
+    state.event(run.current_round, "error", message)
+    _save(run, state, "status", "error", "finished_at")
+    Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.FAILED)
+    return "failed"
+
+
+# --- Baseline: the seed, measured once per noise repeat ------------------------------
+
+
+def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
+    seed = run.experiment.seed_candidate
+    if seed is None:
+        return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
+    repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
+    existing = {e.repeat: e for e in Evaluation.objects.filter(run=run, candidate=seed)}
+    splits = list(recipe.evaluation.evolve_splits)
+    metric = recipe.evaluation.score_metric
+    if len(existing) < repeats:
+        for repeat in range(repeats):
+            if repeat in existing:
+                continue
+            evaluation_services.evaluation_start(
+                candidate=seed,
+                splits=splits,
+                k=recipe.evaluation.trials_per_task,
+                purpose=Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE,
+                repeat=repeat,
+                seed=recipe.seed,
+                run=run,
+            )
+        state.event(run.current_round, "baseline", f"evaluating the seed {repeats} time(s) to estimate the noise band")
+        _save(run, state)
+        return "baseline"
+    states = {e.state for e in existing.values()}
+    if Evaluation.State.FAILED in states:
+        problems = "; ".join(e.error for e in existing.values() if e.error)
+        return _fail(run, state, "the seed's evaluation failed: " + problems)
+    if states != {Evaluation.State.CERTIFIED}:
+        return "baseline"
+
+    scores = [load.evaluation_score(e, metric) for e in sorted(existing.values(), key=lambda e: e.repeat)]
+    repeat_scores = [s for s in scores if s is not None]
+    if recipe.needs_noise_estimate and len(repeat_scores) >= 2:
+        delta = regularization.noise_delta(repeat_scores, rule=recipe.noise.rule, fixed=recipe.noise.fixed)
+    else:
+        delta = recipe.noise.fixed or 0.0
+    seed.refresh_from_db()
+    # A later run of the same experiment finds the seed accepted by the first
+    # (accepted implies certified: a database constraint); it stays the parent.
+    if seed.state != Candidate.State.ACCEPTED and not candidate_accept(candidate=seed, reason="seed: the first parent"):
+        return _fail(run, state, f"the seed could not be accepted (state {seed.state})")
+    stats = load.candidate_stats(seed, splits, metric)
+    assert stats is not None  # the seed's certified evaluations have trials
+    decision, _ = GateDecision.objects.get_or_create(
+        run=run,
+        candidate=seed,
+        round=0,
+        defaults={
+            "accepted": True,
+            "chosen": True,
+            "rule": "seed",
+            "explanation": "The seed is evaluated first and is the first parent.",
+            "numbers": {"S": stats.score, "C": stats.cost, "repeats": repeat_scores, "delta": delta},
+        },
+    )
+    gate_decision_certify(decision=decision)
+    run.noise_delta = delta
+    run.current_candidate = seed
+    run.current_round = 1
+    state.phase = "propose"
+    state.best_by_round = [stats.score]
+    state.best_score = stats.score
+    state.accepted_structural = []
+    state.measured_components = []
+    state.pruning_targets = []
+    state.rounds[0] = _round_summary(run, state, recipe, 0)
+    state.event(
+        0, "baseline", f"seed S={stats.score:.3f} over {len(repeat_scores)} repeat(s), noise band delta={delta:.3f}"
+    )
+    _save(run, state, "noise_delta", "current_candidate", "current_round")
+    advance_after_commit(run.pk)
+    return "propose"
+
+
+# --- A round: propose, evaluate, gate ---------------------------------------------------
+
+
+def _step_propose(run: Run, state: RunState, recipe: RecipeSpec) -> str:
+    if run.current_round > run.rounds:
+        state.phase = "final"
+        _save(run, state)
+        advance_after_commit(run.pk)
+        return "final"
+    state.phase = "proposing"
+    propose_send(run, state)
+    return "proposing"
+
+
+def _step_proposing(run: Run, state: RunState, recipe: RecipeSpec) -> str:
+    """Waiting for round_propose; send it again if it seems lost (its work is idempotent)."""
+    lease = timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+    if state.proposing_since and timezone.now() - state.proposing_since > lease:
+        propose_send(run, state)
+    return "proposing"
+
+
+def _step_evaluating(run: Run, state: RunState, recipe: RecipeSpec) -> str:
+    candidates = Candidate.objects.filter(run=run)
+    if candidates.filter(state__in=IN_FLIGHT).exists():
+        return "evaluating"
+    ungated = list(candidates.filter(state=Candidate.State.CERTIFIED).exclude(gate_decisions__run=run).order_by("pk"))
+    _gate(run, state, recipe, ungated)
+    run.current_round += 1
+    state.phase = "propose"
+    _save(run, state, "current_round", "current_candidate")
+    advance_after_commit(run.pk)
+    return "propose"
+
+
+def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
+    """The round's gate: load the measured candidates, decide (``decision.round_decide``, pure), write."""
+    round_number = run.current_round
+    current = run.current_candidate
+    assert current is not None  # set by the baseline step, before any round
+    splits = list(recipe.evaluation.evolve_splits)
+    metric = recipe.evaluation.score_metric
+    current_stats = load.candidate_stats(current, splits, metric)
+    assert current_stats is not None  # the current harness was measured before it was accepted
+    measured = {s.candidate_id: (c, s) for c in ungated if (s := load.candidate_stats(c, splits, metric)) is not None}
+    evolve_trials = (
+        run.experiment.split_memberships.filter(split__in=splits).count() * recipe.evaluation.trials_per_task
+    )
+    ledger = LedgerEntry.objects.filter(run=run)
+    edits: dict[regularization.CandidateId, list[decisions.Edit]] = {}
+    for edit_id, candidate_id, component, hypothesis in AtomicEdit.objects.filter(
+        candidate_id__in=list(measured)
+    ).values_list("pk", "candidate_id", "component", "hypothesis"):
+        edits.setdefault(candidate_id, []).append(decisions.Edit(edit_id, component, hypothesis))
+    decided = decisions.round_decide(
+        round_number=round_number,
+        current=current_stats,
+        candidates=[stats for _, stats in measured.values()],
+        edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
+        best_score=state.best_score if state.best_score is not None else current_stats.score,
+        delta=float(run.noise_delta or 0.0),
+        gate=operators.get("gate", recipe.gate.operator),
+        params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
+        accept=recipe.gate.accept,
+        accepted_structural=state.accepted_structural,
+        ledger_so_far=[
+            regularization.LedgerPoint(round=r, component=c, dS=d)
+            for r, c, d in ledger.values_list("round", "component", "delta_score")
+        ],
+        pruning=decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold) if recipe.pruning.enabled else None,
+    )
+    _write_decision(run, current, decided, {pk: c for pk, (c, _) in measured.items()})
+    if decided.chosen is not None:
+        run.current_candidate = measured[decided.chosen][0]
+    state.best_score = decided.best_score
+    state.best_by_round.append(decided.best_score)
+    state.accepted_structural = list(decided.accepted_structural)
+    state.measured_components = list(decided.measured_components)
+    if decided.pruning_targets is not None:
+        state.pruning_targets = list(decided.pruning_targets)
+    state.rounds[round_number] = _round_summary(run, state, recipe, round_number)
+    state.event(
+        round_number,
+        "gate",
+        f"round {round_number}: {len(decided.candidates)} candidate(s) gated, "
+        + (
+            f"candidate {decided.chosen} becomes the current harness"
+            if decided.chosen is not None
+            else "the current harness stays"
+        ),
+    )
+
+
+# Gate parameters for a round with nothing measured (the gate is not called then).
+_NO_PARAMS = regularization.GateParams(score_unit=1.0)
+
+
+def _write_decision(
+    run: Run,
+    current: Candidate,
+    decided: decisions.RoundDecision,
+    candidates: dict[regularization.CandidateId, Candidate],
+) -> None:
+    """The decision's rows: each candidate's new state, its certified gate decision, the ledger."""
+    for item in decided.candidates:
+        candidate = candidates[item.candidate_id]
+        if item.accepted:
+            candidate_accept(candidate=candidate, reason=item.reason)
+        else:
+            candidate_transition(candidate=candidate, to=Candidate.State.REJECTED_GATE, reason=item.reason)
+        row, _ = GateDecision.objects.get_or_create(
+            run=run,
+            candidate=candidate,
+            round=decided.round,
+            defaults={
+                "current": current,
+                "accepted": item.accepted,
+                "chosen": item.chosen,
+                "rule": item.rule,
+                "explanation": item.explanation,
+                "numbers": item.numbers,
+            },
+        )
+        gate_decision_certify(decision=row)
+    for entry in decided.ledger:
+        LedgerEntry.objects.get_or_create(
+            edit_id=entry.edit_id,
+            defaults={
+                "run": run,
+                "candidate": candidates[entry.candidate_id],
+                "round": decided.round,
+                "component": entry.component,
+                "hypothesis": entry.hypothesis,
+                "delta_score": entry.delta_score,
+                "delta_cost": entry.delta_cost,
+                "accepted": entry.accepted,
+            },
+        )
+
+
+def _round_summary(run: Run, state: RunState, recipe: RecipeSpec, round_number: int) -> RoundSummary:
+    in_round = Candidate.objects.filter(run=run, round=round_number).exclude(origin=Candidate.Origin.SEED)
+    current = run.current_candidate
+    metric = recipe.evaluation.score_metric
+    return {
+        "round": round_number,
+        "parent": state.round_parents.get(round_number) if round_number else None,
+        "budget": state.round_budgets.get(round_number) if round_number else None,
+        "proposed": in_round.count(),
+        "flagged": in_round.filter(leakage_flags__isnull=False).distinct().count(),
+        "rejected_surface": in_round.filter(state=Candidate.State.REJECTED_SURFACE).count(),
+        "rejected_budget": in_round.filter(state=Candidate.State.REJECTED_BUDGET).count(),
+        "evaluated": in_round.filter(evaluations__state=Evaluation.State.CERTIFIED).distinct().count(),
+        "accepted": in_round.filter(state=Candidate.State.ACCEPTED).count(),
+        "current": current.pk if current else None,
+        "scores": load.split_scores(candidate=current, metric=metric) if current else {},
+        "tokens_per_trial": load.mean_tokens(current, recipe.evaluation.evolve_splits) if current else None,
+        "dropped": state.dropped_in(round_number),
+    }
+
+
+# --- The final report -------------------------------------------------------------------
+
+
+def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
+    """Report transfer: evaluate the final harness (and the seed) on sealed
+    and held-out splits, then finish."""
+    transfer = transfer_splits(run)
+    # After a budget stop nothing more is spent, transfer reports included.
+    if recipe.evaluation.sealed != "never" and transfer and not state.stopped_by_limit:
+        targets = {pk for pk in (run.experiment.seed_candidate_id, run.current_candidate_id) if pk is not None}
+        waiting = False
+        for candidate in Candidate.objects.filter(pk__in=targets).order_by("pk"):
+            evaluation = Evaluation.objects.filter(
+                run=run, candidate=candidate, purpose=Evaluation.Purpose.TRANSFER
+            ).first()
+            if evaluation is None:
+                evaluation_services.evaluation_start(
+                    candidate=candidate,
+                    splits=transfer,
+                    k=recipe.evaluation.trials_per_task,
+                    purpose=Evaluation.Purpose.TRANSFER,
+                    seed=recipe.seed,
+                    run=run,
+                )
+                waiting = True
+            elif evaluation.state in {Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING}:
+                waiting = True
+        if waiting:
+            _save(run, state)
+            return "final"
+    metric = recipe.evaluation.score_metric
+    final_scores = load.split_scores(candidate=run.current_candidate, metric=metric) if run.current_candidate else {}
+    seed = run.experiment.seed_candidate
+    seed_scores = load.split_scores(candidate=seed, metric=metric) if seed is not None else {}
+    warning = divergence(seed_scores, final_scores, recipe.evaluation.evolve_splits)
+    state.final = {
+        "current": run.current_candidate_id,
+        "scores": final_scores,
+        "seed_scores": seed_scores,
+        "divergence": warning,
+    }
+    if warning:
+        state.event(run.current_round, "divergence", warning)
+    state.phase = "finished"
+    run.status = Run.Status.FINISHED
+    run.finished_at = timezone.now()
+    run.stop_reason = run.stop_reason or f"{run.rounds} round(s) done"
+    _save(run, state, "status", "finished_at", "stop_reason")
+    Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.FINISHED)
+    return "finished"
+
+
+def divergence(seed: dict[str, float], final: dict[str, float], evolve_splits: Sequence[str]) -> str:
+    """A warning when the evolve score rose while sealed or held-out fell."""
+    evolve = [s for s in evolve_splits if s in seed and s in final]
+    if not evolve:
+        return ""
+    evolve_gain = sum(final[s] - seed[s] for s in evolve) / len(evolve)
+    falling = [s for s in ("sealed", "heldout") if s in seed and s in final and final[s] < seed[s]]
+    if evolve_gain > 0 and falling:
+        parts = ", ".join(f"{s} {seed[s]:.3f} -> {final[s]:.3f}" for s in falling)
+        return f"evolve score rose by {evolve_gain:+.3f} while {parts}: the run may be overfitting its evolve set"
+    return ""
