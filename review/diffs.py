@@ -1089,7 +1089,8 @@ def rows_html(rows: Sequence[Row] | Sequence[SplitRow], *, anchor: str = "") -> 
     With the file's ``anchor`` (a ``file_anchor``: hex digits), every line
     number is a permalink and hidden lines get their expand buttons."""
     out: list[str] = []
-    for index, row in enumerate(rows):
+    items: Sequence[Row | SplitRow] = rows
+    for index, row in enumerate(items):
         if row.kind in ("hunk", "tail"):
             cells = (
                 '<td class="no"></td><td class="code" colspan="3">'

@@ -577,7 +577,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
     record = CertifiedResult.objects.filter(evaluation_id=trial.evaluation_id).values_list("pk", flat=True).first()
     experiment = trial.candidate.experiment
     external_notice = _external_notice(trial.evaluation) if trial.evaluation.external else ""
-    context = {
+    context: dict[str, Any] = {
         "trial": trial,
         "task": trial.task,
         "candidate": trial.candidate,
@@ -607,7 +607,8 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "step_sources": STEP_SOURCES,
     }
     if step_filter.active and trajectory is not None:
-        context["matches"], context["matches_capped"] = _matching_steps(trajectory, step_filter)
+        matches, capped = _matching_steps(trajectory, step_filter)
+        context.update({"matches": matches, "matches_capped": capped})
     return render(request, "review/results/trial.html", context)
 
 

@@ -156,7 +156,8 @@ def test_the_queue_and_a_decision_by_keyboard_alone(screen: Screen, example_worl
     assert selected.count() == 1 and f"#{items[0].pk}" in selected.inner_text()
     screen.key("c")
     page.wait_for_url(f"**{reverse('review:review_item', args=[items[0].pk])}")
-    assert ReviewItem.objects.get(pk=items[0].pk).claimed_by.username == "rhea"
+    claimer = ReviewItem.objects.get(pk=items[0].pk).claimed_by
+    assert claimer is not None and claimer.username == "rhea"
 
     # "a" without a reason puts the cursor in the reason; keys typed there are text, not shortcuts.
     page.wait_for_selector("#decide-form")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from review import trajectories as tj
 
@@ -179,7 +181,11 @@ def test_tool_arguments_nested_past_the_limit_are_shown_as_text_not_decoded() ->
 # --- Alignment by content ------------------------------------------------------------
 
 
-def _step(step_id: int, source: str, message: str, calls: list[tuple[str, dict]] = ()) -> dict:
+Call = tuple[str, dict[str, Any]]
+Spec = tuple[str, str, list[Call]]
+
+
+def _step(step_id: int, source: str, message: str, calls: Sequence[Call] = ()) -> dict[str, Any]:
     return {
         "step_id": step_id,
         "source": source,
@@ -191,17 +197,17 @@ def _step(step_id: int, source: str, message: str, calls: list[tuple[str, dict]]
     }
 
 
-def _trajectory(*specs: tuple[str, str, list[tuple[str, dict]]]) -> list[dict]:
+def _trajectory(*specs: Spec) -> list[dict[str, Any]]:
     return [_step(n, *spec) for n, spec in enumerate(specs, start=1)]
 
 
-USER = ("user", "Change the shipping address of order 1042.", [])
-LOOKUP = ("agent", "Looking up the order.", [("get_order", {"id": 1042})])
-ADDRESS = ("agent", "Updating the address.", [("update_address", {"id": 1042, "city": "Lyon"})])
-CONFIRM = ("agent", "Done: the address is updated.", [])
-CHECK = ("agent", "Checking the customer first.", [("get_customer", {"id": 7})])
-POLICY = ("agent", "Reading the policy.", [("read_policy", {"topic": "address"})])
-VERIFY = ("agent", "Verifying the change.", [("get_order", {"id": 1042})])
+USER: Spec = ("user", "Change the shipping address of order 1042.", [])
+LOOKUP: Spec = ("agent", "Looking up the order.", [("get_order", {"id": 1042})])
+ADDRESS: Spec = ("agent", "Updating the address.", [("update_address", {"id": 1042, "city": "Lyon"})])
+CONFIRM: Spec = ("agent", "Done: the address is updated.", [])
+CHECK: Spec = ("agent", "Checking the customer first.", [("get_customer", {"id": 7})])
+POLICY: Spec = ("agent", "Reading the policy.", [("read_policy", {"topic": "address"})])
+VERIFY: Spec = ("agent", "Verifying the change.", [("get_order", {"id": 1042})])
 
 
 def test_trajectories_with_inserted_steps_align_by_content_not_position() -> None:
@@ -278,7 +284,9 @@ def test_changed_steps_pair_by_source_and_tool_and_the_rest_are_gaps() -> None:
 
 def test_word_diff_marks_the_words_that_changed() -> None:
     pieces = tj.word_diff("Updating the address.", "Updating the address now.")
+    assert pieces is not None
     assert [(p.text, p.kind) for p in pieces] == [("Updating the address", "same"), (" now", "ins"), (".", "same")]
     swap = tj.word_diff("get_order(1042)", "get_order(1043)")
+    assert swap is not None
     assert [(p.text, p.kind) for p in swap] == [("get_order(", "same"), ("1042", "del"), ("1043", "ins"), (")", "same")]
     assert tj.word_diff("x" * 20_001, "y") is None
