@@ -382,6 +382,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
             "delta_score",
             "delta_cost",
             "accepted",
+            "admissible",
             "created_at",
         )
         read_only_fields = fields

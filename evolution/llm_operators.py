@@ -226,7 +226,7 @@ def proposer_messages(view: ProposerView) -> list[dict[str, str]]:
     lines += ["## Ledger (earlier edits and their measured effect)", ""]
     if view.ledger:
         lines += [
-            f"- round {e.round} {e.component} {'accepted' if e.accepted else 'NOT accepted'} "
+            f"- round {e.round} {e.component} {e.verdict.upper() if e.refuted else e.verdict} "
             f"dS={e.delta_score:+.4f} dC={operators.cost_change_text(e.delta_cost)}: {e.hypothesis}"
             for e in view.ledger
         ]

@@ -727,7 +727,11 @@ class LedgerEntry(models.Model):
     # Relative change in tokens per trial; null when the harness compared with reported no cost (a rise from 0
     # has no finite relative change).
     delta_cost = models.FloatField(null=True, blank=True)
+    # Adopted as the next harness (CONCEPTS.md 4 B).
     accepted = models.BooleanField()
+    # Passed every rule of the gate. True and not accepted: admissible but a sibling with a higher S was chosen,
+    # which does not refute the hypothesis; false: a rule rejected it (refuted).
+    admissible = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

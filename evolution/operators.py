@@ -98,7 +98,17 @@ class LedgerView:
     hypothesis: str
     delta_score: float
     delta_cost: float | None  # None: the harness compared with reported no cost
-    accepted: bool
+    accepted: bool  # adopted as the next harness
+    admissible: bool = False  # passed the gate; admissible and not accepted: a sibling scored higher, not refuted
+
+    @property
+    def refuted(self) -> bool:
+        """A rule of the gate rejected it: the hypothesis is not to be proposed again."""
+        return not self.admissible and not self.accepted
+
+    @property
+    def verdict(self) -> str:
+        return "accepted" if self.accepted else ("admissible, not chosen" if self.admissible else "rejected")
 
 
 def cost_change_text(delta_cost: float | None) -> str:

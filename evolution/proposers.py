@@ -101,6 +101,7 @@ def view_document(view: ProposerView) -> dict[str, Any]:
                 "delta_score": entry.delta_score,
                 "delta_cost": entry.delta_cost,
                 "accepted": entry.accepted,
+                "admissible": entry.admissible,
             }
             for entry in view.ledger
         ],
@@ -172,13 +173,19 @@ def prompt_text(view: ProposerView) -> str:
         "",
     ]
     if view.ledger:
-        lines += ["| round | component | accepted | dS | dC | hypothesis |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["| round | component | verdict | dS | dC | hypothesis |", "| --- | --- | --- | --- | --- | --- |"]
         lines += [
-            f"| {e.round} | {e.component} | {'yes' if e.accepted else 'no'} | {e.delta_score:+.4f} | "
+            f"| {e.round} | {e.component} | {e.verdict} | {e.delta_score:+.4f} | "
             f"{operators.cost_change_text(e.delta_cost)} | {e.hypothesis} |"
             for e in view.ledger
         ]
-        lines += ["", "Do not propose a refuted hypothesis again (not accepted), even in other words."]
+        lines += [
+            "",
+            (
+                "Do not propose a refuted hypothesis again (verdict rejected), even in other words; "
+                "an admissible one that was not chosen is not refuted."
+            ),
+        ]
     else:
         lines.append("(empty)")
     passed = sum(t.passed for t in view.evidence)

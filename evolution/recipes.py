@@ -100,6 +100,9 @@ EVOLVE_SPLIT_CHOICES: tuple[str, ...] = ("train", "gate")
 REPORT_ONLY_SPLITS: tuple[str, ...] = ("sealed", "heldout")
 GATE_ACCEPT: tuple[str, ...] = ("chosen", "admissible")
 NAME_MAX_LENGTH = 100  # evolution.models.Recipe.name
+# Trial error kinds that are the platform's failure, not the harness's: the grader or the sandbox failed. An agent
+# that crashes, times out or floods its output failed the task (a score of 0 is right for it).
+INFRA_ERROR_KINDS: tuple[str, ...] = ("sandbox", "infra", "verifier_timeout", "verifier_crash", "verifier_output")
 
 
 class RecipeError(ValueError):
@@ -148,13 +151,17 @@ class MinibatchSpec:
 @dataclass(frozen=True)
 class EvaluationSpec:
     """``trials_per_task`` is k; S is ``score_metric`` over ``evolve_splits``;
-    ``sealed`` says when sealed and held-out tasks run (reported only)."""
+    ``sealed`` says when sealed and held-out tasks run (reported only);
+    ``max_infra_error_rate`` is the share of an evaluation's trials that may
+    end in infrastructure errors (``INFRA_ERROR_KINDS``) before it is refused
+    certification: failures of the platform are never scores."""
 
     trials_per_task: int
     evolve_splits: tuple[str, ...]
     score_metric: str
     sealed: str
     minibatch: MinibatchSpec
+    max_infra_error_rate: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -680,7 +687,10 @@ def _critique(top: _Block, operators: _Operators) -> CritiqueSpec:
 
 
 def _evaluation(top: _Block) -> EvaluationSpec:
-    block = top.block("evaluation", ("trials_per_task", "evolve_splits", "score_metric", "sealed", "minibatch"))
+    block = top.block(
+        "evaluation",
+        ("trials_per_task", "evolve_splits", "score_metric", "sealed", "minibatch", "max_infra_error_rate"),
+    )
     raw_splits = block.data.get("evolve_splits", list(EVOLVE_SPLIT_CHOICES))
     where = block.where("evolve_splits")
     if not isinstance(raw_splits, list | tuple) or not raw_splits:
@@ -704,6 +714,7 @@ def _evaluation(top: _Block) -> EvaluationSpec:
             size=minibatch.integer("size", 8, minimum=1),
             required_rate=minibatch.number("required_rate", 0.5, minimum=0.0, maximum=1.0),
         ),
+        max_infra_error_rate=block.number("max_infra_error_rate", 0.1, minimum=0.0, maximum=1.0),
     )
 
 

@@ -384,6 +384,18 @@ def component_for(spec: SurfaceSpec, path: str) -> str | None:
     return spec.components[min(matching, key=_specificity)]
 
 
+def reachable_kinds(spec: SurfaceSpec) -> list[str]:
+    """The component kinds the surface lets a proposer reach (some ``components`` pattern maps to them), in
+    vocabulary order: a kind with no pattern cannot be edited, so it cannot be explored."""
+    kinds = set(spec.components.values())
+    return [kind for kind in COMPONENT_KINDS if kind in kinds]
+
+
+def kinds_present(spec: SurfaceSpec, paths: Iterable[str]) -> set[str]:
+    """The component kinds of the files at ``paths`` (a harness's tree): what the harness has."""
+    return {kind for path in paths if (kind := component_for(spec, path)) is not None}
+
+
 def is_reserved(path: str, reserved: Sequence[str] = DEFAULT_RESERVED) -> bool:
     """Whether ``path`` is, or is under, a reserved prefix (compared folded)."""
     folded = _fold(path)

@@ -202,10 +202,11 @@ def ledger_entries(
     run: Run | None,
     component: str = "",
     text: str = "",
-    accepted: bool | None = None,
+    verdict: str = "",
     order: Sequence[str | OrderBy] = (),
 ) -> QuerySet[LedgerEntry]:
-    """The run's ledger entries filtered by component, hypothesis text and acceptance (none without a run)."""
+    """The run's ledger entries filtered by component, hypothesis text and verdict ("accepted"; "admissible":
+    passed the gate but not chosen; "rejected": a rule rejected it) (none without a run)."""
     if run is None:
         return LedgerEntry.objects.none()
     entries = LedgerEntry.objects.filter(run=run).select_related("candidate")
@@ -213,8 +214,12 @@ def ledger_entries(
         entries = entries.filter(component=component)
     if text:
         entries = entries.filter(hypothesis__icontains=text)
-    if accepted is not None:
-        entries = entries.filter(accepted=accepted)
+    if verdict == "accepted":
+        entries = entries.filter(accepted=True)
+    elif verdict == "admissible":
+        entries = entries.filter(accepted=False, admissible=True)
+    elif verdict == "rejected":
+        entries = entries.filter(accepted=False, admissible=False)
     return entries.order_by(*order)
 
 

@@ -74,6 +74,7 @@ class LedgerRow:
     delta_score: float
     delta_cost: float | None
     accepted: bool
+    admissible: bool  # True and not accepted: admissible but not chosen, which refutes nothing
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,16 @@ def round_decide(
         d_cost = relative_cost_change(stats.cost, current.cost)
         for edit in edits.get(verdict.candidate_id, ()):
             ledger.append(
-                LedgerRow(edit.edit_id, verdict.candidate_id, edit.component, edit.hypothesis, d_score, d_cost, keep)
+                LedgerRow(
+                    edit.edit_id,
+                    verdict.candidate_id,
+                    edit.component,
+                    edit.hypothesis,
+                    d_score,
+                    d_cost,
+                    keep,
+                    verdict.admissible,
+                )
             )
         if keep:
             structural |= set(stats.components) & STRUCTURAL_KINDS

@@ -135,10 +135,19 @@ def run_create(
     return run
 
 
-def run_pause(*, run: Run) -> bool:
-    updated = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(status=Run.Status.PAUSED)
-    if updated:
-        Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.PAUSED)
+def run_pause(*, run: Run, reason: str = "") -> bool:
+    """Pause a running run; ``reason`` (when the platform pauses it, not a person) is kept as a "pause" event
+    the dashboard shows."""
+    with transaction.atomic():
+        updated = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(status=Run.Status.PAUSED)
+        if updated:
+            Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.PAUSED)
+            if reason:
+                locked = Run.objects.select_for_update().get(pk=run.pk)
+                state = RunState.of(locked)
+                state.event(locked.current_round, "pause", f"paused: {reason}")
+                state.save(locked)
+                locked.save(update_fields=["state"])
     return bool(updated)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.db.models import Q
+
 from evolution.loop import measure
 from evolution.loop.regularization import CandidateStats
-from evolution.models import Candidate, Evaluation, Trial
+from evolution.models import Candidate, Evaluation, Experiment, TreeEntry, Trial
+from evolution.surfaces import STRUCTURAL_KINDS, kinds_present, parse_surface, reachable_kinds
 
 __all__ = [
     "MEASURED_PURPOSES",
@@ -72,3 +75,19 @@ def mean_tokens(candidate: Candidate, splits: Sequence[str]) -> float | None:
         candidate=candidate, split__in=splits, evaluation__state=Evaluation.State.CERTIFIED
     ).values_list(*ROW)
     return measure.cost(measure.totals(measure.TrialRow(*row) for row in rows))
+
+
+def structural_kinds_had(experiment: Experiment) -> list[str]:
+    """The structural kinds some accepted harness of the experiment has had (the seed's included), by the files
+    of their trees: N_new counts only kinds beyond these (CONCEPTS.md 4 F), sorted."""
+    spec = parse_surface(experiment.surface.spec)
+    harnesses = Q(tree__candidates__experiment=experiment, tree__candidates__state=Candidate.State.ACCEPTED)
+    if experiment.seed_candidate_id is not None:
+        harnesses |= Q(tree__candidates__pk=experiment.seed_candidate_id)
+    paths = TreeEntry.objects.filter(harnesses).values_list("path", flat=True).distinct()
+    return sorted(kinds_present(spec, paths) & STRUCTURAL_KINDS)
+
+
+def reachable_components(experiment: Experiment) -> list[str]:
+    """The component kinds the experiment's surface lets the proposer reach (stall exploration draws from these)."""
+    return reachable_kinds(parse_surface(experiment.surface.spec))

@@ -161,6 +161,7 @@ def proposer_view(
                 delta_score=e.delta_score,
                 delta_cost=e.delta_cost,
                 accepted=e.accepted,
+                admissible=e.admissible,
             )
             for e in LedgerEntry.objects.filter(run=run).order_by("round", "pk")
         ]
@@ -199,7 +200,7 @@ def _propose_slot(run: Run, recipe: RecipeSpec, round_number: int, slot: int, cr
     )
     explore: list[str] = []
     if stalled and slot < recipe.stall.m_draft:
-        explore = regularization.unexplored_kinds(state.measured_components)
+        explore = regularization.unexplored_kinds(state.measured_components, load.reachable_components(run.experiment))
     view = proposer_view(
         run=run,
         recipe=recipe,

@@ -140,11 +140,15 @@ def is_stalled(best_by_round: Sequence[float], *, w: int, delta: float) -> bool:
     return rise <= delta + EPSILON
 
 
-def unexplored_kinds(measured_kinds: Iterable[str]) -> list[str]:
+def unexplored_kinds(measured_kinds: Iterable[str], reachable: Iterable[str] | None = None) -> list[str]:
     """Component kinds never edited and measured, in vocabulary order: what
-    the m_draft stall candidates must touch."""
+    the m_draft stall candidates must touch. Only kinds in ``reachable`` (the
+    kinds the surface lets the proposer reach, ``surfaces.reachable_kinds``)
+    count: a kind with no path on the surface cannot be explored. None: every
+    kind of the vocabulary."""
     measured = set(measured_kinds)
-    return [kind for kind in COMPONENT_KINDS if kind not in measured]
+    allowed = set(COMPONENT_KINDS) if reachable is None else set(reachable)
+    return [kind for kind in COMPONENT_KINDS if kind not in measured and kind in allowed]
 
 
 # --- E. Noise band ------------------------------------------------------------------
@@ -314,8 +318,12 @@ class GateVerdict:
 
 
 def new_structural_kinds(components: Iterable[str], accepted_structural_kinds: Iterable[str]) -> list[str]:
-    """Structural kinds among ``components`` that no accepted edit has touched
-    yet, sorted. Its length is N_new."""
+    """Structural kinds among ``components`` (the kinds the candidate's edits
+    touch) that the candidate introduces for the first time: kinds no accepted
+    harness has had (``accepted_structural_kinds``: the kinds present in the
+    seed and every accepted harness, and those accepted edits added), sorted.
+    Its length is N_new (CONCEPTS.md 4 F): editing a memory file when an
+    accepted harness already has memory earns nothing."""
     return sorted((set(components) & STRUCTURAL_KINDS) - set(accepted_structural_kinds))
 
 
@@ -334,7 +342,8 @@ def regularized_gate(
     ``current`` is the harness the candidates are compared with; ``best_score``
     is S_best, the best score of an accepted harness so far; ``delta`` the
     estimated noise band; ``accepted_structural_kinds`` the structural kinds
-    touched by accepted edits so far (novelty is counted against them). With
+    some accepted harness has had so far, the seed's included (novelty is
+    counted against them: N_new counts only kinds introduced for the first time). With
     dS = S - S_current and dC the relative cost change, checks run in order
     and the first that decides gives the rule:
 

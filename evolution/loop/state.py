@@ -23,7 +23,7 @@ IN_ROUND_PHASES = frozenset({"propose", "proposing", "evaluating"})
 
 class Event(TypedDict, total=False):
     round: int
-    kind: str  # baseline, gate, stop, error, divergence
+    kind: str  # baseline, gate, stop, pause, error, divergence
     text: str
 
 
@@ -171,16 +171,17 @@ class RunState:
     def dropped_in(self, round_number: int) -> list[Dropped]:
         return list(self.dropped.get(round_number, []))
 
-    def unexplored_kinds(self) -> list[str]:
-        """The component kinds never edited and measured: what a stalled round's exploration slots must touch
-        (the rule the loop applies, ``regularization.unexplored_kinds``)."""
+    def unexplored_kinds(self, reachable: list[str]) -> list[str]:
+        """The component kinds among ``reachable`` (the surface's, ``surfaces.reachable_kinds``) never edited
+        and measured: what a stalled round's exploration slots must touch (the rule the loop applies,
+        ``regularization.unexplored_kinds``)."""
         from evolution.loop.regularization import unexplored_kinds
 
-        return unexplored_kinds(self.measured_components)
+        return unexplored_kinds(self.measured_components, reachable)
 
     def special_events(self) -> list[Event]:
-        """Stops, errors and divergence warnings: what a reader must not miss."""
-        return [e for e in self.events if e.get("kind") in {"stop", "error", "divergence"}]
+        """Stops, pauses the platform made, errors and divergence warnings: what a reader must not miss."""
+        return [e for e in self.events if e.get("kind") in {"stop", "pause", "error", "divergence"}]
 
 
 def _float_or_none(value: Any) -> float | None:

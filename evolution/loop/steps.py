@@ -186,7 +186,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     state.phase = "propose"
     state.best_by_round = [stats.score]
     state.best_score = stats.score
-    state.accepted_structural = []
+    state.accepted_structural = load.structural_kinds_had(run.experiment)
     state.measured_components = []
     state.pruning_targets = []
     state.rounds[0] = _round_summary(run, state, recipe, 0)
@@ -334,6 +334,7 @@ def _write_decision(
                 "delta_score": entry.delta_score,
                 "delta_cost": entry.delta_cost,
                 "accepted": entry.accepted,
+                "admissible": entry.admissible,
             },
         )
 

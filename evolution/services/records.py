@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from evolution import digests, faults, records
 from evolution.fields import json_or_text
+from evolution.loop.lifecycle import run_pause
 from evolution.models import (
     Candidate,
     CertifiedDecision,
@@ -32,6 +33,7 @@ from evolution.models import (
     Run,
     Trial,
 )
+from evolution.recipes import INFRA_ERROR_KINDS, EvaluationSpec, parse_recipe
 from evolution.services.candidates import candidates_transition
 from evolution.services.experiments import split_digests_compute
 from evolution.services.snapshots import tree_verify
@@ -218,6 +220,30 @@ def split_stats_store(*, evaluations: QuerySet[Evaluation]) -> int:
     return len(stats)
 
 
+def _infra_errors(evaluation: Evaluation) -> str:
+    """Why the evaluation is not a score, when more of its trials than its recipe allows
+    (``evaluation.max_infra_error_rate``) ended in infrastructure errors: the counts by kind. Empty otherwise."""
+    spec = evaluation.run.recipe.spec if evaluation.run_id and evaluation.run else None
+    if spec is None and evaluation.experiment.recipe is not None:
+        spec = evaluation.experiment.recipe.spec
+    limit = parse_recipe(spec).evaluation.max_infra_error_rate if spec else EvaluationSpec.max_infra_error_rate
+    total = Trial.objects.filter(evaluation=evaluation).count()
+    kinds = dict(
+        Trial.objects.filter(evaluation=evaluation, outcome=Trial.Outcome.ERROR, error_kind__in=INFRA_ERROR_KINDS)
+        .values_list("error_kind")
+        .annotate(n=Count("pk"))
+        .order_by("-n", "error_kind")
+    )
+    failed = sum(kinds.values())
+    if not total or failed / total <= limit + 1e-12:
+        return ""
+    counts = ", ".join(f"{kind} {n}" for kind, n in kinds.items())
+    return (
+        f"not a score: {failed} of {total} trials ({failed / total:.0%}) ended in infrastructure errors ({counts}), "
+        f"more than the {limit:.0%} the recipe allows (evaluation.max_infra_error_rate)"
+    )
+
+
 def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
     """Certify a complete evaluation: append a signed record to the
     experiment's chain and mark the candidate certified.
@@ -253,8 +279,9 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
         for split in evaluation.splits:
             if task_sets.get(split) != experiment.split_digests.get(split):
                 problems.append(f"task set of split {split!r} changed since the splits were frozen")
-        if problems:
-            reason = "certification refused: " + "; ".join(problems)
+        infra = _infra_errors(evaluation)
+        if problems or infra:
+            reason = "certification refused: " + "; ".join(problems) if problems else infra
             logger.error("evaluation %s: %s", evaluation.pk, reason)
             Evaluation.objects.filter(pk=evaluation.pk).update(state=Evaluation.State.FAILED, error=reason)
             candidates_transition(
@@ -262,6 +289,14 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
                 to=Candidate.State.FAILED,
                 reason=reason,
             )
+            if infra and evaluation.run_id and evaluation.purpose == Evaluation.Purpose.CANDIDATE:
+                # A team fixes its sandbox or grader, then resumes: the round goes on without this candidate.
+                run_pause(
+                    run=Run.objects.get(pk=evaluation.run_id), reason=f"candidate {evaluation.candidate_id}: {infra}"
+                )
+            if evaluation.run_id:
+                run_id = evaluation.run_id
+                transaction.on_commit(lambda: _enqueue_run_advance(run_id))
             return None
 
         seq = experiment.chain_length + 1

@@ -35,6 +35,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import Recipe
+from evolution.surfaces import parse_surface, reachable_kinds
 from review import access, charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
@@ -401,7 +402,10 @@ class LedgerFilterForm(forms.Form):
     run = forms.IntegerField(required=False)
     component = forms.ChoiceField(required=False, choices=[("", "any component"), *ComponentKind.choices])
     q = forms.CharField(required=False, max_length=200, strip=True)
-    accepted = forms.ChoiceField(required=False, choices=[("", "any"), ("yes", "accepted"), ("no", "rejected")])
+    accepted = forms.ChoiceField(
+        required=False,
+        choices=[("", "any"), ("yes", "accepted"), ("admissible", "admissible, not chosen"), ("no", "rejected")],
+    )
     sort = forms.ChoiceField(required=False, choices=[(key, key) for key in LEDGER_SORTS])
     page = forms.IntegerField(required=False, min_value=1)
 
@@ -415,7 +419,7 @@ def _ledger_context(request: HttpRequest, experiment: Experiment, run: Run | Non
         run=run,
         component=values["component"] or "",
         text=values["q"] or "",
-        accepted={"yes": True, "no": False}.get(values["accepted"] or ""),
+        verdict={"yes": "accepted", "admissible": "admissible", "no": "rejected"}.get(values["accepted"] or "", ""),
         order=LEDGER_SORTS[sort],
     )
     page = Paginator(entries, LEDGER_PAGE_SIZE).get_page(values["page"] or 1)
@@ -443,6 +447,7 @@ def _ledger_context(request: HttpRequest, experiment: Experiment, run: Run | Non
             # No dC when the harness it was compared with reported no cost: a rise from 0 has no relative change.
             "dC": "no earlier cost" if entry.delta_cost is None else f"{entry.delta_cost * 100:+.1f}%",
             "accepted": entry.accepted,
+            "admissible": entry.admissible,
         }
         for entry in page.object_list
     ]
@@ -551,7 +556,7 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
         "components": _component_table(run, recipe, state.last_gated_round),
         "pruning_targets": state.pruning_targets,
         "stalled_rounds": state.stalled_rounds,
-        "unexplored": state.unexplored_kinds(),
+        "unexplored": state.unexplored_kinds(reachable_kinds(parse_surface(experiment.surface.spec))),
         "exploration_rejects": review_selectors.exploration_rejects(run=run),
         "special_events": state.special_events(),
         "state": state,

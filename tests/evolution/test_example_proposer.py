@@ -220,6 +220,23 @@ def test_hypotheses_the_ledger_refutes_are_not_proposed_again() -> None:
         assert not refuted & {e.hypothesis for e in proposal.edits}
 
 
+def test_an_admissible_hypothesis_that_was_not_chosen_is_not_refuted() -> None:
+    """CONCEPTS.md 4 B: a candidate that passed every rule but lost to a sibling is admissible, not refuted, so
+    its hypotheses may be proposed again (before, every ledger row not accepted counted as refuted)."""
+    first = propose(make_view(edit_budget=4))
+    ledger = [
+        LedgerView(round=1, component=e.component, hypothesis=e.hypothesis, delta_score=0.05, delta_cost=0.0,
+                   accepted=False, admissible=True)
+        for e in first.edits
+    ]  # fmt: skip
+    assert not any(entry.refuted for entry in ledger)
+    assert {entry.verdict for entry in ledger} == {"admissible, not chosen"}
+    proposed = {
+        e.hypothesis for view in views(slots=range(8), edit_budget=4, ledger=ledger) for e in propose(view).edits
+    }
+    assert {e.hypothesis for e in first.edits} & proposed
+
+
 def test_an_accepted_edit_already_in_the_parent_is_not_proposed_again() -> None:
     first = propose(make_view(edit_budget=2))
     ledger = [

@@ -63,5 +63,6 @@ def test_what_the_screens_ask() -> None:
     assert RunState().last_gated_round == 0
     assert [e["text"] for e in state.special_events()] == ["b", "c"]
     assert state.dropped_in(3) == [{"slot": 0}] and state.dropped_in(4) == []
-    unexplored = state.unexplored_kinds()
-    assert "prompt" not in unexplored and "config" not in unexplored and "skill" in unexplored
+    assert state.unexplored_kinds(["prompt", "config", "skill", "memory"]) == ["skill", "memory"]
+    # A kind the surface does not reach is never asked for.
+    assert state.unexplored_kinds(["prompt", "config"]) == []

@@ -250,9 +250,14 @@ def test_ledger_filters_by_component_accepted_and_text(example_world, client_as)
     accepted = _ledger_rows(_ledger(client, example_world, accepted="yes").content.decode())
     assert len(accepted) == LedgerEntry.objects.filter(run=run, accepted=True).count() > 0
     assert {r[6] for r in accepted} == {"yes"}
+    # Not accepted is two verdicts: rejected by a rule (refuted), and admissible but not chosen.
     rejected = _ledger_rows(_ledger(client, example_world, accepted="no").content.decode())
-    assert len(rejected) == LedgerEntry.objects.filter(run=run, accepted=False).count() > 0
+    assert len(rejected) == LedgerEntry.objects.filter(run=run, accepted=False, admissible=False).count() > 0
     assert {r[6] for r in rejected} == {"no"}
+    admissible = _ledger_rows(_ledger(client, example_world, accepted="admissible").content.decode())
+    assert len(admissible) == LedgerEntry.objects.filter(run=run, accepted=False, admissible=True).count()
+    assert {r[6] for r in admissible} <= {"admissible, not chosen"}
+    assert len(accepted) + len(rejected) + len(admissible) == LedgerEntry.objects.filter(run=run).count()
 
     word = LedgerEntry.objects.filter(run=run).order_by("pk")[0].hypothesis.split()[1]
     found = _ledger_rows(_ledger(client, example_world, q=word.upper()).content.decode())
@@ -671,7 +676,7 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as) 
     pages = {
         "home": (reverse("review:home"), {}),
         "dashboard": (reverse("review:experiment", args=[pk]), {}),
-        "dashboard filtered": (reverse("review:experiment", args=[pk]) + "?component=memory&accepted=no", {}),
+        "dashboard filtered": (reverse("review:experiment", args=[pk]) + "?q=e&accepted=no", {}),
         "ledger": (reverse("review:experiment_ledger", args=[pk]) + "?sort=-dS", {"HTTP_HX_REQUEST": "true"}),
         "progress": (reverse("review:experiment_progress", args=[pk]), {}),
         "lineage": (reverse("review:lineage", args=[pk]), {}),
