@@ -230,6 +230,22 @@ class FileDiff:
 
 
 @dataclass(frozen=True)
+class Gap:
+    """Unchanged lines a diff does not show: new-side lines ``first`` to
+    ``first + count - 1``; the same lines are ``shift`` further on the old
+    side. ``tail``: the lines after the last change, up to the end."""
+
+    first: int
+    count: int
+    shift: int
+    tail: bool = False
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+
+@dataclass(frozen=True)
 class Row:
     """One row of the unified layout. ``kind``: hunk, ctx, add, del, eof."""
 
@@ -238,6 +254,7 @@ class Row:
     new_no: int | None
     html: SafeString
     gap: int | None = None  # hunk rows: unchanged lines skipped before it
+    hidden: Gap | None = None  # hunk and tail rows: those lines, to expand
 
 
 @dataclass(frozen=True)
@@ -257,6 +274,7 @@ class SplitRow:
     right: Cell | None = None
     html: SafeString = SafeString("")
     gap: int | None = None
+    hidden: Gap | None = None
 
 
 @dataclass(frozen=True)
@@ -871,6 +889,106 @@ def _gaps(hunks: Sequence[DiffHunk]) -> list[int | None]:
     return gaps
 
 
+@dataclass(frozen=True)
+class TreeNode:
+    """One line of the file tree beside a diff: a folder (``file`` None) or a file."""
+
+    depth: int
+    name: str
+    file: FileDiff | None = None
+
+
+def file_tree(files: Sequence[FileDiff]) -> list[TreeNode]:
+    """The diff's files as an indented tree, folders first then files at each
+    level, by name; a folder holding a single folder is shown as one line
+    (``a/b``), as code hosts do."""
+    root: dict[str, Any] = {}
+    for fd in files:
+        parts = fd.path.split("/")
+        node = root
+        for part in parts[:-1]:
+            node = node.setdefault(part + "/", {})
+        node[parts[-1]] = fd
+    out: list[TreeNode] = []
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        folders = sorted(k for k, v in node.items() if isinstance(v, dict))
+        for name in folders:
+            child, label = node[name], name[:-1]
+            while len(child) == 1 and isinstance(next(iter(child.values())), dict):
+                only = next(iter(child))
+                label, child = f"{label}/{only[:-1]}", child[only]
+            out.append(TreeNode(depth, label))
+            walk(child, depth + 1)
+        for name in sorted(k for k, v in node.items() if not isinstance(v, dict)):
+            out.append(TreeNode(depth, name, node[name]))
+
+    walk(root, 0)
+    return out
+
+
+def hidden_gaps(hunks: Sequence[DiffHunk], new_lines: int | None) -> list[Gap | None]:
+    """The unchanged lines before each hunk (None where there are none),
+    then those after the last hunk (``tail``; None without the new side's
+    line count, ``new_lines``, or when nothing follows)."""
+    found: list[Gap | None] = []
+    next_new = next_old = 1
+    for hunk in hunks:
+        new_first = hunk.new_start if hunk.new_count else hunk.new_start + 1
+        old_first = hunk.old_start if hunk.old_count else hunk.old_start + 1
+        count = new_first - next_new
+        found.append(Gap(next_new, count, old_first - new_first) if count > 0 else None)
+        next_new = new_first + hunk.new_count
+        next_old = old_first + hunk.old_count
+    if not hunks or new_lines is None or new_lines < next_new:
+        found.append(None)
+    else:
+        found.append(Gap(next_new, new_lines - next_new + 1, next_old - next_new, tail=True))
+    return found
+
+
+def line_total(data: bytes | None) -> int | None:
+    """Lines of a file as the diff numbers them (split on LF), None when not UTF-8 text."""
+    text = _decode(data)
+    if text is None:
+        return None
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def context_rows(
+    *,
+    new_data: bytes,
+    path: str,
+    layout: str,
+    first: int,
+    last: int,
+    shift: int,
+    anchor: str,
+    marks: Sequence[LeakMark] = (),
+) -> SafeString:
+    """Rows of unchanged lines ``first`` to ``last`` (new-side numbers; the
+    old side's are ``shift`` further), highlighted as in the file: what an
+    "expand" of a gap fetches. Lines outside the file are left out."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}")
+    text = _decode(new_data)
+    if text is None:
+        return SafeString("")
+    lines = highlight_lines(text, lexer_for(path))
+    scan = hidden_chars.has_hidden(text)
+    cells: list[tuple[DiffLine, str, SafeString]] = []
+    for number in range(max(1, first), min(last, len(lines)) + 1):
+        segments = lines[number - 1]
+        raw = "".join(value for _, value in segments)
+        line = DiffLine(" ", number + shift, number, raw)
+        leaks = leak_spans(raw, marks) if marks else []
+        hidden = _line_hidden(line) if scan else []
+        cells.append((line, "ctx", line_html(segments, (), leaks, hidden)))
+    if layout == "unified":
+        return rows_html([Row("ctx", line.old_no, line.new_no, html) for line, _, html in cells], anchor=anchor)
+    return rows_html(_split_rows(cells), anchor=anchor)
+
+
 def render_file(
     fd: FileDiff,
     *,
@@ -893,62 +1011,111 @@ def render_file(
         highlight_lines(new_text, lexer) if new_text is not None and fd.hunks else None,
     )
     gaps = _gaps(fd.hunks)
+    # Only a file with both sides has unchanged lines to expand.
+    spans = hidden_gaps(fd.hunks, line_total(new_data)) if old_text is not None and new_text is not None else []
+    spans = spans or [None] * (len(fd.hunks) + 1)
     # One look at each whole side: most files hold nothing hidden and skip the per-line search.
     scan = any(text is not None and hidden_chars.has_hidden(text) for text in (old_text, new_text))
     if layout == "unified":
         unified: list[Row] = []
-        for hunk, gap in zip(fd.hunks, gaps, strict=True):
-            unified.append(Row("hunk", None, None, _hunk_html(hunk), gap))
+        for hunk, gap, span in zip(fd.hunks, gaps, spans, strict=False):
+            unified.append(Row("hunk", None, None, _hunk_html(hunk), gap, span))
             for line, kind, html in _line_cells(hunk, hl, marks, scan):
                 unified.append(Row(kind, line.old_no, line.new_no, html))
+        if spans[-1] is not None:
+            unified.append(Row("tail", None, None, SafeString(""), None, spans[-1]))
         fd.rows = unified
-        fd.body_html = rows_html(unified)
+        fd.body_html = rows_html(unified, anchor=fd.anchor)
         return
     split: list[SplitRow] = []
-    for hunk, gap in zip(fd.hunks, gaps, strict=True):
-        split.append(SplitRow("hunk", html=_hunk_html(hunk), gap=gap))
+    for hunk, gap, span in zip(fd.hunks, gaps, spans, strict=False):
+        split.append(SplitRow("hunk", html=_hunk_html(hunk), gap=gap, hidden=span))
         split.extend(_split_rows(_line_cells(hunk, hl, marks, scan)))
+    if spans[-1] is not None:
+        split.append(SplitRow("tail", hidden=spans[-1]))
     fd.rows = split
-    fd.body_html = rows_html(split)
+    fd.body_html = rows_html(split, anchor=fd.anchor)
 
 
-def _no(number: int | None) -> str:
-    return "" if number is None else str(number)
-
-
-def _gap_html(gap: int | None) -> str:
-    if not gap:
+def _no(number: int | None, anchor: str = "", side: str = "") -> str:
+    """A line number; with the file's ``anchor``, a permalink cell
+    (``<anchor>-L<n>`` on the old side, ``<anchor>-R<n>`` on the new)."""
+    if number is None:
         return ""
-    return f'<span class="gap">{gap} unchanged line{"" if gap == 1 else "s"} above</span>'
+    if not anchor:
+        return str(number)
+    return f'<a href="#{anchor}-{side}{number}">{number}</a>'
 
 
-def rows_html(rows: Sequence[Row] | Sequence[SplitRow]) -> SafeString:
+def _number_cell(number: int | None, anchor: str, side: str) -> str:
+    """The rest of a number cell's opening tag (its permalink id) and its content."""
+    ident = f' id="{anchor}-{side}{number}"' if anchor and number is not None else ""
+    return f"{ident}>{_no(number, anchor, side)}"
+
+
+EXPAND_STEP = 20
+
+
+def _expand_button(way: str, data: str, title: str, text: str) -> str:
+    label = f'title="{title}" aria-label="expand {way}"'
+    return f'<button type="button" class="expand expand-{way}" {data} {label}>{text}</button>'
+
+
+def _gap_html(gap: int | None, hidden: Gap | None = None) -> str:
+    """The words for hidden lines, and the buttons that fetch them (diff.js):
+    up to ``EXPAND_STEP`` lines up or down, or all of them."""
+    count = hidden.count if hidden is not None else gap
+    if not count:
+        return ""
+    where = "below" if hidden is not None and hidden.tail else "above"
+    words = f'<span class="gap">{count} unchanged line{"" if count == 1 else "s"} {where}</span>'
+    if hidden is None:
+        return words
+    data = f'data-first="{hidden.first}" data-count="{hidden.count}" data-shift="{hidden.shift}"'
+    buttons = []
+    if not hidden.tail:
+        buttons.append(_expand_button("up", data, f"show {EXPAND_STEP} more lines above the change", "↑"))
+    if count > EXPAND_STEP:
+        buttons.append(_expand_button("down", data, f"show {EXPAND_STEP} more lines below the previous change", "↓"))
+    buttons.append(_expand_button("all", data, f"show all {count} lines", "↕ all"))
+    return f'<span class="expanders">{"".join(buttons)}</span>{words}'
+
+
+def rows_html(rows: Sequence[Row] | Sequence[SplitRow], *, anchor: str = "") -> SafeString:
     """The ``<tr>`` rows of a rendered file, built here rather than by a
     template loop (a file has thousands of cells). Row kinds and cell kinds
     are fixed words of this module, numbers are integers and every ``html``
-    is already escaped line HTML, so nothing from the diff enters unescaped."""
+    is already escaped line HTML, so nothing from the diff enters unescaped.
+    With the file's ``anchor`` (a ``file_anchor``: hex digits), every line
+    number is a permalink and hidden lines get their expand buttons."""
     out: list[str] = []
-    for row in rows:
-        if row.kind == "hunk":
+    items: Sequence[Row | SplitRow] = rows
+    for index, row in enumerate(items):
+        if row.kind in ("hunk", "tail"):
             cells = (
                 '<td class="no"></td><td class="code" colspan="3">'
                 if isinstance(row, SplitRow)
                 else '<td class="no"></td><td class="no"></td><td class="code">'
             )
-            out.append(f'\n          <tr class="hunk">{cells}{row.html}{_gap_html(row.gap)}</td></tr>')
+            hidden = row.hidden if anchor else None
+            gap = f' data-gap="{index}"' if hidden is not None else ""
+            words = _gap_html(row.gap, hidden)
+            out.append(f'\n          <tr class="{row.kind}"{gap}>{cells}{row.html}{words}</td></tr>')
         elif isinstance(row, SplitRow):
             left, right = row.left, row.right
             assert left is not None and right is not None  # every line row has both cells
+            old_no, new_no = _number_cell(left.no, anchor, "L"), _number_cell(right.no, anchor, "R")
             out.append(
-                f'\n          <tr><td class="no {left.kind}">{_no(left.no)}</td>'
+                f'\n          <tr><td class="no {left.kind}"{old_no}</td>'
                 f'<td class="code {left.kind}">{left.html}</td>'
-                f'<td class="no {right.kind}">{_no(right.no)}</td>'
+                f'<td class="no {right.kind}"{new_no}</td>'
                 f'<td class="code {right.kind}">{right.html}</td></tr>'
             )
         else:
+            old_no, new_no = _number_cell(row.old_no, anchor, "L"), _number_cell(row.new_no, anchor, "R")
             out.append(
-                f'\n          <tr class="{row.kind}"><td class="no">{_no(row.old_no)}</td>'
-                f'<td class="no">{_no(row.new_no)}</td><td class="code">{row.html}</td></tr>'
+                f'\n          <tr class="{row.kind}"><td class="no"{old_no}</td>'
+                f'<td class="no"{new_no}</td><td class="code">{row.html}</td></tr>'
             )
     return mark_safe("".join(out))  # fixed words, integers and already-escaped line HTML
 

@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
 from django.db.models.expressions import OrderBy
-from django.db.models.functions import Left
+from django.db.models.functions import Cast, Left
 
 from evolution import selectors
 from evolution.loop import lifecycle
@@ -26,6 +26,8 @@ from evolution.models import (
     ParityCheck,
     Run,
     SplitMembership,
+    TrajectoryStep,
+    TreeEntry,
     Trial,
 )
 from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe, recipe_to_dict
@@ -365,3 +367,38 @@ def matrix_trials(
         .order_by("index", "pk")
         .values("pk", "candidate_id", "task_id", "index", "outcome", "state")
     )
+
+
+# --- Diffs -------------------------------------------------------------------------------
+
+
+def tree_file(*, candidate: Candidate, path: str) -> bytes | None:
+    """The content of one file of the candidate's stored tree (None when the tree has no such file)."""
+    entry = TreeEntry.objects.filter(tree_id=candidate.tree_id, path=path).select_related("blob").first()
+    return bytes(entry.blob.content) if entry is not None else None
+
+
+# --- Trajectories ---------------------------------------------------------------------
+
+
+def trajectory_steps_matching(
+    *, trajectory_id: int, text: str = "", source: str = "", tool_calls: bool = False, columns: Sequence[str]
+) -> QuerySet[TrajectoryStep, dict[str, Any]]:
+    """A trajectory's steps, in order, that hold ``text`` (case-insensitive,
+    in the message, reasoning, tool calls or observation), come from
+    ``source`` and, with ``tool_calls``, call a tool; as ``values(*columns)``."""
+    steps = TrajectoryStep.objects.filter(trajectory_id=trajectory_id)
+    if source:
+        steps = steps.filter(source=source)
+    if tool_calls:
+        steps = steps.exclude(tool_calls=[]).exclude(tool_calls__isnull=True)
+    if text:
+        steps = steps.annotate(
+            calls_text=Cast("tool_calls", TextField()), observation_text=Cast("observation", TextField())
+        ).filter(
+            Q(message__icontains=text)
+            | Q(reasoning_content__icontains=text)
+            | Q(calls_text__icontains=text)
+            | Q(observation_text__icontains=text)
+        )
+    return steps.order_by("step_id").values(*columns)

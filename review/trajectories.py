@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import json
+import re
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -27,7 +29,10 @@ __all__ = [
     "Text",
     "ToolCall",
     "DivergenceSummary",
+    "ContentPair",
+    "WordPiece",
     "align",
+    "align_by_content",
     "align_window",
     "call_signature",
     "divergence_summary",
@@ -37,6 +42,7 @@ __all__ = [
     "step_signature",
     "step_view",
     "text_block",
+    "word_diff",
 ]
 
 # Content longer than either limit is collapsed behind <details>.
@@ -378,6 +384,9 @@ class AlignedRow(Generic[T]):
     right: T | None
     differs: bool
     first: bool = False  # the first divergence of the two trajectories
+    # Aligned by content: same, changed, deleted or inserted; a changed step's word diff.
+    kind: str = ""
+    words: list[WordPiece] | None = None
 
     @property
     def one_sided(self) -> bool:
@@ -451,4 +460,120 @@ def divergence_summary(left_keys: Sequence[Hashable], right_keys: Sequence[Hasha
         positions=max(len(left_keys), len(right_keys)),
         left_steps=len(left_keys),
         right_steps=len(right_keys),
+    )
+
+
+# --- Alignment by content ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContentPair:
+    """One row of two trajectories aligned by content: 0-based step indexes
+    (None on the side that has no such step) and how the row compares:
+    ``same`` (equal signatures), ``changed`` (a step on each side that
+    differs), ``deleted`` (left only) or ``inserted`` (right only)."""
+
+    left: int | None
+    right: int | None
+    kind: str
+
+    @property
+    def differs(self) -> bool:
+        return self.kind != "same"
+
+
+def _loose(key: Hashable) -> Hashable:
+    """What makes two differing steps "the same step, changed": the source
+    and the names of the tools called (a signature is source, message, calls)."""
+    if isinstance(key, tuple) and len(key) == 3:
+        source, _message, calls = key
+        names = tuple(call[0] for call in calls) if isinstance(calls, tuple) else ()
+        return (source, names)
+    return key
+
+
+def align_by_content(left_keys: Sequence[Hashable], right_keys: Sequence[Hashable]) -> list[ContentPair]:
+    """Align two trajectories by their steps' signatures as a text diff
+    aligns lines (``difflib.SequenceMatcher``): equal runs pair up, a step
+    only one side has becomes a gap on the other. Inside a run that differs,
+    steps are paired again by source and tool names, so an edited step faces
+    its counterpart and the rest stay one-sided."""
+    pairs: list[ContentPair] = []
+    matcher = difflib.SequenceMatcher(None, list(left_keys), list(right_keys), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs.extend(ContentPair(i1 + k, j1 + k, "same") for k in range(i2 - i1))
+        elif tag == "delete":
+            pairs.extend(ContentPair(i, None, "deleted") for i in range(i1, i2))
+        elif tag == "insert":
+            pairs.extend(ContentPair(None, j, "inserted") for j in range(j1, j2))
+        else:
+            loose = difflib.SequenceMatcher(
+                None,
+                [_loose(k) for k in left_keys[i1:i2]],
+                [_loose(k) for k in right_keys[j1:j2]],
+                autojunk=False,
+            )
+            for sub, a1, a2, b1, b2 in loose.get_opcodes():
+                if sub in ("equal", "replace"):
+                    for k in range(min(a2 - a1, b2 - b1)):
+                        pairs.append(ContentPair(i1 + a1 + k, j1 + b1 + k, "changed"))
+                    common = min(a2 - a1, b2 - b1)
+                    pairs.extend(ContentPair(i1 + i, None, "deleted") for i in range(a1 + common, a2))
+                    pairs.extend(ContentPair(None, j1 + j, "inserted") for j in range(b1 + common, b2))
+                elif sub == "delete":
+                    pairs.extend(ContentPair(i1 + i, None, "deleted") for i in range(a1, a2))
+                else:
+                    pairs.extend(ContentPair(None, j1 + j, "inserted") for j in range(b1, b2))
+    return pairs
+
+
+@dataclass(frozen=True)
+class WordPiece:
+    """A piece of a word diff: ``kind`` is ``same``, ``del`` or ``ins``."""
+
+    text: str
+    kind: str
+
+
+_WORDS = re.compile(r"\w+|\s+|[^\w\s]")
+WORD_DIFF_MAX_CHARS = 20_000
+
+
+def word_diff(old: str, new: str) -> list[WordPiece] | None:
+    """The words that differ between two texts, in reading order (removed
+    words before the added ones that replace them); None when either text is
+    too long to diff usefully. Pieces are plain text for the template to escape."""
+    if len(old) > WORD_DIFF_MAX_CHARS or len(new) > WORD_DIFF_MAX_CHARS:
+        return None
+    a, b = _WORDS.findall(old), _WORDS.findall(new)
+    pieces: list[WordPiece] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            pieces.append(WordPiece("".join(a[i1:i2]), "same"))
+            continue
+        if i2 > i1:
+            pieces.append(WordPiece("".join(a[i1:i2]), "del"))
+        if j2 > j1:
+            pieces.append(WordPiece("".join(b[j1:j2]), "ins"))
+    return pieces
+
+
+def step_text(view: StepView) -> str:
+    """A step's message and tool calls as one text, what a word diff compares."""
+    parts = [view.message.shown] if view.message is not None else []
+    parts.extend(f"{call.function_name}({call.arguments.shown})" for call in view.tool_calls)
+    return "\n".join(parts)
+
+
+def content_summary(pairs: Sequence[ContentPair], *, left_steps: int, right_steps: int) -> DivergenceSummary:
+    """How much two trajectories aligned by content differ: ``first`` and
+    ``positions`` count rows of the alignment (1-based), not step positions."""
+    first = next((row for row, pair in enumerate(pairs, start=1) if pair.differs), None)
+    return DivergenceSummary(
+        first=first,
+        differing=sum(1 for pair in pairs if pair.differs),
+        positions=len(pairs),
+        left_steps=left_steps,
+        right_steps=right_steps,
     )

@@ -274,6 +274,9 @@ def _panel_context(
         "edit_form": edit_form,
         "default_labels": [label for label in labels if label.experiment_id is None],
         "team_labels": [label for label in labels if label.experiment_id is not None],
+        # The label keys' order: defaults first, as in the select.
+        "all_labels": [label for label in labels if label.experiment_id is None]
+        + [label for label in labels if label.experiment_id is not None],
         "step_range": step_range,
         "failed": trial.outcome in FAILED_OUTCOMES,
         "external": trial.evaluation.external,

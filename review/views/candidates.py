@@ -41,6 +41,7 @@ from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import access, diffs
+from review import selectors as review_selectors
 from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
 from review.models import ViewedFile
@@ -53,7 +54,7 @@ SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELD
 DIGEST_RE = re.compile(r"^(?:[0-9a-f]{64})?$")
 DIFF_CACHE_SECONDS = 3600
 # Bump when the rendered rows change shape, so stale cache entries are ignored.
-DIFF_CACHE_VERSION = 3
+DIFF_CACHE_VERSION = 4
 
 # --- Gate decisions in words ------------------------------------------------------
 
@@ -622,6 +623,7 @@ def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.File
         "layout": req.layout,
         "layouts": diffs.LAYOUTS,
         "files": files,
+        "tree": diffs.file_tree(files),
         "summary": diffs.DiffSummary(files),
         "flags": flags,
         "marked_flags": sum(1 for flag in flags if flag.path and flag.shown_matched),
@@ -684,6 +686,47 @@ def diff_file(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context["single"] = True
     context["choices"] = _candidate_choices(req.candidate)
     return render(request, "review/candidates/diff.html", context)
+
+
+# An expansion shows at most this many lines (a whole file's context is one click, not unbounded work).
+CONTEXT_MAX_LINES = 5000
+
+
+@require_GET
+@access.permission_required()
+def diff_context(request: HttpRequest, pk: int) -> HttpResponse:
+    """Unchanged lines of one file of the candidate, read from its stored
+    tree, as diff rows (``?path=&layout=&first=&last=&shift=``): what the
+    "expand" buttons of a diff fetch. ``shift`` numbers the old side."""
+    cand = get_object_or_404(Candidate, pk=pk)
+    file_path = request.GET.get("path", "")
+    layout = request.GET.get("layout") or diffs.DEFAULT_LAYOUT
+    try:
+        first, last, shift = (int(request.GET.get(name, "")) for name in ("first", "last", "shift"))
+    except ValueError:
+        return HttpResponseBadRequest(
+            "first, last and shift must be integers", content_type="text/plain; charset=utf-8"
+        )
+    if not file_path or layout not in diffs.LAYOUTS or first < 1 or last < first or last - first >= CONTEXT_MAX_LINES:
+        return HttpResponseBadRequest(
+            f"path, a layout and 1 <= first <= last (at most {CONTEXT_MAX_LINES} lines) are required",
+            content_type="text/plain; charset=utf-8",
+        )
+    data = review_selectors.tree_file(candidate=cand, path=file_path)
+    if data is None:
+        raise Http404("no such file in this candidate")
+    _flags_shown, marks = _leak_marks(cand, request.user)
+    rows = diffs.context_rows(
+        new_data=data,
+        path=file_path,
+        layout=layout,
+        first=first,
+        last=last,
+        shift=shift,
+        anchor=diffs.file_anchor(file_path),
+        marks=marks.get(file_path, []),
+    )
+    return HttpResponse(rows, content_type="text/html; charset=utf-8")
 
 
 @require_POST
@@ -820,6 +863,7 @@ urlpatterns = [
     path("candidates/<int:pk>/", candidate, name="candidate"),
     path("candidates/<int:pk>/diff/", candidate_diff, name="candidate_diff"),
     path("candidates/<int:pk>/diff/file/", diff_file, name="diff_file"),
+    path("candidates/<int:pk>/diff/context/", diff_context, name="diff_context"),
     path("candidates/<int:pk>/raw/<path:path>", candidate_raw, name="candidate_raw"),
     path("diff/viewed/", diff_viewed, name="diff_viewed"),
     path("records/<int:pk>/", record, name="record"),

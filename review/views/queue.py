@@ -356,6 +356,37 @@ def _evidence_lines(flags: list[ShownFlag]) -> list[EvidenceLine]:
     return list(lines.values())
 
 
+# Evidence lines shown open for each rule; the rest of the rule's lines wait behind "more".
+RULE_EXAMPLES = 3
+
+
+@dataclass
+class RuleGroup:
+    """The flags of one rule: how many, on how many lines, the first lines
+    as examples and the rest folded (an item may hold hundreds of flags)."""
+
+    rule: str
+    flag_count: int
+    examples: list[EvidenceLine]
+    more: list[EvidenceLine]
+
+    @property
+    def line_count(self) -> int:
+        return len(self.examples) + len(self.more)
+
+
+def _rule_groups(flags: list[ShownFlag]) -> list[RuleGroup]:
+    """Flags grouped by rule, the largest group first."""
+    by_rule: dict[str, list[ShownFlag]] = defaultdict(list)
+    for flag in flags:
+        by_rule[flag.rule].append(flag)
+    groups = []
+    for rule, own in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines = _evidence_lines(own)
+        groups.append(RuleGroup(rule, len(own), lines[:RULE_EXAMPLES], lines[RULE_EXAMPLES:]))
+    return groups
+
+
 @dataclass
 class EditView:
     edit: AtomicEdit
@@ -363,6 +394,7 @@ class EditView:
     flag_count: int
     diff_lines: list[SafeString]
     hidden_diff_lines: int
+    groups: list[RuleGroup]
 
 
 def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
@@ -414,7 +446,7 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
     for edit in edits:
         own = by_edit.get(edit.pk, [])
         diff_lines, hidden = _edit_diff(edit, own)
-        edit_views.append(EditView(edit, _evidence_lines(own), len(own), diff_lines, hidden))
+        edit_views.append(EditView(edit, _evidence_lines(own), len(own), diff_lines, hidden, _rule_groups(own)))
     rejected_ids = {edit.pk for edit in decision.rejected_edits.all()} if decision else set()
     derived_item = None
     if decision and decision.derived_candidate_id:
@@ -442,6 +474,7 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         "derived_note": derived_outcome(decision.derived_candidate) if decision and decision.derived_candidate else "",
         "edit_views": edit_views,
         "orphan_lines": _evidence_lines(by_edit.get(None, [])),
+        "orphan_groups": _rule_groups(by_edit.get(None, [])),
         "flag_count": len(flags),
         "rule_counts": sorted(Counter(flag.rule for flag in flags).items(), key=lambda kv: (-kv[1], kv[0])),
         "rejected_ids": rejected_ids,

@@ -566,6 +566,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
     if wanted_step is not None and trajectory is not None:
         number = _page_of_step(trajectory, wanted_step)
     page = _step_page(trajectory, number)
+    step_filter = _step_filter(request)
     step_missing = wanted_step is not None and all(step.step_id != wanted_step for step in page.steps)
 
     siblings = list(
@@ -576,7 +577,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
     record = CertifiedResult.objects.filter(evaluation_id=trial.evaluation_id).values_list("pk", flat=True).first()
     experiment = trial.candidate.experiment
     external_notice = _external_notice(trial.evaluation) if trial.evaluation.external else ""
-    context = {
+    context: dict[str, Any] = {
         "trial": trial,
         "task": trial.task,
         "candidate": trial.candidate,
@@ -602,8 +603,60 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "side_trial": trial,
         "matrix_url": _query(reverse("review:matrix", args=[experiment.pk]), split=trial.split)
         + f"#task-{trial.task_id}",
+        "step_filter": step_filter,
+        "step_sources": STEP_SOURCES,
     }
+    if step_filter.active and trajectory is not None:
+        matches, capped = _matching_steps(trajectory, step_filter)
+        context.update({"matches": matches, "matches_capped": capped})
     return render(request, "review/results/trial.html", context)
+
+
+STEP_SOURCES = ("agent", "user", "system")
+# A search shows at most this many steps (and looks at no more than MATCH_SCAN for errors).
+MATCHES_SHOWN = 200
+MATCH_SCAN = 5000
+
+
+@dataclass(frozen=True)
+class StepFilter:
+    """Search and filters of a transcript (``?q=&source=&only=tools|errors``)."""
+
+    text: str = ""
+    source: str = ""
+    only: str = ""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.text or self.source or self.only)
+
+
+def _step_filter(request: HttpRequest) -> StepFilter:
+    """The filters the request asks for; an unknown value is ignored (the form offers only known ones)."""
+    source = request.GET.get("source", "")
+    only = request.GET.get("only", "")
+    return StepFilter(
+        text=request.GET.get("q", "").strip()[:200],
+        source=source if source in STEP_SOURCES else "",
+        only=only if only in ("tools", "errors") else "",
+    )
+
+
+def _matching_steps(trajectory: Trajectory, wanted: StepFilter) -> tuple[list[tj.StepView], bool]:
+    """The steps the filters keep, in order, and whether more exist than are shown.
+    Errors are recognised per step (``step_error``), so that filter runs here."""
+    rows = review_selectors.trajectory_steps_matching(
+        trajectory_id=trajectory.pk,
+        text=wanted.text,
+        source=wanted.source,
+        tool_calls=wanted.only == "tools",
+        columns=STEP_COLUMNS,
+    )
+    limit = MATCH_SCAN if wanted.only == "errors" else MATCHES_SHOWN + 1
+    views = [tj.step_view(row) for row in rows[:limit]]
+    if wanted.only == "errors":
+        views = [view for view in views if view.error]
+    return views[:MATCHES_SHOWN], len(views) > MATCHES_SHOWN
 
 
 def _criteria(results: Any) -> list[dict[str, Any]]:
@@ -653,6 +706,38 @@ def _step_keys(trajectory: Trajectory | None) -> list[tuple[str, str, tuple[tupl
         .values_list("source", MD5("message"), "tool_calls")
     )
     return [(source, digest or "", tj.call_signature(calls)) for source, digest, calls in rows]
+
+
+def _steps_between(trajectory: Trajectory | None, indexes: list[int]) -> dict[int, tj.StepView]:
+    """The steps at these 0-based indexes (one query over their range), by index."""
+    if trajectory is None or not indexes:
+        return {}
+    low, high = min(indexes), max(indexes)
+    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
+    return {low + k: tj.step_view(row, position=low + k + 1) for k, row in enumerate(rows[low : high + 1])}
+
+
+def _aligned_window(
+    pairs: list[tj.ContentPair], start: int, first: int | None, left: Trajectory | None, right: Trajectory | None
+) -> list[tj.AlignedRow[tj.StepView]]:
+    """Rows ``start`` to ``start + STEPS_PER_PAGE - 1`` of a content alignment,
+    with their steps and, for a changed step, its word diff."""
+    window = pairs[start - 1 : start - 1 + STEPS_PER_PAGE]
+    left_steps = _steps_between(left, [p.left for p in window if p.left is not None])
+    right_steps = _steps_between(right, [p.right for p in window if p.right is not None])
+    rows = []
+    for number, pair in enumerate(window, start=start):
+        left_step = left_steps.get(pair.left) if pair.left is not None else None
+        right_step = right_steps.get(pair.right) if pair.right is not None else None
+        words = None
+        if pair.kind == "changed" and left_step is not None and right_step is not None:
+            words = tj.word_diff(tj.step_text(left_step), tj.step_text(right_step))
+        rows.append(
+            tj.AlignedRow(
+                number, left_step, right_step, pair.differs, first=number == first, kind=pair.kind, words=words
+            )
+        )
+    return rows
 
 
 def _window(trajectory: Trajectory | None, start: int) -> list[tj.StepView]:
@@ -713,24 +798,34 @@ def trial_compare(request: HttpRequest, pk: int) -> HttpResponse:
 
     left_trajectory, right_trajectory = _trajectory_of(other), _trajectory_of(trial)
     left_keys, right_keys = _step_keys(left_trajectory), _step_keys(right_trajectory)
-    summary = tj.divergence_summary(left_keys, right_keys)
+    # ?align=position keeps the old step-by-step view; by default steps align by content.
+    by_position = request.GET.get("align") == "position"
+    align = "position" if by_position else None
+    if by_position:
+        summary = tj.divergence_summary(left_keys, right_keys)
+    else:
+        pairs = tj.align_by_content(left_keys, right_keys)
+        summary = tj.content_summary(pairs, left_steps=len(left_keys), right_steps=len(right_keys))
     count = _page_count(summary.positions)
     number = min(number, count)
     start = (number - 1) * STEPS_PER_PAGE + 1
-    rows = tj.align_window(
-        _window(left_trajectory, start),
-        _window(right_trajectory, start),
-        start=start,
-        left_keys=left_keys,
-        right_keys=right_keys,
-    )
+    if by_position:
+        rows = tj.align_window(
+            _window(left_trajectory, start),
+            _window(right_trajectory, start),
+            start=start,
+            left_keys=left_keys,
+            right_keys=right_keys,
+        )
+    else:
+        rows = _aligned_window(pairs, start, summary.first, left_trajectory, right_trajectory)
     base = reverse("review:trial_compare", args=[trial.pk])
     first_url = None
     if summary.first is not None:
         first_page = (summary.first - 1) // STEPS_PER_PAGE + 1
-        first_url = _query(base, **{"with": other_pk, "page": first_page if first_page > 1 else None}) + (
-            f"#pos-{summary.first}"
-        )
+        first_url = _query(
+            base, **{"with": other_pk, "align": align, "page": first_page if first_page > 1 else None}
+        ) + (f"#pos-{summary.first}")
     context.update(
         {
             "left_trajectory": left_trajectory,
@@ -742,9 +837,16 @@ def trial_compare(request: HttpRequest, pk: int) -> HttpResponse:
             "page_count": count,
             "page_start": start,
             "page_end": start + len(rows) - 1,
-            "previous_url": _query(base, **{"with": other_pk, "page": number - 1}) if number > 1 else None,
-            "next_url": _query(base, **{"with": other_pk, "page": number + 1}) if number < count else None,
+            "previous_url": _query(base, **{"with": other_pk, "align": align, "page": number - 1})
+            if number > 1
+            else None,
+            "next_url": _query(base, **{"with": other_pk, "align": align, "page": number + 1})
+            if number < count
+            else None,
             "is_parent": other_pk is None,
+            "by_position": by_position,
+            "position_url": _query(base, **{"with": other_pk, "align": "position"}),
+            "content_url": _query(base, **{"with": other_pk}),
         }
     )
     return render(request, "review/results/compare.html", context)

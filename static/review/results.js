@@ -32,3 +32,21 @@
     }
   });
 })();
+
+// The trial page: a click on a step (outside its links, buttons and fields)
+// picks it for the annotation panel beside the transcript: the form's step
+// field takes its id, and the step is outlined.
+(function () {
+  "use strict";
+  document.addEventListener("click", function (event) {
+    var step = event.target.closest ? event.target.closest("ol.steps li.step[data-step]") : null;
+    if (!step || event.target.closest("a, button, input, select, textarea, summary, label")) { return; }
+    var field = document.querySelector("#annotations form.annotation-form:not(.is-edit) input[name=step]");
+    if (!field || field.disabled) { return; }
+    field.value = step.getAttribute("data-step");
+    Array.prototype.forEach.call(document.querySelectorAll("li.step.is-picked"), function (li) { li.classList.remove("is-picked"); });
+    step.classList.add("is-picked");
+    var note = document.querySelector("#annotations .picked-step");
+    if (note) { note.textContent = "Step " + field.value + " picked: the label will point at it."; }
+  });
+})();

@@ -204,7 +204,7 @@ def test_annotate_with_htmx_as_annotator(example_world: Experiment, client_as: C
     assert reverse("review:annotation_delete", args=[annotation.pk]) in html
     assert f'name="annotation" value="{annotation.pk}"' in html
     # And the next trial to label is one click away: the queue's first one I have not labelled.
-    found = re.search(r'href="/trials/(\d+)/#annotations">next trial to label', html)
+    found = re.search(r'href="/trials/(\d+)/#annotations" data-key="n"[^>]*>next trial to label', html)
     assert found is not None
     next_id = int(found.group(1))
     queue = _queue_rows(client, experiment=example_world.pk)

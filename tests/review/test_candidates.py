@@ -290,7 +290,10 @@ def test_diff_against_the_parent_shows_files_counts_statuses_and_line_numbers(ex
     assert f'id="{diffs.file_anchor(first.path)}"' in html
     assert '<span class="badge status-added">added</span>' in html
     assert '<span class="badge status-deleted">deleted</span>' in html
-    assert '<tr class="add"><td class="no"></td><td class="no">1</td>' in html
+    added = diffs.file_anchor("new/added.py")
+    # Line numbers are permalinks: "#<file>-R1" is line 1 of the new side.
+    cell = f'<td class="no" id="{added}-R1"><a href="#{added}-R1">1</a></td>'
+    assert f'<tr class="add"><td class="no"></td>{cell}' in html
     assert '<span class="k">def</span>' in html and "layout-unified" in html
     removed_lines = first.data.decode().count("\n")
     anchor = diffs.file_anchor(first.path)
@@ -301,7 +304,8 @@ def test_diff_against_the_parent_shows_files_counts_statuses_and_line_numbers(ex
 
     split = page(client.get(reverse("review:candidate_diff", args=[cand.pk])))
     assert "layout-split" in split and "layout-unified" not in split
-    assert '<td class="no empty"></td><td class="code empty"></td><td class="no add">1</td>' in split
+    cell = f'<td class="no add" id="{added}-R1"><a href="#{added}-R1">1</a></td>'
+    assert f'<td class="no empty"></td><td class="code empty"></td>{cell}' in split
 
 
 def test_diff_against_any_candidate_of_the_experiment(example_world, client_as) -> None:
@@ -689,3 +693,45 @@ def test_the_gate_the_ledger_the_page_and_the_api_give_one_ds(example_world, cli
         assert body["delta"]["paired_tasks"] == found.estimate.pairs > 0
         if found.estimate.enough:
             assert body["delta"]["low"] <= body["delta"]["high"]
+
+
+def test_diff_context_serves_unchanged_lines_from_the_candidates_tree(example_world, client_as) -> None:
+    seed = seed_of(example_world)
+    old = "".join(f"row {i}\n" for i in range(1, 61))
+    parent = child(seed, {"ctx/file.py": old}, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    cand = child(parent, {"ctx/file.py": old.replace("row 30\n", "row thirty\n")})
+    client = client_as("viewer")
+    url = reverse("review:diff_context", args=[cand.pk])
+    anchor = diffs.file_anchor("ctx/file.py")
+    response = client.get(url, {"path": "ctx/file.py", "layout": "unified", "first": 5, "last": 7, "shift": 0})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert [int(n) for n in re.findall(rf'id="{anchor}-R(\d+)"', body)] == [5, 6, 7]
+    shown = re.sub(r"<[^>]+>", "", body)
+    assert "row 6" in shown and "row 8" not in shown
+    # The candidate's own tree: the parent's text of a changed line never comes back.
+    changed = client.get(url, {"path": "ctx/file.py", "layout": "split", "first": 30, "last": 30, "shift": 0})
+    shown = re.sub(r"<[^>]+>", "", changed.content.decode())
+    assert "row thirty" in shown and "row 30" not in shown
+    bad = [
+        {"path": "ctx/file.py", "layout": "unified", "first": "x", "last": 7, "shift": 0},
+        {"path": "ctx/file.py", "layout": "unified", "first": 9, "last": 7, "shift": 0},
+        {"path": "ctx/file.py", "layout": "sideways", "first": 1, "last": 7, "shift": 0},
+        {"path": "ctx/file.py", "layout": "unified", "first": 1, "last": 9000, "shift": 0},
+    ]
+    assert [client.get(url, query).status_code for query in bad] == [400, 400, 400, 400]
+    missing = client.get(url, {"path": "nope.py", "layout": "unified", "first": 1, "last": 2, "shift": 0})
+    assert missing.status_code == 404
+
+
+def test_the_diff_page_keeps_the_chosen_comparison_in_its_links(example_world, client_as) -> None:
+    seed = seed_of(example_world)
+    parent = child(seed, {"cmp.txt": "a\n"}, state=Candidate.State.ACCEPTED, certified_at=seed.certified_at)
+    cand = child(parent, {"cmp.txt": "b\n"})
+    client = client_as("viewer")
+    html = page(client.get(reverse("review:candidate_diff", args=[cand.pk]) + f"?against={seed.pk}&layout=unified"))
+    assert f"#{seed.pk}" in html and "(its parent)" not in html
+    assert f'<option value="{seed.pk}" selected>' in html
+    assert f"?layout=split&amp;against={seed.pk}" in html
+    here = reverse("review:candidate_diff", args=[cand.pk])
+    assert f'name="next" value="{here}?against={seed.pk}&amp;layout=unified#' in html

@@ -398,3 +398,78 @@ def test_plan_collapse_of_a_diff_of_many_files_diffs_a_bounded_number() -> None:
     # Two files of 201 lines fit; the third is at least 201 lines: none is diffed after them.
     assert diffed == ["f0.txt", "f1.txt"]
     assert [f.collapsed for f in files[:3]] == [None, None, "budget"] and files[-1].collapsed == "budget"
+
+
+# --- Hidden context, permalinks and the file tree ------------------------------------
+
+
+def numbered(count: int, changed: dict[int, str] | None = None) -> str:
+    changed = changed or {}
+    return "".join(changed.get(i, f"line {i}") + "\n" for i in range(1, count + 1))
+
+
+def test_hidden_gaps_cover_every_unchanged_line_outside_the_hunks() -> None:
+    # Line 30 changed and 10 lines inserted after line 60: two hunks with 3 context lines each.
+    old = numbered(100, {30: "old 30"})
+    new_lines = [f"line {i}" for i in range(1, 101)]
+    new_lines[29] = "new 30"
+    new_lines[60:60] = [f"inserted {i}" for i in range(10)]
+    new = "".join(line + "\n" for line in new_lines)
+    [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
+    assert [(h.new_start, h.new_count) for h in fd.hunks] == [(27, 7), (58, 16)]
+    gaps = diffs.hidden_gaps(fd.hunks, diffs.line_total(new.encode()))
+    assert gaps == [
+        diffs.Gap(first=1, count=26, shift=0),
+        diffs.Gap(first=34, count=24, shift=0),
+        diffs.Gap(first=74, count=37, shift=-10, tail=True),
+    ]
+    shown = {line.new_no for hunk in fd.hunks for line in hunk.lines if line.new_no}
+    hidden = {n for gap in gaps if gap for n in range(gap.first, gap.last + 1)}
+    assert shown.isdisjoint(hidden) and shown | hidden == set(range(1, 111))
+    # A file whose change reaches its last line has nothing below it.
+    [end] = diffs.build_file_diffs([entry("b.txt", numbered(5))], [entry("b.txt", numbered(5, {5: "last"}))])
+    assert diffs.hidden_gaps(end.hunks, 5) == [diffs.Gap(first=1, count=1, shift=0), None]
+
+
+def test_context_rows_number_both_sides_link_each_line_and_escape_it() -> None:
+    new = numbered(40, {12: XSS}).encode()
+    anchor = diffs.file_anchor("p.py")
+    html = diffs.context_rows(new_data=new, path="p.py", layout="unified", first=11, last=13, shift=-2, anchor=anchor)
+    assert html.count("<tr") == 3
+    assert f'<td class="no" id="{anchor}-L9"><a href="#{anchor}-L9">9</a></td>' in html
+    assert f'<td class="no" id="{anchor}-R11"><a href="#{anchor}-R11">11</a></td>' in html
+    assert "<img" not in html and text_of(html).count(XSS) == 1
+    split = diffs.context_rows(new_data=new, path="p.py", layout="split", first=39, last=45, shift=0, anchor=anchor)
+    # Lines past the end of the file are left out; both sides show each line.
+    assert split.count("<tr") == 2 and f'id="{anchor}-L40"' in split and f'id="{anchor}-R40"' in split
+
+
+def test_rendered_hunks_carry_expand_buttons_for_their_hidden_lines() -> None:
+    old = numbered(80)
+    new = numbered(80, {40: "changed"})
+    [fd] = diffs.build_file_diffs([entry("a.txt", old)], [entry("a.txt", new)])
+    render(fd, old, new)
+    html = str(fd.body_html)
+    assert 'data-first="1" data-count="36" data-shift="0"' in html  # above the change
+    assert "36 unchanged lines above" in html and "37 unchanged lines below" in html
+    assert html.count('class="expand expand-all"') == 2 and html.count('class="expand expand-up"') == 1
+    assert f'id="{fd.anchor}-R40"' in html
+
+
+def test_the_file_tree_nests_folders_first_and_joins_single_folders() -> None:
+    files = diffs.build_file_diffs(
+        [], [entry(p, "x\n") for p in ("README.md", "src/pkg/b.py", "src/pkg/a.py", "src/tests/t.py", "z.txt")]
+    )
+    tree = [(node.depth, node.name, node.file.path if node.file else None) for node in diffs.file_tree(files)]
+    assert tree == [
+        (0, "src", None),
+        (1, "pkg", None),
+        (2, "a.py", "src/pkg/a.py"),
+        (2, "b.py", "src/pkg/b.py"),
+        (1, "tests", None),
+        (2, "t.py", "src/tests/t.py"),
+        (0, "README.md", "README.md"),
+        (0, "z.txt", "z.txt"),
+    ]
+    deep = diffs.build_file_diffs([], [entry("a/b/c/d.py", "x\n"), entry("e.py", "y\n")])
+    assert [(n.depth, n.name) for n in diffs.file_tree(deep)] == [(0, "a/b/c"), (1, "d.py"), (0, "e.py")]

@@ -563,3 +563,34 @@ def test_query_counts_do_not_grow_with_the_world(example_world, make_user, djang
         client.get(reverse("review:queue"))
     with django_assert_max_num_queries(ITEM_QUERIES):
         client.get(reverse("review:review_item", args=[item.pk]))
+
+
+def test_an_item_with_many_flags_groups_them_by_rule_with_counts_and_first_examples(
+    example_world: Experiment, client_as: Any
+) -> None:
+    item = multi_edit_item(example_world)
+    edit = next(edit for edit in item.candidate.edits.order_by("index") if edit.flags.exists())
+    LeakageFlag.objects.filter(candidate=item.candidate).delete()
+    LeakageFlag.objects.bulk_create(
+        [
+            LeakageFlag(
+                candidate=item.candidate,
+                edit=edit,
+                rule="literal_overlap",
+                path="a.md",
+                line=f"order {n}",
+                matched=f"order {n}",
+                evidence={"line_number": n},
+            )
+            for n in range(1, 41)
+        ]
+        + [LeakageFlag(candidate=item.candidate, edit=edit, rule="task_id", path="b.md", line="id 7", matched="7")]
+    )
+    html_text = client_as("viewer").get(reverse("review:review_item", args=[item.pk])).content.decode()
+    heads = re.findall(r'<h4 class="rule-group-head"><span class="rule">([^<]+)</span> ([^<]+)</h4>', html_text)
+    assert heads == [("literal_overlap", "40 flags on 40 lines"), ("task_id", "1 flag on 1 line")]
+    assert "37 more lines flagged by <code>literal_overlap</code>" in html_text
+    # The first examples are shown open, in order; every flag is still on the page (folded).
+    section = html_text.split('aria-label="flags of rule literal_overlap"')[1].split("<details")[0]
+    assert re.findall(r"a\.md</code>:(\d+)", section) == ["1", "2", "3"]
+    assert html_text.count('class="evidence-line"') == 41

@@ -554,19 +554,26 @@ def test_compare_marks_the_first_divergence_and_pages_long_trajectories(example_
     url = reverse("review:trial_compare", args=[trial.pk])
 
     first = _html(client.get(url))
-    assert f'<a href="{url}?page=2#pos-180" class="first-divergence">First divergence at step position 180</a>' in first
-    assert "11 of 260 positions differ" in first  # step 180 and the 10 steps only the trial has
+    assert f'<a href="{url}?page=2#pos-180" class="first-divergence">First divergence at row 180</a>' in first
+    assert "11 of 260 rows differ" in first  # step 180 and the 10 steps only the trial has
     rows = re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', first)
     assert [int(p) for p, _ in rows] == list(range(1, 101))
-    assert all(cls == "same" for _, cls in rows)  # call ids differ at 10 and 20: not a divergence
+    assert all(cls == "same same" for _, cls in rows)  # call ids differ at 10 and 20: not a divergence
     second = _html(client.get(f"{url}?page=2"))
-    by_position = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', second))
-    assert by_position["180"] == "differs first"
-    assert [p for p, cls in by_position.items() if cls != "same"] == ["180"]
+    by_row = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', second))
+    assert by_row["180"] == "differs first changed"
+    assert [p for p, cls in by_row.items() if cls != "same same"] == ["180"]
+    assert '<div class="word-diff"' in second and "<ins>" in second
     third = _html(client.get(f"{url}?page=3"))
-    by_position = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', third))
-    assert [p for p, cls in by_position.items() if cls != "same"] == [str(n) for n in range(251, 261)]
-    assert "no step 251: this trajectory ended" in third
+    by_row = dict(re.findall(r'<tr id="pos-(\d+)" class="([^"]*)"', third))
+    assert {p: cls for p, cls in by_row.items() if cls != "same same"} == {
+        str(n): "differs inserted" for n in range(251, 261)
+    }
+    assert "no counterpart: this step was inserted in this trial" in third
+    # Aligned by position on request: the old view, and its pages keep the choice.
+    positional = _html(client.get(f"{url}?align=position&page=3"))
+    assert "no step 251: this trajectory ended" in positional
+    assert f"{url}?align=position&amp;page=2" in positional
 
 
 def test_compare_says_when_the_trajectories_are_the_same(example_world, client_as) -> None:
@@ -617,3 +624,36 @@ def test_compare_queries_do_not_grow_with_steps(example_world, client_as) -> Non
     html = _html(response)
     assert large == small
     assert len(re.findall(r'<tr id="pos-\d+"', html)) == results.STEPS_PER_PAGE
+
+
+def test_a_transcript_can_be_searched_and_filtered_by_role_tool_calls_and_errors(example_world, client_as) -> None:
+    trial = _child_trial(example_world)
+    call = {"tool_call_id": "c1", "function_name": "grep_orders", "arguments": {"pattern": "Lyon"}}
+    _give_trajectory(
+        trial,
+        _plain_steps(
+            8,
+            s1={"source": "user", "message": "Move order 1042 to Lyon."},
+            s3={"tool_calls": [call]},
+            s4={"source": "system", "message": "", "observation": {"results": [{"content": "ORDER 1042 lyon"}]}},
+            s6={"message": "Error: the address service timed out."},
+            s7={"tool_calls": [{**call, "tool_call_id": "c2", "arguments": {"pattern": "Paris"}}]},
+        ),
+    )
+    client = client_as("viewer")
+    url = reverse("review:trial", args=[trial.pk])
+
+    def shown(query: str) -> list[int]:
+        html = _html(client.get(f"{url}?{query}"))
+        return [int(n) for n in re.findall(r'<li class="step[^"]*"[^>]*data-step="(\d+)"', html)]
+
+    # Text anywhere in a step (message, tool call arguments, tool output), any case.
+    assert shown("q=lyon") == [1, 3, 4]
+    assert shown("q=LYON&source=agent") == [3]
+    assert shown("source=user") == [1]
+    assert shown("only=tools") == [3, 7]
+    assert shown("only=errors") == [6]
+    assert shown("q=nothing-like-this") == []
+    assert "1 matching step</strong> of 8" in _html(client.get(f"{url}?only=errors"))
+    # Unknown values are ignored: the whole transcript, paged as usual.
+    assert len(shown("source=robot&only=everything")) == 8

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from review import trajectories as tj
 
@@ -174,3 +176,117 @@ def test_tool_arguments_nested_past_the_limit_are_shown_as_text_not_decoded() ->
     assert tj.pretty_json(deep) == deep
     assert tj.call_signature([{"function_name": "f", "arguments": deep}]) == (("f", json.dumps(deep)),)
     assert tj.pretty_json('{"a": [1]}') == '{\n  "a": [\n    1\n  ]\n}'
+
+
+# --- Alignment by content ------------------------------------------------------------
+
+
+Call = tuple[str, dict[str, Any]]
+Spec = tuple[str, str, list[Call]]
+
+
+def _step(step_id: int, source: str, message: str, calls: Sequence[Call] = ()) -> dict[str, Any]:
+    return {
+        "step_id": step_id,
+        "source": source,
+        "message": message,
+        "tool_calls": [
+            {"tool_call_id": f"call-{step_id}-{n}", "function_name": name, "arguments": args}
+            for n, (name, args) in enumerate(calls)
+        ],
+    }
+
+
+def _trajectory(*specs: Spec) -> list[dict[str, Any]]:
+    return [_step(n, *spec) for n, spec in enumerate(specs, start=1)]
+
+
+USER: Spec = ("user", "Change the shipping address of order 1042.", [])
+LOOKUP: Spec = ("agent", "Looking up the order.", [("get_order", {"id": 1042})])
+ADDRESS: Spec = ("agent", "Updating the address.", [("update_address", {"id": 1042, "city": "Lyon"})])
+CONFIRM: Spec = ("agent", "Done: the address is updated.", [])
+CHECK: Spec = ("agent", "Checking the customer first.", [("get_customer", {"id": 7})])
+POLICY: Spec = ("agent", "Reading the policy.", [("read_policy", {"topic": "address"})])
+VERIFY: Spec = ("agent", "Verifying the change.", [("get_order", {"id": 1042})])
+
+
+def test_trajectories_with_inserted_steps_align_by_content_not_position() -> None:
+    # The parent: 7 steps. The child inserts two steps after the lookup and one
+    # before the end, and rewords one: 10 steps.
+    parent = _trajectory(
+        USER,
+        LOOKUP,
+        ("system", "Order 1042 found.", []),
+        ADDRESS,
+        ("system", "Address updated.", []),
+        ("agent", "Anything else?", []),
+        CONFIRM,
+    )
+    child = _trajectory(
+        USER,
+        LOOKUP,
+        CHECK,
+        POLICY,
+        ("system", "Order 1042 found.", []),
+        ("agent", "Updating the address now.", [("update_address", {"city": "Lyon", "id": 1042})]),
+        ("system", "Address updated.", []),
+        ("agent", "Anything else?", []),
+        VERIFY,
+        CONFIRM,
+    )
+    assert (len(parent), len(child)) == (7, 10)
+    left = [tj.step_signature(step) for step in parent]
+    right = [tj.step_signature(step) for step in child]
+    pairs = tj.align_by_content(left, right)
+
+    def number(index: int | None) -> int | None:
+        return None if index is None else index + 1
+
+    shown = [(number(p.left), number(p.right), p.kind) for p in pairs]
+    assert shown == [
+        (1, 1, "same"),
+        (2, 2, "same"),
+        (None, 3, "inserted"),
+        (None, 4, "inserted"),
+        (3, 5, "same"),
+        (4, 6, "changed"),  # reworded; the arguments are the same object in another key order
+        (5, 7, "same"),
+        (6, 8, "same"),
+        (None, 9, "inserted"),
+        (7, 10, "same"),
+    ]
+    # By position, every row from the first insertion on would pair unrelated steps.
+    by_position = tj.align(parent, child, key=tj.step_signature)
+    assert sum(row.differs for row in by_position) == 8
+    assert sum(p.differs for p in pairs) == 4
+
+
+def test_changed_steps_pair_by_source_and_tool_and_the_rest_are_gaps() -> None:
+    left = [tj.step_signature(s) for s in _trajectory(USER, LOOKUP, ADDRESS, CONFIRM)]
+    right = [
+        tj.step_signature(s)
+        for s in _trajectory(
+            USER,
+            ("agent", "Let me look.", [("get_order", {"id": 1043})]),
+            ("agent", "Wrong order?", []),
+            CONFIRM,
+        )
+    ]
+    kinds = [(p.left, p.right, p.kind) for p in tj.align_by_content(left, right)]
+    # The lookup faces the other lookup; the address update faces the agent's next step.
+    assert kinds == [(0, 0, "same"), (1, 1, "changed"), (2, 2, "changed"), (3, 3, "same")]
+    # One step fewer: the lookups still pair, the update is a gap (deleted).
+    shorter = [right[0], right[1], right[3]]
+    kinds = [(p.left, p.right, p.kind) for p in tj.align_by_content(left, shorter)]
+    assert kinds == [(0, 0, "same"), (1, 1, "changed"), (2, None, "deleted"), (3, 2, "same")]
+    assert [(p.left, p.right, p.kind) for p in tj.align_by_content([], right[:1])] == [(None, 0, "inserted")]
+
+
+def test_word_diff_marks_the_words_that_changed() -> None:
+    pieces = tj.word_diff("Updating the address.", "Updating the address now.")
+    assert pieces is not None
+    assert [(p.text, p.kind) for p in pieces] == [("Updating the address", "same"), (" now", "ins"), (".", "same")]
+    swap = tj.word_diff("get_order(1042)", "get_order(1043)")
+    assert swap is not None
+    assert [(p.text, p.kind) for p in swap] == [("get_order(", "same"), ("1042", "del"), ("1043", "ins"), (")", "same")]
+    assert tj.word_diff("x" * 20_001, "y") is None

@@ -90,6 +90,9 @@ ROUTES: dict[str, Paths] = {
     "review:candidate": lambda i: [f"/candidates/{i.seed}/", f"/candidates/{i.flagged}/"],
     "review:candidate_diff": lambda i: [f"/candidates/{i.flagged}/diff/", f"/candidates/{i.flagged}/diff/?partial=1"],
     "review:diff_file": lambda i: [f"/candidates/{i.flagged}/diff/file/?path=notes/a.md"],
+    "review:diff_context": lambda i: [
+        f"/candidates/{i.flagged}/diff/context/?path=notes/a.md&layout=unified&first=1&last=200&shift=0"
+    ],
     "review:candidate_raw": lambda i: [f"/candidates/{i.flagged}/raw/notes/a.md"],
     "review:diff_viewed": lambda i: ["/diff/viewed/"],
     "review:record": lambda i: [f"/records/{i.record}/"],
@@ -97,7 +100,12 @@ ROUTES: dict[str, Paths] = {
         f"/experiments/{i.experiment}/matrix/",
         f"/experiments/{i.experiment}/matrix/?split=sealed",
     ],
-    "review:trial": lambda i: [f"/trials/{i.sealed_trial}/", f"/trials/{i.train_trial}/", f"/trials/{i.gate_trial}/"],
+    "review:trial": lambda i: [
+        f"/trials/{i.sealed_trial}/",
+        f"/trials/{i.train_trial}/",
+        f"/trials/{i.gate_trial}/",
+        f"/trials/{i.sealed_trial}/?q=a&only=tools",
+    ],
     "review:trial_steps": lambda i: [f"/trials/{i.sealed_trial}/steps/", f"/trials/{i.train_trial}/steps/"],
     "review:trial_compare": lambda i: [
         f"/trials/{i.sealed_trial}/compare/",

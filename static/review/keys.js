@@ -1,0 +1,370 @@
+// Keyboard shortcuts of every review screen, and the "?" overlay that lists them.
+// Loaded as a file on every page (the CSP forbids inline scripts). No key fires
+// while the focus is in a text field, a text area, a select or an editable
+// element, nor with Ctrl, Alt or Meta held (the browser's own shortcuts), with
+// one exception: Ctrl+Enter (or Cmd+Enter) in a form's text area submits it.
+//
+// Two kinds of keys:
+// - declared by the page: an element with data-key="c" is activated by "c"
+//   (a link or button is clicked, a form submitted, a field focused);
+//   data-key-help says what it does, data-key-group where the overlay lists it.
+//   A declared key wins over a built-in one of the same letter.
+// - built in: the diff keys wherever a diff is shown (j/k, n/p, v, u, e, x),
+//   row selection in tables marked data-key-rows (j/k, o or Enter), and the
+//   label keys 1-9 wherever buttons carry data-label-pick.
+(function () {
+  "use strict";
+
+  var DIFF_KEYS = [
+    ["j", "n", "Next file"],
+    ["k", "p", "Previous file"],
+    ["v", "", "Mark the current file viewed (or not viewed) and go to the next"],
+    ["u", "", "Next file not yet viewed"],
+    ["e", "", "Expand the current file's hidden context by 20 lines around each change"],
+    ["x", "", "Expand the current file's whole context"]
+  ];
+  var ROW_KEYS = [
+    ["j", "", "Select the next row"],
+    ["k", "", "Select the previous row"],
+    ["o", "Enter", "Open the selected row"]
+  ];
+
+  function typing(target) {
+    if (!target || !target.closest) return false;
+    if (target.isContentEditable) return true;
+    var field = target.closest("input, textarea, select, [contenteditable], [contenteditable=''], [contenteditable='true']");
+    if (!field) return false;
+    if (field.tagName === "INPUT") {
+      // Checkboxes, radios and buttons take no text: keys stay live there.
+      var kind = (field.getAttribute("type") || "text").toLowerCase();
+      return ["checkbox", "radio", "button", "submit", "reset", "image", "file", "range", "color"].indexOf(kind) === -1;
+    }
+    return field.getAttribute("contenteditable") !== "false";
+  }
+
+  function visible(el) {
+    return !!(el && el.getClientRects().length);
+  }
+
+  function declared(key) {
+    // A key declared inside the selected table row wins (a row's "Claim").
+    var selected = document.querySelector("[data-key-rows] tr.is-selected");
+    var all = Array.prototype.slice.call(selected ? selected.querySelectorAll("[data-key]") : []);
+    all = all.concat(Array.prototype.slice.call(document.querySelectorAll("[data-key]")));
+    for (var i = 0; i < all.length; i++) {
+      var keys = all[i].getAttribute("data-key").split(" ");
+      if (keys.indexOf(key) !== -1 && !all[i].disabled && (visible(all[i]) || all[i].tagName === "FORM")) return all[i];
+    }
+    return null;
+  }
+
+  function activate(el) {
+    if (el.tagName === "FORM") {
+      if (el.requestSubmit) el.requestSubmit(); else el.submit();
+    } else if (el.matches("textarea, select, input:not([type=checkbox]):not([type=radio]):not([type=submit]):not([type=button])")) {
+      el.focus();
+    } else {
+      el.click();
+    }
+  }
+
+  // --- Diff --------------------------------------------------------------------
+
+  function files() {
+    return Array.prototype.filter.call(document.querySelectorAll("section.diff-file"), visible);
+  }
+
+  function current(list) {
+    var marked = document.querySelector("section.diff-file.is-current");
+    if (marked && list.indexOf(marked) !== -1) return marked;
+    // Otherwise the first file whose header is at or below the top of the window.
+    for (var i = 0; i < list.length; i++) {
+      if (list[i].getBoundingClientRect().bottom > 40) return list[i];
+    }
+    return list[0] || null;
+  }
+
+  function focusFile(file) {
+    if (!file) return;
+    Array.prototype.forEach.call(document.querySelectorAll("section.diff-file.is-current"), function (f) {
+      f.classList.remove("is-current");
+    });
+    file.classList.add("is-current");
+    Array.prototype.forEach.call(document.querySelectorAll(".file-tree a"), function (a) {
+      a.classList.toggle("is-current", a.getAttribute("href") === "#" + file.id);
+    });
+    file.scrollIntoView({block: "start"});
+    var link = file.querySelector(".diff-file-head a.path");
+    if (link) link.focus({preventScroll: true});
+  }
+
+  function step(delta) {
+    var list = files();
+    if (!list.length) return false;
+    var here = current(list);
+    // The first press lands on the file in view; later ones move from the current file.
+    if (!document.querySelector("section.diff-file.is-current")) { focusFile(here); return true; }
+    var index = Math.max(0, Math.min(list.length - 1, list.indexOf(here) + delta));
+    focusFile(list[index]);
+    return true;
+  }
+
+  function nextUnviewed() {
+    var list = files();
+    if (!list.length) return false;
+    var here = current(list);
+    var start = document.querySelector("section.diff-file.is-current") ? list.indexOf(here) + 1 : list.indexOf(here);
+    for (var i = 0; i < list.length; i++) {
+      var file = list[(start + i) % list.length];
+      if (!file.classList.contains("is-viewed")) { focusFile(file); return true; }
+    }
+    return true;
+  }
+
+  function toggleViewed() {
+    var list = files();
+    if (!list.length) return false;
+    var file = current(list);
+    var box = file && file.querySelector("input.js-viewed");
+    if (!box) return false;
+    box.click();
+    if (box.checked) {
+      var index = list.indexOf(file);
+      if (index + 1 < list.length) focusFile(list[index + 1]); else focusFile(file);
+    } else {
+      focusFile(file);
+    }
+    return true;
+  }
+
+  function expand(whole) {
+    var list = files();
+    if (!list.length) return false;
+    var file = current(list);
+    if (!file) return false;
+    if (file.classList.contains("is-viewed")) return true;
+    // One request per hidden stretch: its row holds up, down and "all" buttons.
+    Array.prototype.forEach.call(file.querySelectorAll("tr[data-gap]"), function (row) {
+      var button = whole ? null : row.querySelector("button.expand-up, button.expand-down");
+      button = button || row.querySelector("button.expand-all");
+      if (button) button.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+    });
+    if (!file.classList.contains("is-current")) focusFile(file);
+    return true;
+  }
+
+  // --- Rows of a table ---------------------------------------------------------
+
+  function rows() {
+    var table = document.querySelector("[data-key-rows]");
+    if (!table) return [];
+    return Array.prototype.filter.call(table.querySelectorAll("tbody tr"), function (row) {
+      return row.querySelector("a[href]");
+    });
+  }
+
+  function moveRow(delta) {
+    var list = rows();
+    if (!list.length) return false;
+    var selected = list.filter(function (row) { return row.classList.contains("is-selected"); })[0];
+    var index = selected ? list.indexOf(selected) + delta : 0;
+    index = Math.max(0, Math.min(list.length - 1, index));
+    if (selected) selected.classList.remove("is-selected");
+    list[index].classList.add("is-selected");
+    list[index].setAttribute("aria-selected", "true");
+    if (selected && selected !== list[index]) selected.removeAttribute("aria-selected");
+    list[index].scrollIntoView({block: "nearest"});
+    var link = list[index].querySelector("a[href]");
+    if (link) link.focus({preventScroll: true});
+    return true;
+  }
+
+  function openRow() {
+    var selected = document.querySelector("[data-key-rows] tr.is-selected a[href]");
+    if (!selected) return false;
+    selected.click();
+    return true;
+  }
+
+  // --- Labels ------------------------------------------------------------------
+
+  function pickLabel(digit) {
+    var picks = Array.prototype.filter.call(document.querySelectorAll("[data-label-pick]"), visible);
+    var button = picks[digit - 1];
+    if (!button) return false;
+    button.click();
+    return true;
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("[data-label-pick]") : null;
+    if (!button) return;
+    var form = button.closest("[data-label-panel]");
+    var select = form && form.querySelector("select[name=label]");
+    if (!select) return;
+    select.value = button.getAttribute("data-label-pick");
+    Array.prototype.forEach.call(form.querySelectorAll("[data-label-pick]"), function (b) {
+      b.classList.toggle("active", b === button);
+      b.setAttribute("aria-pressed", b === button ? "true" : "false");
+    });
+  });
+
+  // --- The overlay -------------------------------------------------------------
+
+  function describe(entries, group, key, alt, help) {
+    if (!entries[group]) entries[group] = [];
+    entries[group].push([key, alt, help]);
+  }
+
+  function overlay() {
+    var existing = document.getElementById("keys-overlay");
+    if (existing) { closeOverlay(); return; }
+    var entries = {};
+    var order = [];
+    function add(group, key, alt, help) {
+      if (order.indexOf(group) === -1) order.push(group);
+      describe(entries, group, key, alt, help);
+    }
+    Array.prototype.forEach.call(document.querySelectorAll("[data-key]"), function (el) {
+      if (!visible(el) && el.tagName !== "FORM") return;
+      var keys = el.getAttribute("data-key").split(" ");
+      add(el.getAttribute("data-key-group") || "This page", keys[0], keys[1] || "", el.getAttribute("data-key-help") || el.textContent.trim());
+    });
+    var picks = Array.prototype.filter.call(document.querySelectorAll("[data-label-pick]"), visible);
+    picks.slice(0, 9).forEach(function (button, index) {
+      add("Labels", String(index + 1), "", "Label: " + (button.getAttribute("data-label-name") || button.textContent.trim()));
+    });
+    if (rows().length) ROW_KEYS.forEach(function (k) { add("Table", k[0], k[1], k[2]); });
+    if (files().length) DIFF_KEYS.forEach(function (k) { add("Diff", k[0], k[1], k[2]); });
+    add("Everywhere", "?", "", "Show or hide this list");
+    add("Everywhere", "Esc", "", "Close this list, or leave the field you are typing in");
+    if (document.querySelector("form textarea")) add("Everywhere", "Ctrl+Enter", "", "In a text area: submit its form");
+
+    var box = document.createElement("div");
+    box.id = "keys-overlay";
+    box.className = "keys-overlay";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-modal", "true");
+    box.setAttribute("aria-label", "Keyboard shortcuts");
+    var panel = document.createElement("div");
+    panel.className = "keys-panel";
+    var title = document.createElement("h2");
+    title.textContent = "Keyboard shortcuts";
+    panel.appendChild(title);
+    order.forEach(function (group) {
+      var heading = document.createElement("h3");
+      heading.textContent = group;
+      panel.appendChild(heading);
+      var list = document.createElement("dl");
+      var shown = {};
+      entries[group].forEach(function (entry) {
+        var id = entry[0] + "|" + entry[2];
+        if (shown[id]) return;
+        shown[id] = true;
+        var dt = document.createElement("dt");
+        [entry[0], entry[1]].forEach(function (k, i) {
+          if (!k) return;
+          if (i) dt.appendChild(document.createTextNode(" or "));
+          var kbd = document.createElement("kbd");
+          kbd.textContent = k;
+          dt.appendChild(kbd);
+        });
+        var dd = document.createElement("dd");
+        dd.textContent = entry[2];
+        list.appendChild(dt);
+        list.appendChild(dd);
+      });
+      panel.appendChild(list);
+    });
+    var note = document.createElement("p");
+    note.className = "muted small";
+    note.textContent = "Keys do nothing while you type in a field. docs/review.md lists every screen's keys.";
+    panel.appendChild(note);
+    box.appendChild(panel);
+    box.addEventListener("click", function (event) { if (event.target === box) closeOverlay(); });
+    document.body.appendChild(box);
+  }
+
+  function closeOverlay() {
+    var existing = document.getElementById("keys-overlay");
+    if (existing) existing.remove();
+  }
+
+  // --- Dispatch ----------------------------------------------------------------
+
+  document.addEventListener("keydown", function (event) {
+    if (event.defaultPrevented || event.isComposing) return;
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      var area = event.target.closest ? event.target.closest("textarea") : null;
+      if (area && area.form) {
+        event.preventDefault();
+        var chosen = area.form.getAttribute("data-verdict");
+        var submitter = chosen ? area.form.querySelector('button[name=verdict][value="' + chosen + '"]') : null;
+        if (!submitter && area.form.querySelector("button[name=verdict]")) {
+          // A decision needs its verdict: say how to pick one rather than post without it.
+          var hint = area.form.querySelector(".verdict-hint");
+          if (hint) hint.textContent = "Pick a verdict first: Esc, then a (approve) or r (reject).";
+          return;
+        }
+        if (area.form.requestSubmit) area.form.requestSubmit(submitter || undefined); else area.form.submit();
+      }
+      return;
+    }
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.key === "Escape") {
+      // Esc closes the list, or leaves the field being typed in so keys work again.
+      if (document.getElementById("keys-overlay")) closeOverlay();
+      else if (typing(event.target) && event.target.blur) event.target.blur();
+      return;
+    }
+    if (typing(event.target)) return;
+    var key = event.key;
+    if (key === "?") { event.preventDefault(); overlay(); return; }
+    if (document.getElementById("keys-overlay")) return;
+    var el = declared(key);
+    var done = false;
+    if (el) {
+      activate(el);
+      done = true;
+    } else if (/^[1-9]$/.test(key)) {
+      done = pickLabel(parseInt(key, 10));
+    } else if (rows().length && (key === "j" || key === "k")) {
+      done = moveRow(key === "j" ? 1 : -1);
+    } else if (rows().length && (key === "o" || key === "Enter")) {
+      done = openRow();
+    } else if (key === "j" || key === "n") {
+      done = step(1);
+    } else if (key === "k" || key === "p") {
+      done = step(-1);
+    } else if (key === "v") {
+      done = toggleViewed();
+    } else if (key === "u") {
+      done = nextUnviewed();
+    } else if (key === "e" || key === "x") {
+      done = expand(key === "x");
+    }
+    if (done) event.preventDefault();
+  });
+
+  // Decision keys: with a reason already written, decide at once; without one,
+  // remember the verdict and put the cursor in the reason (Ctrl+Enter decides).
+  document.addEventListener("click", function (event) {
+    var trigger = event.target.closest ? event.target.closest("[data-verdict-key]") : null;
+    if (!trigger) return;
+    var form = document.getElementById(trigger.getAttribute("data-form"));
+    if (!form) return;
+    event.preventDefault();
+    var verdict = trigger.getAttribute("data-verdict-key");
+    var reason = form.querySelector("textarea[name=reason]");
+    var button = form.querySelector('button[name=verdict][value="' + verdict + '"]');
+    if (!button || button.disabled) return;
+    if (reason && !reason.value.trim()) {
+      form.setAttribute("data-verdict", verdict);
+      var hint = form.querySelector(".verdict-hint");
+      if (hint) hint.textContent = "Write the reason, then Ctrl+Enter to " + button.textContent.trim().split(":")[0].toLowerCase() + ".";
+      reason.focus();
+      return;
+    }
+    if (form.requestSubmit) form.requestSubmit(button); else button.click();
+  });
+})();
