@@ -344,8 +344,14 @@ class GateDecisionAdmin(ReadOnlyAdmin):
 
 @admin.register(models.LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ("run", "round", "component", "delta_score", "delta_cost", "accepted")
-    list_filter = ("component", "accepted")
+    list_display = ("run", "round", "component", "delta_score", "delta_cost", "accepted", "admissible")
+    list_filter = ("component", "accepted", "admissible")
+
+
+@admin.register(models.ParityCheck)
+class ParityCheckAdmin(ReadOnlyAdmin):
+    list_display = ("evaluator", "experiment", "candidate", "iterations", "verdict", "created_at")
+    list_filter = ("verdict",)
 
 
 @admin.register(models.LeakageFlag)
