@@ -191,7 +191,9 @@ def test_prompt_file_holds_the_train_evidence_budget_ledger_and_targets(scripts:
     assert "Refund order Q-4411 for Wenceslas Oyelaran." in prompt
     assert '- call refund_order {"order_id": "Q4411"}' in prompt
     assert '{"id": "arg:order_id", "met": false}' in prompt
-    assert "| 1 | prompt | no | -0.0200 | +0.1000 | Shouting helps. |" in prompt
+    # The verdict column: rejected by a rule (refuted), apart from admissible but not chosen.
+    assert "| 1 | prompt | rejected | -0.0200 | +0.1000 | Shouting helps. |" in prompt
+    assert "an admissible one that was not chosen is not refuted" in prompt
     assert "consider removing what they add: config." in prompt
     assert "| `tools/lookup.toml` | client_tool |" in prompt
     assert ".rsi/edits.json" in prompt
