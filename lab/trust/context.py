@@ -146,11 +146,8 @@ class Suite:
         self._old_lease = settings.RSI_TRIAL_LEASE_SECONDS
         settings.RSI_TRIAL_LEASE_SECONDS = LEASE_SECONDS
 
-    def close(self) -> None:
-        for worker in [*self.workers, *([self._spare] if self._spare else [])]:
-            worker.kill()
-        self.workers.clear()
-        self._spare = None
+    def _stop_servers(self) -> None:
+        """Stop the private Redis and PostgreSQL servers started for this context."""
         for server in self.redis_servers:
             server.stop()
         self.redis_servers.clear()
@@ -160,6 +157,13 @@ class Suite:
             except (OSError, subprocess.SubprocessError) as exc:
                 self.log(f"(could not stop the private PostgreSQL in {cluster.folder}: {exc})")
         self.postgres_servers.clear()
+
+    def close(self) -> None:
+        for worker in [*self.workers, *([self._spare] if self._spare else [])]:
+            worker.kill()
+        self.workers.clear()
+        self._spare = None
+        self._stop_servers()
         if self._old_broker is not None:
             from rsiweb.celery import app
 
@@ -416,15 +420,7 @@ class Suite:
         for worker in self.workers:
             worker.kill()
         self.workers.clear()
-        for server in self.redis_servers:
-            server.stop()
-        self.redis_servers.clear()
-        for cluster in self.postgres_servers:
-            try:
-                cluster.stop()
-            except (OSError, subprocess.SubprocessError) as exc:
-                self.log(f"(could not stop the private PostgreSQL in {cluster.folder}: {exc})")
-        self.postgres_servers.clear()
+        self._stop_servers()
         self.purge()
         self._current = None
 
