@@ -68,6 +68,12 @@ def test_a_run_paused_while_proposing_proposes_again_as_soon_as_it_is_resumed(st
         run.refresh_from_db()
         return run.status != Run.Status.RUNNING
 
-    wait_until(ended, timeout=180, what="the resumed run to end")
+    def where() -> str:
+        run.refresh_from_db()
+        candidates = list(Candidate.objects.filter(run=run).values_list("label", "state"))
+        state = f"run {run.status} {run.state.get('phase')} {run.error!r}; candidates {candidates}"
+        return f"{state}\n{worker.log()[-6000:]}"
+
+    wait_until(ended, timeout=180, what="the resumed run to end", diagnose=where)
     assert run.status == Run.Status.FINISHED, run.error
     assert sorted(Candidate.objects.filter(run=run, round=1).values_list("label", flat=True)) == ["r1s0", "r1s1"]
