@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 # Lets the code write the generic types django-stubs gives (``admin.ModelAdmin[Run]``).
 django_stubs_ext.monkeypatch()
@@ -319,6 +320,20 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
+# Trials wait on a sandboxed subprocess (a model API, in real agents) and
+# use little CPU, so they go to a queue of their own that a worker with a
+# thread pool serves with many slots (``--pool=threads --concurrency=N``),
+# while proposals, certification and the loop's steps stay on the default
+# queue of a prefork worker (docs/deployment.md says how to size both). Both
+# queues are declared, so a worker started without ``-Q`` consumes both.
+RSI_TRIAL_QUEUE = env_str("RSI_TRIAL_QUEUE", "trials")
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+# Each queue with its own direct exchange, as Celery makes a missing queue.
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for name in ("celery", RSI_TRIAL_QUEUE))
+CELERY_TASK_ROUTES = {"evolution.trial_run": {"queue": RSI_TRIAL_QUEUE}}
+# How long a trial held back by a limit (the experiment's trials in flight,
+# its model endpoint's) waits before its message is sent again.
+RSI_TRIAL_DEFER_SECONDS = float(env_str("RSI_TRIAL_DEFER_SECONDS", "1.0") or "1.0")
 CELERY_BEAT_SCHEDULE = {
     "lease-reaper": {
         "task": "evolution.lease_reap",

@@ -30,7 +30,17 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from evolution import digests, faults
-from evolution.models import Candidate, Evaluation, Evaluator, Run, SplitMembership, Tree, Trial
+from evolution.models import (
+    Candidate,
+    Evaluation,
+    Evaluator,
+    Experiment,
+    ModelEndpoint,
+    Run,
+    SplitMembership,
+    Tree,
+    Trial,
+)
 from evolution.sandbox import Limits
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
@@ -58,8 +68,17 @@ class EvaluationError(ValueError):
     pass
 
 
+class TrialHeldBack(Exception):
+    """A limit on trials in flight (the experiment's or its model
+    endpoint's) is reached: the trial stays pending and its message is to be
+    sent again later. Nothing was claimed."""
+
+
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who holds a claim: host, process and, in a thread-pool worker, thread."""
+    if threading.current_thread() is threading.main_thread():
+        return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
 
 
 def trial_seed(base_seed: int, task_external_id: str, index: int) -> int:
@@ -180,9 +199,55 @@ def evaluation_start(
     return evaluation
 
 
+def trials_in_flight(*, experiment_id: int | None = None, endpoint_id: int | None = None) -> int:
+    """Trials running now under a live lease, of one experiment or of every
+    experiment calling one model endpoint. A trial whose worker died stops
+    counting when its lease lapses."""
+    running = Trial.objects.filter(state=Trial.State.RUNNING, lease_expires_at__gt=timezone.now())
+    if experiment_id is not None:
+        running = running.filter(evaluation__experiment_id=experiment_id)
+    if endpoint_id is not None:
+        running = running.filter(evaluation__experiment__endpoint_id=endpoint_id)
+    return running.count()
+
+
 def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     """Claim a trial for ``owner``; None when someone else holds it or it is
-    finished. Safe to call for a duplicate message."""
+    finished. Safe to call for a duplicate message. Raises TrialHeldBack
+    when a limit on trials in flight is reached (nothing claimed).
+
+    The limits hold across every worker process and host: the count and the
+    claim happen in one transaction under a lock on the endpoint's row and
+    the experiment's (on SQLite every writing transaction is serialized).
+    """
+    limits = (
+        Experiment.objects.filter(evaluations__trials=trial_id)
+        .values_list("pk", "max_trials_in_flight", "endpoint_id", "endpoint__max_in_flight")
+        .first()
+    )
+    if limits is None or (limits[1] is None and limits[2] is None):
+        return _trial_claim(trial_id=trial_id, owner=owner)
+    experiment_id, experiment_limit, endpoint_id, endpoint_limit = limits
+    with transaction.atomic():
+        # Always endpoint first, then experiment: one order, no deadlock.
+        if endpoint_id is not None:
+            list(ModelEndpoint.objects.select_for_update().filter(pk=endpoint_id).values_list("pk"))
+        if experiment_limit is not None:
+            list(Experiment.objects.select_for_update().filter(pk=experiment_id).values_list("pk"))
+        full = ""
+        if endpoint_id is not None and trials_in_flight(endpoint_id=endpoint_id) >= endpoint_limit:
+            full = f"its model endpoint has {endpoint_limit} trial(s) in flight"
+        elif experiment_limit is not None and trials_in_flight(experiment_id=experiment_id) >= experiment_limit:
+            full = f"its experiment has {experiment_limit} trial(s) in flight"
+        if not full:
+            return _trial_claim(trial_id=trial_id, owner=owner)
+        # The task sends the message again; keep the reaper from sending another meanwhile.
+        lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+        Trial.objects.filter(pk=trial_id, state=Trial.State.PENDING).update(lease_expires_at=lease)
+    raise TrialHeldBack(f"trial {trial_id} held back: {full}")
+
+
+def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     now = timezone.now()
     lease = now + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
     claimable = Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING, lease_expires_at__lt=now)
@@ -335,6 +400,7 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
     trial = trial_claim(trial_id=trial_id, owner=owner)
     if trial is None:
         return False
+    in_pool_thread = threading.current_thread() is not threading.main_thread()
     # Renewed from the claim to the finish, not only while the agent runs:
     # writing the inputs out and storing the result also take time, and on a
     # loaded machine a lease that lapsed there lets a duplicate message take
@@ -349,6 +415,11 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
         root.chmod(0o711)
         try:
             spec = _trial_spec(trial, root / "inputs")
+            if in_pool_thread and not connection.in_atomic_block:
+                # A thread-pool slot gives its database connection back while
+                # its agent runs (seconds to minutes): dozens of waiting trials
+                # per host would otherwise hold dozens of idle connections.
+                connection.close()
             result = run_trial(spec, work_root=root)
             faults.checkpoint("trial:finished")
         except Exception as exc:  # the trial must end in a state, never vanish
