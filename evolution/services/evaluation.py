@@ -243,7 +243,10 @@ def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
             return _trial_claim(trial_id=trial_id, owner=owner)
         # The task sends the message again; keep the reaper from sending another meanwhile.
         lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
-        Trial.objects.filter(pk=trial_id, state=Trial.State.PENDING).update(lease_expires_at=lease)
+        if not Trial.objects.filter(pk=trial_id, state=Trial.State.PENDING).update(lease_expires_at=lease):
+            # Running, finished or cancelled: nothing to hold back (a running
+            # trial whose worker died is the reaper's to send again).
+            return None
     raise TrialHeldBack(f"trial {trial_id} held back: {full}")
 
 
