@@ -42,6 +42,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.sandbox import Limits
+from evolution.selectors import trials_in_flight
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
 from evolution.services.snapshots import tree_entries
@@ -197,18 +198,6 @@ def evaluation_start(
         trial_ids = list(Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True))
         transaction.on_commit(lambda: _enqueue_trials(trial_ids))
     return evaluation
-
-
-def trials_in_flight(*, experiment_id: int | None = None, endpoint_id: int | None = None) -> int:
-    """Trials running now under a live lease, of one experiment or of every
-    experiment calling one model endpoint. A trial whose worker died stops
-    counting when its lease lapses."""
-    running = Trial.objects.filter(state=Trial.State.RUNNING, lease_expires_at__gt=timezone.now())
-    if experiment_id is not None:
-        running = running.filter(evaluation__experiment_id=experiment_id)
-    if endpoint_id is not None:
-        running = running.filter(evaluation__experiment__endpoint_id=endpoint_id)
-    return running.count()
 
 
 def trial_claim(*, trial_id: int, owner: str) -> Trial | None:

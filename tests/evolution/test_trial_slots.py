@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from evolution import selectors
 from evolution.models import CertifiedResult, Evaluation, Experiment, ModelEndpoint, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import evaluator_upsert
@@ -119,7 +120,7 @@ def test_a_trial_is_held_back_at_its_experiments_limit_and_claimed_once_a_slot_f
     second.refresh_from_db()
     assert (second.state, second.attempt, second.lease_owner) == (Trial.State.PENDING, 0, "")
     assert second.lease_expires_at is not None and before is not None and second.lease_expires_at >= before
-    assert evaluation_services.trials_in_flight(experiment_id=experiment.pk) == 1
+    assert selectors.trials_in_flight(experiment_id=experiment.pk) == 1
 
     assert evaluation_services.trial_execute(trial_id=first.pk, owner="a") is False  # held by "a" already
     Trial.objects.filter(pk=first.pk).update(state=Trial.State.DONE)
@@ -145,7 +146,7 @@ def test_a_model_endpoints_limit_is_shared_by_every_experiment_calling_it() -> N
     with pytest.raises(evaluation_services.TrialHeldBack, match="model endpoint has 2"):
         evaluation_services.trial_claim(trial_id=ids[1][1], owner="w2")
     assert evaluation_services.trial_claim(trial_id=ids[2][0], owner="w3") is not None
-    assert evaluation_services.trials_in_flight(endpoint_id=endpoint.pk) == 2
+    assert selectors.trials_in_flight(endpoint_id=endpoint.pk) == 2
 
 
 class _CountingEndpoint:
