@@ -305,7 +305,7 @@ def run_sandboxed(
                 _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
     rlimits = _rlimit_plan(limits, run_uid if drop else os.getuid())
     _become_subreaper()
-    before = _child_pids()
+    before = _run_child_pids()
     status_read, status_write = os.pipe()
     with (
         tempfile.TemporaryFile() as out,
@@ -711,6 +711,24 @@ def _child_pids() -> set[int]:
     return children
 
 
+def _run_child_pids() -> set[int]:
+    """The children of this process a run can have: those of the calling
+    thread (its command) and of the main thread, to which the kernel
+    reparents orphans (the first live thread of a subreaper). Two reads,
+    where ``_child_pids`` reads one per thread: a thread-pool worker has
+    a hundred and more, and a trial lists children four times."""
+    if not _CHILDREN_LISTED:
+        return _child_pids_scanned()
+    children: set[int] = set()
+    for tid in {os.getpid(), threading.get_native_id()}:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as handle:
+                children.update(int(pid) for pid in handle.read().split())
+        except FileNotFoundError:  # the main thread ended: orphans go to another thread
+            return _child_pids()
+    return children
+
+
 def _children_listed() -> bool:
     try:
         with open(f"/proc/self/task/{threading.get_native_id()}/children", "rb"):
@@ -781,7 +799,7 @@ def _strays(before: set[int], own_uid: int | None) -> set[int]:
     in ``before``, not the command of a run in progress and, for a
     root-dropped run (``own_uid``), not running as another run's uid."""
     with _SPAWN_LOCK:
-        strays = _child_pids() - before - set(_LIVE_RUNS)
+        strays = _run_child_pids() - before - set(_LIVE_RUNS)
         others = {uid for uid in _LIVE_RUNS.values() if uid >= 0 and uid != own_uid}
     if own_uid is None or not others:
         return strays

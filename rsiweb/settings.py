@@ -221,6 +221,14 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
 
+
+def pool_size(slots: int) -> int:
+    """The database pool a trial worker of ``slots`` threads needs: a slot
+    holds a connection only while it claims, writes its inputs out and
+    finishes (tens of milliseconds of a trial of seconds or minutes)."""
+    return max(4, min(slots, 4 + slots // 8))
+
+
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # WAL lets the web server read while a worker writes; IMMEDIATE takes
@@ -235,7 +243,18 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # RSI_TEST_DB_SUFFIX (set per test session) keeps concurrent sessions apart.
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test_rsiweb{env_str('RSI_TEST_DB_SUFFIX')}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
-    pass
+    # A pool of connections shared by the threads of one process (the trial
+    # worker's slots): each borrows one for a burst of queries and gives it
+    # back, so dozens of waiting trials hold a few connections, and a trial
+    # does not pay a new connection (about 5 ms of the server's CPU) twice.
+    _pool_size = env_int("RSI_DB_POOL_SIZE", 0)
+    if _pool_size > 0:
+        if _db.get("CONN_MAX_AGE"):
+            raise ImproperlyConfigured("RSI_DB_POOL_SIZE and RSI_DB_CONN_MAX_AGE exclude each other")
+        _db["OPTIONS"] = {
+            **_db.get("OPTIONS", {}),
+            "pool": {"min_size": 1, "max_size": _pool_size, "timeout": env_int("RSI_DB_POOL_TIMEOUT", 60)},
+        }
 else:
     raise ImproperlyConfigured(f"DATABASE_URL engine {_db['ENGINE']} is not supported (use sqlite or postgres)")
 
