@@ -42,7 +42,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.sandbox import Limits
-from evolution.selectors import trials_in_flight
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
 from evolution.services.snapshots import tree_entries
@@ -203,40 +202,53 @@ def evaluation_start(
 def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     """Claim a trial for ``owner``; None when someone else holds it or it is
     finished. Safe to call for a duplicate message. Raises TrialHeldBack
-    when a limit on trials in flight is reached (nothing claimed).
+    when a limit on trials in flight is reached (the claim is undone).
 
-    The limits hold across every worker process and host: the count and the
-    claim happen in one transaction under a lock on the endpoint's row and
-    the experiment's (on SQLite every writing transaction is serialized).
+    The limits hold across every worker process and host: a trial is
+    claimed first, then, under a lock on the endpoint's row and the
+    experiment's (on SQLite every writing transaction is serialized), the
+    other trials in flight are counted and the claim is undone when they
+    reach a limit. Two claims racing are counted in turn, each seeing the
+    other's; the unlimited path costs no query more than before.
     """
-    limits = (
-        Experiment.objects.filter(evaluations__trials=trial_id)
-        .values_list("pk", "max_trials_in_flight", "endpoint_id", "endpoint__max_in_flight")
-        .first()
-    )
-    if limits is None or (limits[1] is None and limits[2] is None):
-        return _trial_claim(trial_id=trial_id, owner=owner)
-    experiment_id, experiment_limit, endpoint_id, endpoint_limit = limits
+    trial = _trial_claim(trial_id=trial_id, owner=owner)
+    if trial is None:
+        return None
+    experiment = trial.evaluation.experiment
+    if experiment.max_trials_in_flight is None and experiment.endpoint_id is None:
+        return trial
     with transaction.atomic():
-        # Always endpoint first, then experiment: one order, no deadlock.
-        if endpoint_id is not None:
-            list(ModelEndpoint.objects.select_for_update().filter(pk=endpoint_id).values_list("pk"))
-        if experiment_limit is not None:
-            list(Experiment.objects.select_for_update().filter(pk=experiment_id).values_list("pk"))
-        full = ""
-        if endpoint_id is not None and trials_in_flight(endpoint_id=endpoint_id) >= endpoint_limit:
-            full = f"its model endpoint has {endpoint_limit} trial(s) in flight"
-        elif experiment_limit is not None and trials_in_flight(experiment_id=experiment_id) >= experiment_limit:
-            full = f"its experiment has {experiment_limit} trial(s) in flight"
+        full = _limit_reached(trial, experiment)
         if not full:
-            return _trial_claim(trial_id=trial_id, owner=owner)
-        # The task sends the message again; keep the reaper from sending another meanwhile.
+            return trial
+        # Back to pending; the task sends the message again, and the lease keeps
+        # the reaper from sending another meanwhile.
         lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
-        if not Trial.objects.filter(pk=trial_id, state=Trial.State.PENDING).update(lease_expires_at=lease):
-            # Running, finished or cancelled: nothing to hold back (a running
-            # trial whose worker died is the reaper's to send again).
-            return None
+        Trial.objects.filter(pk=trial.pk, state=Trial.State.RUNNING, lease_owner=owner, attempt=trial.attempt).update(
+            state=Trial.State.PENDING, lease_owner="", attempt=F("attempt") - 1, started_at=None, lease_expires_at=lease
+        )
     raise TrialHeldBack(f"trial {trial_id} held back: {full}")
+
+
+def _limit_reached(trial: Trial, experiment: Experiment) -> str:
+    """Which limit the other trials in flight reach, or "". Call in a transaction."""
+    others = Trial.objects.filter(state=Trial.State.RUNNING, lease_expires_at__gt=timezone.now()).exclude(pk=trial.pk)
+    # Always endpoint first, then experiment: one order, no deadlock.
+    if experiment.endpoint_id is not None:
+        limit = (
+            ModelEndpoint.objects.select_for_update()
+            .filter(pk=experiment.endpoint_id)
+            .values_list("max_in_flight", flat=True)
+        )
+        endpoint_limit = next(iter(limit), None)
+        calling = others.filter(evaluation__experiment__endpoint_id=experiment.endpoint_id)
+        if endpoint_limit is not None and calling.count() >= endpoint_limit:
+            return f"its model endpoint has {endpoint_limit} trial(s) in flight"
+    if experiment.max_trials_in_flight is not None:
+        list(Experiment.objects.select_for_update().filter(pk=experiment.pk).values_list("pk"))
+        if others.filter(evaluation__experiment_id=experiment.pk).count() >= experiment.max_trials_in_flight:
+            return f"its experiment has {experiment.max_trials_in_flight} trial(s) in flight"
+    return ""
 
 
 def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
@@ -258,9 +270,39 @@ def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     )
     if not claimed:
         return None
-    return Trial.objects.select_related("task__benchmark", "evaluation__experiment__evaluator", "candidate").get(
-        pk=trial_id
+    return (
+        Trial.objects.select_related("task", "evaluation__experiment__evaluator", "candidate")
+        .only(*_CLAIMED_FIELDS)
+        .get(pk=trial_id)
     )
+
+
+# What running and finishing a trial reads (``_trial_spec``, ``trial_finish``): the
+# claim's query compiles and reads a third of the columns of the whole rows, a
+# large share of a thread-pool worker's own CPU a trial. Other fields load on use.
+_CLAIMED_FIELDS = (
+    "evaluation",
+    "candidate",
+    "task",
+    "attempt",
+    "seed",
+    "index",
+    "state",
+    "lease_owner",
+    "task__public_files",
+    "task__instruction",
+    "task__expected",
+    "task__criteria",
+    "candidate__tree",
+    "evaluation__experiment",
+    "evaluation__experiment__max_trials_in_flight",
+    "evaluation__experiment__endpoint",
+    "evaluation__experiment__evaluator",
+    *(
+        f"evaluation__experiment__evaluator__{name}"
+        for name in ("files", "runner_argv", "verifier_argv", "env_allowlist", "timeout_seconds", "limits")
+    ),
+)
 
 
 # Trees are content-addressed (a digest names exactly one content), so the
