@@ -19,6 +19,7 @@ the share each one ran.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from django.conf import settings
 from django.db import connection
 
 from evolution import selectors
-from evolution.models import CertifiedResult, Evaluation, Experiment, Trial
+from evolution.models import CertifiedResult, Evaluation, Experiment, TrajectoryStep, Trial
 from evolution.services import evaluation as evaluation_services
 from lab.bench import BenchResult, benchmark, stopwatch
 from lab.bench.memory import rss_kib
@@ -148,6 +149,7 @@ class Pass:
     errors: int
     attempts: int  # trials claimed more than once
     records: int  # certified records of the evaluation
+    steps: int  # trajectory steps stored for its trials
     shares: dict[str, int]  # trials run by each trial worker's hostname
     cpu: CpuSeconds  # where the machine's CPU went during the pass
 
@@ -175,6 +177,7 @@ def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: l
         errors=trials.filter(outcome=Trial.Outcome.ERROR).count(),
         attempts=trials.filter(attempt__gt=1).count(),
         records=CertifiedResult.objects.filter(evaluation=evaluation).count(),
+        steps=TrajectoryStep.objects.filter(trajectory__trial__evaluation=evaluation).count(),
         shares=dict(sorted(shares.items())),
         cpu=cpu,
     )
@@ -183,7 +186,7 @@ def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: l
 def _trial_worker_env(slots: int) -> dict[str, str]:
     """A trial worker's database connections: on PostgreSQL a pool its
     threads share (as docs/deployment.md sizes it), one a thread on SQLite."""
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or importlib.util.find_spec("psycopg_pool") is None:
         return {}
     return {"RSI_DB_POOL_SIZE": str(pool_size(slots))}
 
@@ -239,9 +242,11 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
             lines=[
                 f"trials: {tasks * k} ({tasks} tasks x k={k}), an agent of {CALLS} calls of {CALL_SECONDS} s and a "
                 f"5-step trajectory; {slots} trial slots (thread pool); ideal {ideal:.1f} s",
-                f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}",
+                f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
+                f"connections of a trial worker: {_trial_worker_env(slots).get('RSI_DB_POOL_SIZE', 'one a thread')}"
+                " (RSI_DB_POOL_SIZE)",
                 f"one trial worker:  {one.seconds:7.2f} s ({one.seconds / ideal:.3f} x ideal), {one.errors} errors, "
-                f"{one.attempts} retried, {one.records} certified record",
+                f"{one.attempts} retried, {one.records} certified record, {one.steps} trajectory steps stored",
                 f"  memory: peak {one.peak_kib / mib:.1f} MiB for the worker and everything its {slots} slots ran "
                 f"(the worker process alone {one.peak_workers_kib / mib:.1f} MiB)",
                 f"two trial workers of {slots // 2} + {slots - slots // 2} slots: {two.seconds:7.2f} s "
@@ -259,6 +264,7 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                 "every trial certified once, no errors": (
                     one.records == two.records == 1 and one.errors == two.errors == 0 and one.trials == tasks * k
                 ),
+                "every trajectory stored": one.steps == two.steps == tasks * k * (CALLS + 1),
                 "memory under 1.5 GiB": one.peak_kib < 1.5 * mib * mib,
                 "both hosts ran trials": len(two.shares) == 2 and min(two.shares.values()) > 0,
             },

@@ -84,6 +84,17 @@ def test_memory_benchmark_samples_the_worker_across_evaluations() -> None:
     assert result.lines[0].startswith("trials: 40 in 2 certified evaluations of 20, 0 errors")
 
 
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_two_hosts() -> None:
+    result = run_quick("concurrency", "concurrency")
+    assert_sane(result, target=1.15)
+    assert result.lines[0].startswith("trials: 64 (32 tasks x k=2), an agent of 4 calls of 0.5 s")
+    assert ", 0 errors, 0 retried, 1 certified record, 320 trajectory steps stored" in result.lines[2]
+    shares = re.findall(r"bench-host-[ab]-\d+ (\d+) ", result.lines[5])
+    assert len(shares) == 2 and sum(map(int, shares)) == 64, result.lines[5]
+
+
 # The records benchmark (and verify_records) rely on this fast path giving
 # exactly the RFC 8785 bytes, or falling back to them.
 CANONICAL_CASES = [
