@@ -52,7 +52,7 @@ def run_advance(*, run_id: int) -> str:
     """Do the next step of a run, if any. Safe to call any number of times,
     from any number of processes. Returns the phase after the step."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("experiment", "recipe").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).select_related("experiment", "recipe").get(pk=run_id)
         if run.status not in ACTIVE:
             return str(run.status)
         recipe = run_recipe(run)
