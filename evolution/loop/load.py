@@ -76,6 +76,14 @@ def evaluation_task_values(evaluation: Evaluation, metric: str) -> dict[str, lis
     return values
 
 
+def evaluation_split_rows(evaluation: Evaluation) -> dict[str, list[measure.TrialRow]]:
+    """One evaluation's trials by split, as the measurement reads them."""
+    rows: dict[str, list[measure.TrialRow]] = {}
+    for split, *row in Trial.objects.filter(evaluation=evaluation).values_list("split", *ROW):
+        rows.setdefault(split, []).append(measure.TrialRow(*row))
+    return rows
+
+
 def split_scores(*, candidate: Candidate, metric: str) -> dict[str, float]:
     """S per split over every certified evaluation of the candidate (transfer ones included), by name."""
     by_split: dict[str, list[measure.TrialRow]] = {}
