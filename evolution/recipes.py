@@ -290,11 +290,15 @@ class Recipe:
         return self.noise.repeats if self.needs_noise_estimate else 1
 
     @property
-    def baseline_k(self) -> int:
-        """Trials per task in each evaluation of the seed: ``noise.trials_per_task`` when delta is estimated
-        (at least the evaluation's k), else the evaluation's k."""
-        k = self.evaluation.trials_per_task
-        return max(k, self.noise.trials_per_task) if self.needs_noise_estimate else k
+    def noise_k(self) -> int:
+        """Trials per task in each repeat of the seed after its first (``noise.trials_per_task``, at least the
+        evaluation's k). The first is an evaluation like every candidate's (k trials), so the seed's
+        reported numbers compare with theirs; the repeats add trials to what delta is estimated from."""
+        return max(self.evaluation.trials_per_task, self.noise.trials_per_task)
+
+    def baseline_trials_per_task(self) -> int:
+        """Trials per task of all the seed's evaluations before the first round."""
+        return self.evaluation.trials_per_task + (self.baseline_repeats - 1) * self.noise_k
 
 
 # --- Public functions ---------------------------------------------------------------

@@ -205,13 +205,15 @@ def noise_estimate(
     fixed: float | None = None,
     draws: int = BOOTSTRAP_DRAWS,
     seed: int = 0,
+    k: int | None = None,
 ) -> NoiseEstimate:
     """Estimate delta from the seed's repeated evaluations: ``repeats`` holds, per evaluation, each task's
     trial values (1 or 0 for pass@1, the rubric score for mean_score; an error trial counts 0, as in S).
 
     ``bootstrap`` (the default rule, docs/loop.md says why): the expected range of S over as many
     evaluations as were made, each drawn task by task from the task's pooled trials (every repeat's, with
-    replacement, as many trials as the evaluation ran). It uses every trial, not only each evaluation's S,
+    replacement): ``k`` trials per task, the k the gate's evaluations run (None: as many as each repeat
+    ran). It uses every trial, not only each evaluation's S,
     so two evaluations whose S happen to agree still show the spread their trials had; it is 0 only when
     every task gave the same value in every trial. ``range`` and ``std`` use the evaluations' S alone;
     two evaluations that agree exactly say nothing about the spread, so that gives no estimate (None)
@@ -232,9 +234,11 @@ def noise_estimate(
             None, rule, len(scores), trials_per_task, f"{len(scores)} evaluation(s) of the seed: at least 2 are needed"
         )
     if rule == "bootstrap":
-        delta = _bootstrap_range(pooled, [_trial_counts(r) for r in repeats], draws=draws, seed=seed)
+        counts = [dict.fromkeys(pooled, k) if k else _trial_counts(r) for r in repeats]
+        delta = _bootstrap_range(pooled, counts, draws=draws, seed=seed)
+        size = f" of k={k}" if k else ""
         note = (
-            f"expected range of S over {len(scores)} evaluations, {draws} bootstrap draws from "
+            f"expected range of S over {len(scores)} evaluations{size}, {draws} bootstrap draws from "
             f"{trials_per_task} pooled trials per task"
         )
         return NoiseEstimate(delta, rule, len(scores), trials_per_task, note)

@@ -127,7 +127,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     seed = run.experiment.seed_candidate
     if seed is None:
         return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
-    repeats, k = recipe.baseline_repeats, recipe.baseline_k
+    repeats = recipe.baseline_repeats
     existing = {e.repeat: e for e in Evaluation.objects.filter(run=run, candidate=seed)}
     splits = list(recipe.evaluation.evolve_splits)
     metric = recipe.evaluation.score_metric
@@ -138,7 +138,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             evaluation_services.evaluation_start(
                 candidate=seed,
                 splits=splits,
-                k=k,
+                k=recipe.evaluation.trials_per_task if repeat == 0 else recipe.noise_k,
                 purpose=Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE,
                 repeat=repeat,
                 seed=recipe.seed,
@@ -164,6 +164,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             rule=recipe.noise.rule,
             fixed=recipe.noise.fixed,
             seed=recipe.seed,
+            k=recipe.evaluation.trials_per_task,
         )
         delta = estimate.delta
         state.noise = {

@@ -45,7 +45,7 @@ def api_run(client: Client, run: Run) -> dict[str, Any]:
     return dict(json.loads(response.content))
 
 
-def test_the_default_recipe_evaluates_the_seed_three_times_with_two_trials_per_task(
+def test_the_default_recipe_evaluates_the_seed_three_times_with_two_trials_per_task_in_the_repeats(
     client_as: Callable[..., Client],
 ) -> None:
     recipe = tiny_recipe()
@@ -55,15 +55,16 @@ def test_the_default_recipe_evaluates_the_seed_three_times_with_two_trials_per_t
 
     seed = seed_of(run.experiment)
     repeats = Evaluation.objects.filter(run=run, candidate=seed, purpose__in=["baseline", "noise"])
-    assert sorted(repeats.values_list("repeat", "k")) == [(0, 2), (1, 2), (2, 2)]
+    # The first is an evaluation like a candidate's (k = 1); the repeats run noise.trials_per_task = 2.
+    assert sorted(repeats.values_list("repeat", "k")) == [(0, 1), (1, 2), (2, 2)]
     noise = RunState.of(run).noise
     assert noise is not None
     # The tiny agent is deterministic: every trial of a task agrees, so the measured band is 0, and says so.
-    assert (noise["rule"], noise["evaluations"], noise["trials_per_task"], noise["delta"]) == ("bootstrap", 3, 6, 0.0)
+    assert (noise["rule"], noise["evaluations"], noise["trials_per_task"], noise["delta"]) == ("bootstrap", 3, 5, 0.0)
     assert run.noise_delta == 0.0
     viewer = client_as("viewer")
     page = viewer.get(reverse("review:experiment", args=[run.experiment_id])).content.decode()
-    assert "0.000 <span class=\"muted\">(bootstrap: expected range of S over 3 evaluations" in page
+    assert '0.000 <span class="muted">(bootstrap: expected range of S over 3 evaluations of k=1' in page
     assert api_run(viewer, run)["noise"]["delta"] == 0.0
 
 
@@ -100,7 +101,7 @@ def test_the_bundled_example_is_noisy_enough_for_a_band_above_zero() -> None:
 
     experiment = example_experiment_create(name="noise example")
     recipe = example_recipe(rounds=1, candidates=1, k=1)
-    assert (recipe.noise.repeats, recipe.baseline_k, recipe.noise.rule) == (3, 2, "bootstrap")
+    assert (recipe.noise.repeats, recipe.noise_k, recipe.noise.rule) == (3, 2, "bootstrap")
     run = lifecycle.run_create(experiment=experiment, recipe=recipe)
     run = drive(run, until=lambda r: RunState.of(r).phase != "baseline")
     noise = RunState.of(run).noise
