@@ -99,7 +99,7 @@ def round_decide(
     candidates: Sequence[CandidateStats],
     edits: dict[CandidateId, Sequence[Edit]],
     best_score: float,
-    delta: float,
+    delta: float | None,
     gate: Gate,
     params: GateParams,
     accept: str = "chosen",

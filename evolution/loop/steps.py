@@ -52,7 +52,7 @@ def run_advance(*, run_id: int) -> str:
     """Do the next step of a run, if any. Safe to call any number of times,
     from any number of processes. Returns the phase after the step."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("experiment", "recipe").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).select_related("experiment", "recipe").get(pk=run_id)
         if run.status not in ACTIVE:
             return str(run.status)
         recipe = run_recipe(run)
@@ -127,7 +127,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     seed = run.experiment.seed_candidate
     if seed is None:
         return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
-    repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
+    repeats = recipe.baseline_repeats
     existing = {e.repeat: e for e in Evaluation.objects.filter(run=run, candidate=seed)}
     splits = list(recipe.evaluation.evolve_splits)
     metric = recipe.evaluation.score_metric
@@ -138,7 +138,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             evaluation_services.evaluation_start(
                 candidate=seed,
                 splits=splits,
-                k=recipe.evaluation.trials_per_task,
+                k=recipe.evaluation.trials_per_task if repeat == 0 else recipe.noise_k,
                 purpose=Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE,
                 repeat=repeat,
                 seed=recipe.seed,
@@ -154,12 +154,26 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     if states != {Evaluation.State.CERTIFIED}:
         return "baseline"
 
-    scores = [load.evaluation_score(e, metric) for e in sorted(existing.values(), key=lambda e: e.repeat)]
+    ordered = sorted(existing.values(), key=lambda e: e.repeat)
+    scores = [load.evaluation_score(e, metric) for e in ordered]
     repeat_scores = [s for s in scores if s is not None]
-    if recipe.needs_noise_estimate and len(repeat_scores) >= 2:
-        delta = regularization.noise_delta(repeat_scores, rule=recipe.noise.rule, fixed=recipe.noise.fixed)
-    else:
-        delta = recipe.noise.fixed or 0.0
+    delta: float | None = recipe.noise.fixed or 0.0
+    if recipe.needs_noise_estimate:
+        estimate = regularization.noise_estimate(
+            [load.evaluation_task_values(e, metric) for e in ordered],
+            rule=recipe.noise.rule,
+            fixed=recipe.noise.fixed,
+            seed=recipe.seed,
+            k=recipe.evaluation.trials_per_task,
+        )
+        delta = estimate.delta
+        state.noise = {
+            "delta": estimate.delta,
+            "rule": estimate.rule,
+            "evaluations": estimate.evaluations,
+            "trials_per_task": estimate.trials_per_task,
+            "note": estimate.note,
+        }
     seed.refresh_from_db()
     # A later run of the same experiment finds the seed accepted by the first
     # (accepted implies certified: a database constraint); it stays the parent.
@@ -190,9 +204,15 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     state.measured_components = []
     state.pruning_targets = []
     state.rounds[0] = _round_summary(run, state, recipe, 0)
-    state.event(
-        0, "baseline", f"seed S={stats.score:.3f} over {len(repeat_scores)} repeat(s), noise band delta={delta:.3f}"
-    )
+    band = f"noise band delta={delta:.3f}" if delta is not None else "noise band not estimable"
+    state.event(0, "baseline", f"seed S={stats.score:.3f} over {len(repeat_scores)} repeat(s), {band}")
+    if delta is None and state.noise is not None:
+        state.event(
+            0,
+            "error",
+            f"the noise band could not be estimated ({state.noise.get('note')}): the gate accepts "
+            "nothing inside the band, a candidate must beat the current harness",
+        )
     _save(run, state, "noise_delta", "current_candidate", "current_round")
     advance_after_commit(run.pk)
     return "propose"
@@ -258,7 +278,7 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
         candidates=[stats for _, stats in measured.values()],
         edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
         best_score=state.best_score if state.best_score is not None else current_stats.score,
-        delta=float(run.noise_delta or 0.0),
+        delta=run_delta(run, state),
         gate=operators.get("gate", recipe.gate.operator),
         params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
         accept=recipe.gate.accept,
@@ -289,6 +309,14 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
             else "the current harness stays"
         ),
     )
+
+
+def run_delta(run: Run, state: RunState) -> float | None:
+    """The noise band the gate uses: None when the baseline measured it and could not estimate it (the gate
+    then accepts nothing inside the band); 0 when the recipe uses no band."""
+    if run.noise_delta is None and state.noise_unknown:
+        return None
+    return float(run.noise_delta or 0.0)
 
 
 # Gate parameters for a round with nothing measured (the gate is not called then).
