@@ -236,7 +236,7 @@ def _limit_reached(trial: Trial, experiment: Experiment) -> str:
     # Always endpoint first, then experiment: one order, no deadlock.
     if experiment.endpoint_id is not None:
         limit = (
-            ModelEndpoint.objects.select_for_update()
+            ModelEndpoint.objects.select_for_update(no_key=True)
             .filter(pk=experiment.endpoint_id)
             .values_list("max_in_flight", flat=True)
         )
@@ -245,7 +245,7 @@ def _limit_reached(trial: Trial, experiment: Experiment) -> str:
         if endpoint_limit is not None and calling.count() >= endpoint_limit:
             return f"its model endpoint has {endpoint_limit} trial(s) in flight"
     if experiment.max_trials_in_flight is not None:
-        list(Experiment.objects.select_for_update().filter(pk=experiment.pk).values_list("pk"))
+        list(Experiment.objects.select_for_update(no_key=True).filter(pk=experiment.pk).values_list("pk"))
         if others.filter(evaluation__experiment_id=experiment.pk).count() >= experiment.max_trials_in_flight:
             return f"its experiment has {experiment.max_trials_in_flight} trial(s) in flight"
     return ""
