@@ -35,7 +35,17 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from evolution import sandbox, selectors
-from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
+from evolution.models import (
+    Annotation,
+    Benchmark,
+    Evaluation,
+    Evaluator,
+    Experiment,
+    Surface,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
     TaskInput,
@@ -177,11 +187,30 @@ def experiment_discard(experiment: Experiment) -> None:
                     "ALTER TABLE evolution_certifiedresult ENABLE TRIGGER evolution_certifiedresult_no_update_delete"
                 )
         Experiment.objects.filter(pk=experiment.pk).update(seed_candidate=None)
+        _steps_discard(experiment)
         Trial.objects.filter(evaluation__experiment=experiment).delete()
         Experiment.objects.filter(pk=experiment.pk).delete()
         Benchmark.objects.filter(pk=experiment.benchmark_id).delete()
         Evaluator.objects.filter(pk=experiment.evaluator_id).delete()
         Surface.objects.filter(pk=experiment.surface_id).delete()
+
+
+def _steps_discard(experiment: Experiment) -> None:
+    """Remove the trajectory steps of ``experiment``'s trials in two statements.
+
+    Left to the trials' delete, Django's collector loads every step and sets
+    the annotations' step to NULL over all of them in one statement: with
+    the 200,000 steps ``trajectory-import`` leaves, past SQLite's limit of
+    variables ("too many SQL variables"), and slow on any database.
+    """
+    Annotation.objects.filter(step__trajectory__trial__evaluation__experiment=experiment).update(step=None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {TrajectoryStep._meta.db_table} WHERE trajectory_id IN ("
+            f"SELECT tj.id FROM {Trajectory._meta.db_table} tj JOIN {Trial._meta.db_table} t ON t.id = tj.trial_id "
+            f"JOIN {Evaluation._meta.db_table} e ON e.id = t.evaluation_id WHERE e.experiment_id = %s)",
+            [experiment.pk],
+        )
 
 
 # --- worker processes ---------------------------------------------------------
