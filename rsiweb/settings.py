@@ -56,6 +56,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -352,7 +362,7 @@ CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for nam
 CELERY_TASK_ROUTES = {"evolution.trial_run": {"queue": RSI_TRIAL_QUEUE}}
 # How long a trial held back by a limit (the experiment's trials in flight,
 # its model endpoint's) waits before its message is sent again.
-RSI_TRIAL_DEFER_SECONDS = float(env_str("RSI_TRIAL_DEFER_SECONDS", "1.0") or "1.0")
+RSI_TRIAL_DEFER_SECONDS = env_float("RSI_TRIAL_DEFER_SECONDS", 1.0)
 CELERY_BEAT_SCHEDULE = {
     "lease-reaper": {
         "task": "evolution.lease_reap",

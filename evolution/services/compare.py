@@ -198,7 +198,7 @@ def _transfer(candidate: Candidate, *, k: int, seeds: int, run: Run | None, metr
             run=run,
         )
         for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-            evaluation_services.trial_execute(trial_id=trial_id, owner="compare")
+            evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
         result_certify(evaluation_id=evaluation.pk)
         evaluation.refresh_from_db()
         if evaluation.state != Evaluation.State.CERTIFIED:
@@ -256,7 +256,7 @@ def _start(experiment: Experiment, specs: dict[str, Recipe], transfer_seeds: int
             candidate=seed, splits=list(recipe.evaluation.evolve_splits), k=k, purpose=Evaluation.Purpose.BASELINE
         )
     for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-        evaluation_services.trial_execute(trial_id=trial_id, owner="compare")
+        evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
     result_certify(evaluation_id=evaluation.pk)
     seed.refresh_from_db()
     rows_by_split = load.evaluation_split_rows(evaluation)

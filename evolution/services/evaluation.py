@@ -17,6 +17,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -462,6 +463,21 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return trial_finish(trial=trial, owner=owner, result=result)
+
+
+def trial_execute_in_process(*, trial_id: int, owner: str | None = None) -> bool:
+    """``trial_execute`` for a driver that runs trials one after the other in
+    its own process (inline runs, parity, comparisons, ``evaluate`` without
+    workers): a trial held back by a limit (workers elsewhere hold the
+    endpoint's slots) is tried again after a wait instead of failing the
+    driver."""
+    wait = settings.RSI_TRIAL_DEFER_SECONDS
+    while True:
+        try:
+            return trial_execute(trial_id=trial_id, owner=owner)
+        except TrialHeldBack:
+            time.sleep(wait)
+            wait = min(30.0, wait * 1.5)
 
 
 def _store_trajectory(trial: Trial, document: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from evolution import selectors
 from evolution.models import CertifiedResult, Evaluation, Experiment, ModelEndpoint, Trial
@@ -243,3 +244,36 @@ def test_a_model_endpoints_limit_holds_across_two_worker_processes(
     }
     assert pids == {str(worker.pid) for worker in hosts}
     assert set(Trial.objects.filter(evaluation=evaluation).values_list("attempt", "state")) == {(1, Trial.State.DONE)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_in_process_driver_waits_for_a_held_back_trial_instead_of_failing(settings: Any) -> None:
+    """Workers elsewhere hold the endpoint's one slot; the in-process driver
+    waits until it frees, then runs the trial."""
+    settings.RSI_TRIAL_DEFER_SECONDS = 0.1
+    endpoint = ModelEndpoint.objects.create(name="one-slot", max_in_flight=1)
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    elsewhere, mine = Trial.objects.filter(evaluation=evaluation).order_by("pk")
+    assert evaluation_services.trial_claim(trial_id=elsewhere.pk, owner="another-host") is not None
+    with pytest.raises(evaluation_services.TrialHeldBack):
+        evaluation_services.trial_execute(trial_id=mine.pk, owner="inline")
+
+    def free_the_slot() -> None:
+        time.sleep(0.5)
+        try:
+            Trial.objects.filter(pk=elsewhere.pk).update(state=Trial.State.DONE)
+        finally:
+            connection.close()
+
+    freer = threading.Thread(target=free_the_slot)
+    freer.start()
+    began = time.monotonic()
+    assert evaluation_services.trial_execute_in_process(trial_id=mine.pk, owner="inline") is True
+    freer.join()
+    assert time.monotonic() - began >= 0.5
+    mine.refresh_from_db()
+    assert (mine.state, mine.attempt, mine.lease_owner) == (Trial.State.DONE, 1, "inline")
