@@ -37,7 +37,7 @@ from lab.bench import BenchResult, benchmark, stopwatch
 from lab.bench.memory import rss_kib
 from lab.bench.orchestration import SPLITS, with_bench_experiment, worker_start
 from lab.processes import WorkerProcess as Worker
-from lab.processes import process_descendants, process_stats
+from lab.processes import process_stats
 from rsiweb.settings import pool_size
 
 # Four model calls of 0.5 s, a trajectory of the five steps, the answer.
@@ -62,6 +62,29 @@ WAITING_RUNNER_ARGV = [
 ]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, from the kernel's children lists of
+    each thread: a scan of every process on the host (``process_descendants``)
+    four times a second would take a share of the two cores it measures."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
 @dataclass
 class MemorySampler:
     """Peak resident memory (KiB) of some workers and all their descendants."""
@@ -74,7 +97,7 @@ class MemorySampler:
 
     def sample(self) -> None:
         own = sum(rss_kib(worker.pid) for worker in self.workers)
-        below = sum(rss_kib(pid) for worker in self.workers for pid in process_descendants(worker.pid))
+        below = sum(rss_kib(pid) for worker in self.workers for pid in descendants(worker.pid))
         self.peak = max(self.peak, own + below)
         self.peak_workers = max(self.peak_workers, own)
 
