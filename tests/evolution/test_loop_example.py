@@ -18,7 +18,7 @@ from evolution.example.setup import example_experiment_create
 from evolution.models import Candidate, Evaluation, Run
 from evolution.services.compare import comparison_table, recipes_compare
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.story]
 
 SEEDS = 5
 
