@@ -215,6 +215,7 @@ class NoiseSpec:
     rule: str
     fixed: float | None
     trials_per_task: int = 2
+    floor: str = "evolve"  # S on the evolve splits (the seed text) or on the gate split alone (RSIHub)
 
 
 @dataclass(frozen=True)
@@ -679,6 +680,8 @@ def _parse(data: Mapping[str, Any], known: Mapping[str, AbstractSet[str]] | None
                 "the unregularized gate uses neither the noise band nor admissibility; "
                 f"set {' and '.join(f'{name}.enabled' for name in on)} to false",
             )
+    if recipe.noise.floor == "gate" and "gate" not in recipe.evaluation.evolve_splits:
+        raise RecipeError("noise.floor", "'gate' needs the gate split among evaluation.evolve_splits")
     return recipe
 
 
@@ -768,8 +771,12 @@ def _stall(top: _Block, candidates_per_round: int) -> StallSpec:
     return StallSpec(enabled=block.flag("enabled", True), w=block.integer("w", 3, minimum=1), m_draft=m_draft)
 
 
+NOISE_FLOORS = ("evolve", "gate")
+
+
 def _noise(top: _Block) -> NoiseSpec:
-    block = top.block("noise", ("enabled", "repeats", "rule", "fixed", "trials_per_task"))
+    block = top.block("noise", ("enabled", "repeats", "rule", "fixed", "trials_per_task", "floor"))
+    floor = block.choice("floor", "evolve", NOISE_FLOORS)
     rule = block.choice("rule", "bootstrap", NOISE_RULES)
     fixed = block.number("fixed", None, minimum=0.0, maximum=1.0, nullable=True)
     repeats = block.integer("repeats", 3, minimum=1)
@@ -781,7 +788,12 @@ def _noise(top: _Block) -> NoiseSpec:
     if rule != "fixed" and repeats < 2:
         raise RecipeError(block.where("repeats"), f"must be >= 2 for noise.rule {rule!r}, got {repeats}")
     return NoiseSpec(
-        enabled=block.flag("enabled", True), repeats=repeats, rule=rule, fixed=fixed, trials_per_task=trials_per_task
+        enabled=block.flag("enabled", True),
+        repeats=repeats,
+        rule=rule,
+        fixed=fixed,
+        trials_per_task=trials_per_task,
+        floor=floor,
     )
 
 

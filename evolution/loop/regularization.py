@@ -357,6 +357,8 @@ class CandidateStats:
     ``valid_rate`` and ``no_submission_rate`` are shares of trials in [0, 1];
     ``components`` are the component kinds the candidate's edits touch (empty
     for the current harness, whose edits are already accepted).
+    ``floor_score`` is S on the floor's splits when the recipe puts the floor
+    on the gate split alone (``noise.floor: gate``); None otherwise.
 
     Raises ``ValueError`` on values out of range or an unknown component kind.
     """
@@ -367,10 +369,13 @@ class CandidateStats:
     valid_rate: float = 1.0
     no_submission_rate: float = 0.0
     components: frozenset[str] = frozenset()
+    floor_score: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("score", "valid_rate", "no_submission_rate"):
+        for name in ("score", "valid_rate", "no_submission_rate", "floor_score"):
             value = getattr(self, name)
+            if value is None and name == "floor_score":
+                continue
             if not 0.0 <= value <= 1.0:  # also true for NaN
                 raise ValueError(f"{name} of candidate {self.candidate_id!r} must be in [0, 1], got {value!r}")
         if not (self.cost >= 0 and math.isfinite(self.cost)):
@@ -453,9 +458,14 @@ def regularized_gate(
     delta: float | None,
     params: GateParams,
     accepted_structural_kinds: Iterable[str] = frozenset(),
+    best_floor_score: float | None = None,
 ) -> list[GateVerdict]:
     """Verdicts of the regularized gate (CONCEPTS.md 4 E and F), one per
     candidate in input order.
+
+    The floor compares S on the evolve splits with S_best (the seed text). With ``best_floor_score``
+    (``noise.floor: gate``, RSIHub's choice) it compares each candidate's ``floor_score``, S on the gate
+    split alone, with the best gate score of an accepted harness instead.
 
     ``current`` is the harness the candidates are compared with; ``best_score``
     is S_best, the best score of an accepted harness so far; ``delta`` the
@@ -497,8 +507,13 @@ def regularized_gate(
     _check_unique(candidates)
     accepted = frozenset(accepted_structural_kinds)
     band = (delta or 0.0) if params.noise_band else 0.0
+    if best_floor_score is not None:
+        missing = [c.candidate_id for c in candidates if c.floor_score is None]
+        if missing or not math.isfinite(best_floor_score):
+            raise ValueError(f"a floor on the gate split needs every candidate's gate score (missing: {missing})")
     return [
-        _regularized_verdict(current, candidate, best_score, band, delta, params, accepted) for candidate in candidates
+        _regularized_verdict(current, candidate, best_score, band, delta, params, accepted, best_floor_score)
+        for candidate in candidates
     ]
 
 
@@ -510,6 +525,7 @@ def _regularized_verdict(
     estimated_delta: float | None,
     params: GateParams,
     accepted: frozenset[str],
+    best_floor_score: float | None = None,
 ) -> GateVerdict:
     d_score = candidate.score - current.score
     d_cost = _relative_cost(candidate.cost, current.cost)
@@ -520,7 +536,10 @@ def _regularized_verdict(
     # lambda_C = 0 must ignore an infinite cost rise rather than give 0 * inf = NaN.
     cost_term = params.lambda_C * d_cost if params.lambda_C else 0.0
     objective = params.lambda_S * d_score - cost_term + params.lambda_N * n_new
-    floor = best_score - band if params.noise_band else None
+    on_gate = best_floor_score is not None and candidate.floor_score is not None
+    floor_best = best_floor_score if on_gate and best_floor_score is not None else best_score
+    floor_value = candidate.floor_score if on_gate and candidate.floor_score is not None else candidate.score
+    floor = floor_best - band if params.noise_band else None
     valid_drop = current.valid_rate - candidate.valid_rate
     no_submission_rise = candidate.no_submission_rate - current.no_submission_rate
     numbers: dict[str, Any] = {
@@ -554,12 +573,16 @@ def _regularized_verdict(
     def verdict(admissible: bool, rule: str, explanation: str) -> GateVerdict:
         return GateVerdict(candidate.candidate_id, admissible, rule, explanation, numbers)
 
+    if on_gate:
+        numbers.update(floor_on="gate", S_floor=floor_value, S_best_floor=floor_best)
     score_text = f"S = {_points(candidate.score)} points"
-    if floor is not None and candidate.score < floor - EPSILON:
+    if floor is not None and floor_value < floor - EPSILON:
+        what = f"S on the gate split = {_points(floor_value)} points" if on_gate else score_text
+        best = "the best gate score" if on_gate else "S_best"
         return verdict(
             False,
             "floor",
-            f"{score_text} is below the floor S_best - delta = {_points(best_score)} - {_points(band)} "
+            f"{what} is below the floor {best} - delta = {_points(floor_best)} - {_points(band)} "
             f"= {_points(floor)} points, so the candidate is rejected.",
         )
     if not params.admissibility:
@@ -642,12 +665,13 @@ def unregularized_gate(
     delta: float | None = 0.0,
     params: GateParams | None = None,
     accepted_structural_kinds: Iterable[str] = frozenset(),
+    best_floor_score: float | None = None,
 ) -> list[GateVerdict]:
     """Verdicts of the unregularized baseline: admissible iff S > S_best
     (strictly, beyond ``EPSILON``), whatever the cost, guards or noise.
 
     Same signature as ``regularized_gate`` so the loop can swap them;
-    ``delta``, ``params`` and ``accepted_structural_kinds`` are ignored.
+    ``delta``, ``params``, ``accepted_structural_kinds`` and ``best_floor_score`` are ignored.
     ``current`` only feeds the reported dS and dC. Raises ``ValueError`` on a
     non-finite best score or duplicate candidate ids.
     """

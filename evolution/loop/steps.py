@@ -12,6 +12,7 @@ Phases (``RunState.phase``): baseline -> propose -> proposing -> evaluating -> (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -263,6 +264,10 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
     current_stats = load.candidate_stats(current, splits, metric)
     assert current_stats is not None  # the current harness was measured before it was accepted
     measured = {s.candidate_id: (c, s) for c in ungated if (s := load.candidate_stats(c, splits, metric)) is not None}
+    best_floor = None
+    if recipe.noise.floor == "gate" and measured:
+        measured = {pk: (c, _with_gate_score(c, s, metric)) for pk, (c, s) in measured.items()}
+        best_floor = _best_gate_score(run, metric)
     evolve_trials = (
         run.experiment.split_memberships.filter(split__in=splits).count() * recipe.evaluation.trials_per_task
     )
@@ -288,6 +293,7 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
             for r, c, d in ledger.values_list("round", "component", "delta_score")
         ],
         pruning=decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold) if recipe.pruning.enabled else None,
+        best_floor_score=best_floor,
     )
     _write_decision(run, current, decided, {pk: c for pk, (c, _) in measured.items()})
     if decided.chosen is not None:
@@ -309,6 +315,21 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
             else "the current harness stays"
         ),
     )
+
+
+def _with_gate_score(
+    candidate: Candidate, stats: regularization.CandidateStats, metric: str
+) -> regularization.CandidateStats:
+    """``stats`` with S on the gate split, for a floor on the gate split alone (``noise.floor: gate``)."""
+    gate = load.candidate_stats(candidate, [SplitName.GATE], metric)
+    return dataclasses.replace(stats, floor_score=gate.score if gate is not None else 0.0)
+
+
+def _best_gate_score(run: Run, metric: str) -> float:
+    """The best gate-split S of a harness this run accepted (the seed's decision included)."""
+    accepted = Candidate.objects.filter(gate_decisions__run=run, gate_decisions__accepted=True).distinct()
+    scores = [s.score for c in accepted if (s := load.candidate_stats(c, [SplitName.GATE], metric)) is not None]
+    return max(scores, default=0.0)
 
 
 def run_delta(run: Run, state: RunState) -> float | None:

@@ -324,8 +324,9 @@ def comparison_table(comparison: Comparison) -> list[str]:
             low, high = summary[column]["low"], summary[column]["high"]
             if low is None or high is None:
                 return f"{'-':>15}"
-            digits = 0 if column in {"cost", "leaky_accepted"} else 3
-            return f"{f'[{low:.{digits}f},{high:.{digits}f}]':>15}"
+            if column in {"cost", "leaky_accepted"}:
+                return f"{f'[{round(low)},{round(high)}]':>15}"  # round(): no "-0"
+            return f"{f'[{low:.3f},{high:.3f}]':>15}"
 
         lines.append(f"{'  95% interval':<20} {'':>4} {'':>5} " + " ".join(interval(c) for c in columns))
     return lines

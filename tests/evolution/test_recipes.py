@@ -388,6 +388,13 @@ def test_error_carries_the_path_attribute() -> None:
         pytest.param(
             {"noise": {"repeats": 1}}, "noise.repeats", "must be >= 2 for noise.rule 'bootstrap'", id="repeats"
         ),
+        pytest.param({"noise": {"floor": "train"}}, "noise.floor", "must be one of evolve, gate", id="floor"),
+        pytest.param(
+            {"noise": {"floor": "gate"}, "evaluation": {"evolve_splits": ["train"]}},
+            "noise.floor",
+            "'gate' needs the gate split among evaluation.evolve_splits",
+            id="floor-gate-not-evolved",
+        ),
         pytest.param(
             {"noise": {"rule": "iqr"}}, "noise.rule", "must be one of bootstrap, range, std, fixed", id="noise-rule"
         ),

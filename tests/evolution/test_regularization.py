@@ -271,6 +271,21 @@ def test_an_unknown_band_blocks_acceptance_inside_the_band_but_not_above_it() ->
     assert (worse.admissible, worse.rule) == (False, "floor")
 
 
+def test_the_floor_is_on_the_evolve_score_unless_the_recipe_puts_it_on_the_gate_split() -> None:
+    # S on the evolve set (train + gate) is at the floor; on the gate split alone it fell by a quarter.
+    candidate = CandidateStats(2, score=0.5, cost=750.0, floor_score=0.5)
+    on_evolve = gate_one(candidate)
+    assert on_evolve.rule == "inside_noise_gain" and "floor_on" not in on_evolve.numbers
+    (on_gate,) = regularized_gate(
+        CURRENT, [candidate], best_score=0.5, delta=EIGHTH, params=PARAMS, best_floor_score=0.75
+    )
+    assert (on_gate.admissible, on_gate.rule) == (False, "floor")
+    assert on_gate.explanation.startswith("S on the gate split = 50.00 points is below the floor the best gate score")
+    assert (on_gate.numbers["floor_on"], on_gate.numbers["S_floor"], on_gate.numbers["floor"]) == ("gate", 0.5, 0.625)
+    with pytest.raises(ValueError, match="needs every candidate's gate score"):
+        regularized_gate(CURRENT, [stats(3, 0.5, 1.0)], best_score=0.5, delta=0.0, params=PARAMS, best_floor_score=0.5)
+
+
 # --- F. The regularized gate ---------------------------------------------------------------
 
 
