@@ -34,7 +34,7 @@ from evolution import selectors
 from evolution.models import CertifiedResult, Evaluation, Experiment, TrajectoryStep, Trial
 from evolution.services import evaluation as evaluation_services
 from lab.bench import BenchResult, benchmark, stopwatch
-from lab.bench.memory import rss_kib
+from lab.bench.memory import Periodic, rss_kib
 from lab.bench.orchestration import SPLITS, with_bench_experiment, worker_start
 from lab.processes import WorkerProcess as Worker
 from lab.processes import process_stats
@@ -86,7 +86,7 @@ def descendants(pid: int) -> list[int]:
 
 
 @dataclass
-class MemorySampler:
+class MemorySampler(Periodic):
     """Peak resident memory (KiB) of some workers and all their descendants."""
 
     workers: list[Worker]
@@ -100,19 +100,6 @@ class MemorySampler:
         below = sum(rss_kib(pid) for worker in self.workers for pid in descendants(worker.pid))
         self.peak = max(self.peak, own + below)
         self.peak_workers = max(self.peak_workers, own)
-
-    def run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def __enter__(self) -> MemorySampler:
-        self.thread = threading.Thread(target=self.run, name="rss-sampler", daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join()
 
 
 def _wait_certified(evaluation: Evaluation, *, timeout: float, workers: list[Worker]) -> None:
