@@ -187,6 +187,21 @@ class RunActionSerializer(serializers.Serializer):
     """Empty body: the action is in the URL."""
 
 
+class CandidateEvaluateSerializer(serializers.Serializer):
+    """Evaluate a candidate: on the splits its gate reads (``gate``) or on every split (``all``)."""
+
+    scope = serializers.ChoiceField(choices=[("gate", "gate"), ("all", "all")], default="gate")
+
+
+class CandidateEvaluateResultSerializer(serializers.Serializer):
+    """What was set in motion: the message, the run whose gate decides it, the evaluations started."""
+
+    detail = serializers.CharField()
+    run = serializers.IntegerField(allow_null=True, help_text="the run whose gate decides it (null: decided before)")
+    joined = serializers.BooleanField(help_text="true: it joins a live run's next gate")
+    evaluations = serializers.ListField(child=serializers.IntegerField())
+
+
 # --- Candidates -------------------------------------------------------------------
 
 

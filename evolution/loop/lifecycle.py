@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from evolution import operators
@@ -22,8 +23,10 @@ from evolution.services.candidates import candidates_transition
 __all__ = [
     "ACTIVE",
     "IN_FLIGHT",
+    "LIVE",
     "LoopError",
     "recipe_store",
+    "run_candidates",
     "run_cancel",
     "run_create",
     "run_pause",
@@ -33,6 +36,8 @@ __all__ = [
 ]
 
 ACTIVE = (Run.Status.RUNNING,)
+# Runs that still gate what they evaluate (a paused run gates once resumed).
+LIVE = (Run.Status.RUNNING, Run.Status.PAUSED)
 IN_FLIGHT = (Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED)
 
 
@@ -185,6 +190,13 @@ def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
     return bool(updated)
 
 
+def run_candidates(run_id: int) -> QuerySet[Candidate]:
+    """The candidates a run gates: the ones it proposed, and the ones that joined it (a candidate of an ended run
+    approved later is evaluated for the live run's next gate, ``evolution.loop.late``)."""
+    joined = Evaluation.objects.filter(run_id=run_id, purpose=Evaluation.Purpose.CANDIDATE).values("candidate_id")
+    return Candidate.objects.filter(Q(run_id=run_id) | Q(pk__in=joined))
+
+
 def stop_in_flight(run_id: int) -> None:
     """Cancel the run's unfinished evaluations, their unclaimed or running trials, and its in-flight candidates."""
     Evaluation.objects.filter(run_id=run_id, state=Evaluation.State.RUNNING).update(state=Evaluation.State.CANCELLED)
@@ -195,7 +207,7 @@ def stop_in_flight(run_id: int) -> None:
         state=Trial.State.CANCELLED
     )
     candidates_transition(
-        candidates=Candidate.objects.filter(run_id=run_id, state__in=IN_FLIGHT + (Candidate.State.FROZEN,)),
+        candidates=run_candidates(run_id).filter(state__in=IN_FLIGHT + (Candidate.State.FROZEN,)),
         to=Candidate.State.CANCELLED,
         reason="run stopped",
     )

@@ -24,7 +24,7 @@ from evolution import operators
 from evolution.loop import decision as decisions
 from evolution.loop import load, regularization
 from evolution.loop.enqueue import advance_after_commit, propose_send
-from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, run_recipe, stop_in_flight
+from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, LoopError, run_candidates, run_recipe, stop_in_flight
 from evolution.loop.state import RoundSummary, RunState
 from evolution.models import (
     AtomicEdit,
@@ -43,7 +43,7 @@ from evolution.services import evaluation as evaluation_services
 from evolution.services.candidates import candidate_accept, candidate_transition
 from evolution.services.records import gate_decision_certify
 
-__all__ = ["divergence", "run_advance", "runs_to_nudge", "transfer_splits"]
+__all__ = ["divergence", "gate_decide", "late_gate", "late_waiting", "run_advance", "runs_to_nudge", "transfer_splits"]
 
 Step = Callable[[Run, RunState, RecipeSpec], str]
 
@@ -54,6 +54,8 @@ def run_advance(*, run_id: int) -> str:
     with transaction.atomic():
         run = Run.objects.select_for_update().select_related("experiment", "recipe").get(pk=run_id)
         if run.status not in ACTIVE:
+            if run.status != Run.Status.PAUSED:
+                late_gate(run)
             return str(run.status)
         recipe = run_recipe(run)
         state = RunState.of(run)
@@ -77,7 +79,10 @@ def run_advance(*, run_id: int) -> str:
         step = steps.get(state.phase)
         if step is None:
             return state.phase
-        return step(run, state, recipe)
+        phase = step(run, state, recipe)
+        if run.status not in ACTIVE and run.status != Run.Status.PAUSED:
+            late_gate(run)  # what was evaluated for the run but missed its last gate
+        return phase
 
 
 def runs_to_nudge() -> list[int]:
@@ -221,7 +226,7 @@ def _step_proposing(run: Run, state: RunState, recipe: RecipeSpec) -> str:
 
 
 def _step_evaluating(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    candidates = Candidate.objects.filter(run=run)
+    candidates = run_candidates(run.pk)
     if candidates.filter(state__in=IN_FLIGHT).exists():
         return "evaluating"
     ungated = list(candidates.filter(state=Candidate.State.CERTIFIED).exclude(gate_decisions__run=run).order_by("pk"))
@@ -234,44 +239,21 @@ def _step_evaluating(run: Run, state: RunState, recipe: RecipeSpec) -> str:
 
 
 def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
-    """The round's gate: load the measured candidates, decide (``decision.round_decide``, pure), write."""
+    """The round's gate: ``gate_decide`` against the current harness, then the run's own state."""
     round_number = run.current_round
     current = run.current_candidate
     assert current is not None  # set by the baseline step, before any round
-    splits = list(recipe.evaluation.evolve_splits)
-    metric = recipe.evaluation.score_metric
-    current_stats = load.candidate_stats(current, splits, metric)
-    assert current_stats is not None  # the current harness was measured before it was accepted
-    measured = {s.candidate_id: (c, s) for c in ungated if (s := load.candidate_stats(c, splits, metric)) is not None}
-    evolve_trials = (
-        run.experiment.split_memberships.filter(split__in=splits).count() * recipe.evaluation.trials_per_task
-    )
-    ledger = LedgerEntry.objects.filter(run=run)
-    edits: dict[regularization.CandidateId, list[decisions.Edit]] = {}
-    for edit_id, candidate_id, component, hypothesis in AtomicEdit.objects.filter(
-        candidate_id__in=list(measured)
-    ).values_list("pk", "candidate_id", "component", "hypothesis"):
-        edits.setdefault(candidate_id, []).append(decisions.Edit(edit_id, component, hypothesis))
-    decided = decisions.round_decide(
+    decided, measured = gate_decide(
+        run=run,
+        recipe=recipe,
+        current=current,
         round_number=round_number,
-        current=current_stats,
-        candidates=[stats for _, stats in measured.values()],
-        edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
-        best_score=state.best_score if state.best_score is not None else current_stats.score,
-        delta=float(run.noise_delta or 0.0),
-        gate=operators.get("gate", recipe.gate.operator),
-        params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
-        accept=recipe.gate.accept,
+        candidates=ungated,
+        best_score=state.best_score,
         accepted_structural=state.accepted_structural,
-        ledger_so_far=[
-            regularization.LedgerPoint(round=r, component=c, dS=d)
-            for r, c, d in ledger.values_list("round", "component", "delta_score")
-        ],
-        pruning=decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold) if recipe.pruning.enabled else None,
     )
-    _write_decision(run, current, decided, {pk: c for pk, (c, _) in measured.items()})
     if decided.chosen is not None:
-        run.current_candidate = measured[decided.chosen][0]
+        run.current_candidate = measured[decided.chosen]
     state.best_score = decided.best_score
     state.best_by_round.append(decided.best_score)
     state.accepted_structural = list(decided.accepted_structural)
@@ -289,6 +271,146 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
             else "the current harness stays"
         ),
     )
+
+
+def gate_decide(
+    *,
+    run: Run,
+    recipe: RecipeSpec,
+    current: Candidate,
+    round_number: int,
+    candidates: Sequence[Candidate],
+    best_score: float | None,
+    accepted_structural: Sequence[str],
+    prune: bool = True,
+) -> tuple[decisions.RoundDecision, dict[regularization.CandidateId, Candidate]]:
+    """Gate ``candidates`` against ``current``: load what they measured, decide (``decision.round_decide``,
+    pure) and write the decision (states, certified gate decisions, ledger). The one gate: the loop's round
+    gate and a late decision after the run ended (``late_gate``) both call it. Returns the decision and the
+    measured candidates by id. ``prune`` False skips the pruning targets (a late decision advises no next round).
+    Inside the caller's transaction; safe to repeat (rows are get-or-create and the state changes conditional)."""
+    splits = list(recipe.evaluation.evolve_splits)
+    metric = recipe.evaluation.score_metric
+    current_stats = load.candidate_stats(current, splits, metric)
+    if current_stats is None:
+        raise LoopError(f"candidate {current.pk}, the harness to compare with, has no certified trials")
+    measured = {
+        s.candidate_id: (c, s) for c in candidates if (s := load.candidate_stats(c, splits, metric)) is not None
+    }
+    evolve_trials = (
+        run.experiment.split_memberships.filter(split__in=splits).count() * recipe.evaluation.trials_per_task
+    )
+    ledger = LedgerEntry.objects.filter(run=run)
+    edits: dict[regularization.CandidateId, list[decisions.Edit]] = {}
+    for edit_id, candidate_id, component, hypothesis in AtomicEdit.objects.filter(
+        candidate_id__in=list(measured)
+    ).values_list("pk", "candidate_id", "component", "hypothesis"):
+        edits.setdefault(candidate_id, []).append(decisions.Edit(edit_id, component, hypothesis))
+    decided = decisions.round_decide(
+        round_number=round_number,
+        current=current_stats,
+        candidates=[stats for _, stats in measured.values()],
+        edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
+        best_score=best_score if best_score is not None else current_stats.score,
+        delta=float(run.noise_delta or 0.0),
+        gate=operators.get("gate", recipe.gate.operator),
+        params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
+        accept=recipe.gate.accept,
+        accepted_structural=list(accepted_structural),
+        ledger_so_far=[
+            regularization.LedgerPoint(round=r, component=c, dS=d)
+            for r, c, d in ledger.values_list("round", "component", "delta_score")
+        ],
+        pruning=(
+            decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold)
+            if recipe.pruning.enabled and prune
+            else None
+        ),
+    )
+    by_id = {pk: c for pk, (c, _) in measured.items()}
+    _write_decision(run, current, decided, by_id)
+    return decided, by_id
+
+
+# --- Late decisions: what a run evaluated after it ended ----------------------------------
+
+
+_UNFINISHED = (Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING)
+
+
+def late_waiting(run: Run) -> list[Candidate]:
+    """Certified candidates no gate has decided whose latest candidate evaluation belongs to ``run``, an ended
+    run (approved by a reviewer after the run's last gate, or evaluated from the candidate page)."""
+    waiting = list(
+        run_candidates(run.pk).filter(state=Candidate.State.CERTIFIED, gate_decisions__isnull=True).order_by("pk")
+    )
+    # The last (by id) candidate evaluation of each wins.
+    latest = dict(
+        Evaluation.objects.filter(candidate__in=waiting, purpose=Evaluation.Purpose.CANDIDATE)
+        .order_by("candidate_id", "pk")
+        .values_list("candidate_id", "run_id")
+    )
+    return [c for c in waiting if latest.get(c.pk, c.run_id) == run.pk]
+
+
+def late_gate(run: Run) -> int:
+    """Gate, each against its parent, the candidates ``run`` evaluated after it ended (``late_waiting``), with
+    the loop's own gate (``gate_decide``): the run's recipe, noise band and ledger, S_best as it stood when the
+    candidate's round began, the structural kinds accepted by now. The run's current harness and final report
+    stay as the run left them; an accepted candidate can start the next run. Inside ``run_advance``'s lock;
+    safe to repeat. Returns how many were decided."""
+    waiting = late_waiting(run)
+    if not waiting:
+        return 0
+    recipe = run_recipe(run)
+    state = RunState.of(run)
+    decided_count = 0
+    for candidate in waiting:
+        locked = Candidate.objects.select_for_update().get(pk=candidate.pk)
+        parent = Candidate.objects.filter(pk=locked.parent_id).first() if locked.parent_id is not None else None
+        if locked.state != Candidate.State.CERTIFIED or locked.gate_decisions.exists() or parent is None:
+            continue
+        if Evaluation.objects.filter(
+            candidate=locked, purpose__in=load.MEASURED_PURPOSES, state__in=_UNFINISHED
+        ).exists():
+            continue  # more of what the gate reads is being measured; its certification sends run_advance
+        round_number = locked.round or max(run.current_round, 1)
+        before = state.best_by_round[round_number - 1] if round_number <= len(state.best_by_round) else None
+        try:
+            decided, _ = gate_decide(
+                run=run,
+                recipe=recipe,
+                current=parent,
+                round_number=round_number,
+                candidates=[locked],
+                best_score=before if before is not None else state.best_score,
+                accepted_structural=load.structural_kinds_had(run.experiment),
+                prune=False,
+            )
+        except LoopError as exc:
+            state.event(round_number, "error", f"candidate {locked.pk} could not be gated late: {exc}")
+            continue
+        if not decided.candidates:
+            # Certified, but not on the splits the gate reads: measure it there; the gate follows certification.
+            evaluation_services.evaluation_start(
+                candidate=locked,
+                splits=list(recipe.evaluation.evolve_splits),
+                k=recipe.evaluation.trials_per_task,
+                purpose=Evaluation.Purpose.CANDIDATE,
+                seed=recipe.seed,
+                run=run,
+            )
+            continue
+        verdict = decided.candidates[0]
+        decided_count += 1
+        state.event(
+            round_number,
+            "gate",
+            f"late decision (after the run ended): candidate {locked.pk} gated against its parent {parent.pk}: "
+            + ("accepted" if verdict.accepted else f"rejected ({verdict.rule})"),
+        )
+    _save(run, state)
+    return decided_count
 
 
 # Gate parameters for a round with nothing measured (the gate is not called then).
