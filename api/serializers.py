@@ -106,6 +106,9 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
 class ExperimentDetailSerializer(ExperimentSerializer):
     split_sizes = serializers.SerializerMethodField()
+    best_candidate = serializers.SerializerMethodField(
+        help_text="the best harness so far across runs: the accepted candidate with the highest evolve score"
+    )
     heldout_benchmarks: serializers.SlugRelatedField[Benchmark] = serializers.SlugRelatedField(
         slug_field="name", many=True, read_only=True
     )
@@ -115,6 +118,7 @@ class ExperimentDetailSerializer(ExperimentSerializer):
         fields = (
             *ExperimentSerializer.Meta.fields,
             "split_sizes",
+            "best_candidate",
             "split_digests",
             "split_seed",
             "split_ratios",
@@ -124,6 +128,10 @@ class ExperimentDetailSerializer(ExperimentSerializer):
             "chain_head",
         )
         read_only_fields = fields
+
+    def get_best_candidate(self, obj: Experiment) -> int | None:
+        best = load.best_candidate(obj)
+        return best.pk if best is not None else None
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_split_sizes(self, obj: Experiment) -> dict[str, int]:
@@ -148,6 +156,7 @@ class RunSerializer(serializers.ModelSerializer):
             "rounds",
             "current_round",
             "noise_delta",
+            "start_candidate",
             "current_candidate",
             "tokens_spent",
             "stop_reason",
@@ -181,6 +190,12 @@ class RunStartSerializer(serializers.Serializer):
     k = serializers.IntegerField(required=False, min_value=1, max_value=20)
     proposer = serializers.CharField(required=False, max_length=100, allow_blank=True)
     candidates_per_round = serializers.IntegerField(required=False, min_value=1, max_value=100)
+    start_candidate = serializers.PrimaryKeyRelatedField(
+        queryset=Candidate.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="the seed or an accepted candidate of the experiment; default: the experiment's best",
+    )
 
 
 class RunActionSerializer(serializers.Serializer):

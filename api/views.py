@@ -149,6 +149,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
                 k=data.get("k"),
                 proposer=data.get("proposer") or None,
                 user=request.user,
+                start=data.get("start_candidate"),
             )
         except (RecipeError, lifecycle.LoopError) as exc:
             field = "proposer" if data.get("proposer") and "propos" in str(exc).lower() else "non_field_errors"

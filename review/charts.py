@@ -754,8 +754,16 @@ def lineage_svg(
             + "</a>"
         )
     edges = "".join(
-        f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
-        f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+        (
+            f'<path d="{escape(edge.path)}" class="edge derived" stroke="#bf8700" stroke-width="1.2" '
+            f'stroke-dasharray="4 3" data-from="{edge.source}" data-to="{edge.target}">'
+            f"<title>#{edge.target} derived from #{edge.source} by a reviewer</title></path>"
+        )
+        if edge.derived
+        else (
+            f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
+            f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+        )
         for edge in tree.edges
     )
     return SafeString("".join(parts)), SafeString(edges)  # every string from a candidate went through escape

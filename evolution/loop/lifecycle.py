@@ -92,10 +92,14 @@ def run_create(
     k: int | None = None,
     proposer: str | None = None,
     user: Any = None,
+    start: Candidate | None = None,
 ) -> Run:
     """Create a run of ``recipe`` (with ``rounds``, ``k`` and ``proposer``
     overriding the recipe's) and start it after commit. One active run per
-    experiment."""
+    experiment. The run starts from ``start`` (the seed or an accepted
+    candidate of the experiment; by default the experiment's best accepted
+    candidate, ``load.best_candidate``, else the seed): its baseline, its
+    first parent, and what its gains are measured from."""
     operators.operators_load()
     overrides: dict[str, Any] = {}
     if proposer is not None:
@@ -125,8 +129,10 @@ def run_create(
             raise LoopError(f"experiment {locked.name!r} has an active run already")
         if locked.seed_candidate_id is None:
             raise LoopError("the experiment has no seed candidate")
+        start = _start_candidate(locked, start)
         run = Run.objects.create(
             experiment=locked,
+            start_candidate=start,
             recipe=recipe_store(recipe=recipe),
             status=Run.Status.RUNNING,
             rounds=recipe.rounds,
@@ -138,6 +144,25 @@ def run_create(
         Experiment.objects.filter(pk=locked.pk, recipe__isnull=True).update(recipe=run.recipe)
         advance_after_commit(run.pk)
     return run
+
+
+def _start_candidate(experiment: Experiment, start: Candidate | None) -> Candidate:
+    """The candidate a new run starts from; LoopError when ``start`` cannot be one."""
+    from evolution.loop.load import best_candidate
+
+    if start is None:
+        chosen = best_candidate(experiment) or experiment.seed_candidate
+        assert chosen is not None  # the caller checked the seed
+        return chosen
+    start = Candidate.objects.get(pk=start.pk)
+    if start.experiment_id != experiment.pk:
+        raise LoopError(f"candidate {start.pk} belongs to another experiment")
+    if start.pk != experiment.seed_candidate_id and start.state != Candidate.State.ACCEPTED:
+        raise LoopError(
+            f"candidate {start.pk} is {start.get_state_display().lower()}: a run starts from the seed or from an "
+            "accepted candidate"
+        )
+    return start
 
 
 def run_pause(*, run: Run, reason: str = "") -> bool:

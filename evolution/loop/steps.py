@@ -43,7 +43,16 @@ from evolution.services import evaluation as evaluation_services
 from evolution.services.candidates import candidate_accept, candidate_transition
 from evolution.services.records import gate_decision_certify
 
-__all__ = ["divergence", "gate_decide", "late_gate", "late_waiting", "run_advance", "runs_to_nudge", "transfer_splits"]
+__all__ = [
+    "divergence",
+    "gate_decide",
+    "late_gate",
+    "late_waiting",
+    "run_advance",
+    "runs_to_nudge",
+    "start_of",
+    "transfer_splits",
+]
 
 Step = Callable[[Run, RunState, RecipeSpec], str]
 
@@ -100,6 +109,11 @@ def transfer_splits(run: Run) -> list[str]:
     return [s for s in (SplitName.SEALED, SplitName.HELDOUT) if s in run.experiment.split_digests]
 
 
+def start_of(run: Run) -> Candidate | None:
+    """The candidate the run starts from (runs made before ``Run.start_candidate`` started from the seed)."""
+    return run.start_candidate if run.start_candidate_id is not None else run.experiment.seed_candidate
+
+
 def _limit_reached(run: Run, recipe: RecipeSpec) -> str:
     spent = Trial.objects.filter(evaluation__run=run).aggregate(tokens=Sum("tokens"))["tokens"] or 0
     if spent != run.tokens_spent:
@@ -129,7 +143,9 @@ def _fail(run: Run, state: RunState, message: str) -> str:
 
 
 def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    seed = run.experiment.seed_candidate
+    """Measure the run's start (the seed, or the accepted candidate the run starts from) noise-repeats times: the
+    noise band, S_best's first value and the first parent. Everything the run reports is measured from it."""
+    seed = start_of(run)
     if seed is None:
         return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
     repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
@@ -166,10 +182,11 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     else:
         delta = recipe.noise.fixed or 0.0
     seed.refresh_from_db()
-    # A later run of the same experiment finds the seed accepted by the first
-    # (accepted implies certified: a database constraint); it stays the parent.
+    # A later run finds its start accepted already (the seed by the first run, another by a gate; accepted
+    # implies certified: a database constraint); it stays the first parent.
     if seed.state != Candidate.State.ACCEPTED and not candidate_accept(candidate=seed, reason="seed: the first parent"):
         return _fail(run, state, f"the seed could not be accepted (state {seed.state})")
+    is_seed = seed.pk == run.experiment.seed_candidate_id
     stats = load.candidate_stats(seed, splits, metric)
     assert stats is not None  # the seed's certified evaluations have trials
     decision, _ = GateDecision.objects.get_or_create(
@@ -179,8 +196,12 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
         defaults={
             "accepted": True,
             "chosen": True,
-            "rule": "seed",
-            "explanation": "The seed is evaluated first and is the first parent.",
+            "rule": "seed" if is_seed else "start",
+            "explanation": (
+                "The seed is evaluated first and is the first parent."
+                if is_seed
+                else f"The run starts from candidate {seed.pk}: it is evaluated first and is the first parent."
+            ),
             "numbers": {"S": stats.score, "C": stats.cost, "repeats": repeat_scores, "delta": delta},
         },
     )
@@ -195,8 +216,9 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     state.measured_components = []
     state.pruning_targets = []
     state.rounds[0] = _round_summary(run, state, recipe, 0)
+    what = "seed" if is_seed else f"start (candidate {seed.pk})"
     state.event(
-        0, "baseline", f"seed S={stats.score:.3f} over {len(repeat_scores)} repeat(s), noise band delta={delta:.3f}"
+        0, "baseline", f"{what} S={stats.score:.3f} over {len(repeat_scores)} repeat(s), noise band delta={delta:.3f}"
     )
     _save(run, state, "noise_delta", "current_candidate", "current_round")
     advance_after_commit(run.pk)
@@ -486,12 +508,13 @@ def _round_summary(run: Run, state: RunState, recipe: RecipeSpec, round_number: 
 
 
 def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    """Report transfer: evaluate the final harness (and the seed) on sealed
+    """Report transfer: evaluate the final harness (and the run's start) on sealed
     and held-out splits, then finish."""
     transfer = transfer_splits(run)
     # After a budget stop nothing more is spent, transfer reports included.
     if recipe.evaluation.sealed != "never" and transfer and not state.stopped_by_limit:
-        targets = {pk for pk in (run.experiment.seed_candidate_id, run.current_candidate_id) if pk is not None}
+        start = start_of(run)
+        targets = {pk for pk in (start.pk if start else None, run.current_candidate_id) if pk is not None}
         waiting = False
         for candidate in Candidate.objects.filter(pk__in=targets).order_by("pk"):
             evaluation = Evaluation.objects.filter(
@@ -514,15 +537,18 @@ def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             return "final"
     metric = recipe.evaluation.score_metric
     final_scores = load.split_scores(candidate=run.current_candidate, metric=metric) if run.current_candidate else {}
-    seed = run.experiment.seed_candidate
-    seed_scores = load.split_scores(candidate=seed, metric=metric) if seed is not None else {}
-    warning = divergence(seed_scores, final_scores, recipe.evaluation.evolve_splits)
+    start = start_of(run)
+    start_scores = load.split_scores(candidate=start, metric=metric) if start is not None else {}
+    warning = divergence(start_scores, final_scores, recipe.evaluation.evolve_splits)
     state.final = {
         "current": run.current_candidate_id,
         "scores": final_scores,
-        "seed_scores": seed_scores,
+        "start": start.pk if start is not None else None,
+        "start_scores": start_scores,
         "divergence": warning,
     }
+    if start is not None and start.pk == run.experiment.seed_candidate_id:
+        state.final["seed_scores"] = start_scores  # the key readers of runs before start_scores know
     if warning:
         state.event(run.current_round, "divergence", warning)
     state.phase = "finished"

@@ -249,9 +249,9 @@ def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
     assert api.post(endpoint, {"scope": "all"}, format="json").status_code == 403
     assert not Evaluation.objects.filter(candidate_id=first.candidate_id).exists()
     api.force_authenticate(operator)
-    response = api.post(endpoint, {"scope": "all"}, format="json")
-    assert response.status_code == 202, response.content
-    body = response.json()
+    answer = api.post(endpoint, {"scope": "all"}, format="json")
+    assert answer.status_code == 202, answer.content
+    body = answer.json()
     assert (body["run"], body["joined"], len(body["evaluations"])) == (run.pk, False, 2)
     purposes = dict(Evaluation.objects.filter(candidate_id=first.candidate_id).values_list("purpose", "splits"))
     assert purposes == {"candidate": ["gate", "train"], "transfer": ["sealed"]}
@@ -264,3 +264,6 @@ def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
     html = page.get(reverse("review:candidate", args=[derived.derived_candidate.pk])).content.decode()
     assert f'Derived from <a href="{reverse("review:candidate", args=[second.candidate_id])}">' in html
     assert 'value="gate"' in html and "Evaluate on all splits" in html
+    # The lineage draws the derived-from link (dashed, not a parent edge).
+    lineage = page.get(reverse("review:lineage", args=[run.experiment_id])).content.decode()
+    assert f'data-from="{second.candidate_id}" data-to="{derived.derived_candidate.pk}"' in lineage
