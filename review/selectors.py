@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
 from django.db.models.expressions import OrderBy
-from django.db.models.functions import Cast, Left
+from django.db.models.functions import Cast, Coalesce, Left
 
 from evolution import selectors
 from evolution.loop import lifecycle, load
@@ -130,8 +130,13 @@ class _LatestRun(TypedDict):
 
 
 def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun]]:
-    """Every experiment with its overview counts and ``latest_run_id``."""
-    latest = Subquery(Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk").values("pk")[:1])
+    """Every experiment with its overview counts and ``latest_run_id``: the newest run with evidence, as the
+    dashboard shows by default (``run_with_evidence``: in progress, or it gated round 1), else the newest."""
+    runs = Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk")
+    with_evidence = runs.filter(
+        Q(status__in=[Run.Status.PENDING, *lifecycle.LIVE]) | Q(state__rounds__has_key="1")
+    ).values("pk")[:1]
+    latest = Coalesce(Subquery(with_evidence), Subquery(runs.values("pk")[:1]))
     return list(selectors.experiment_overview().annotate(latest_run_id=latest))
 
 

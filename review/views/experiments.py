@@ -621,6 +621,12 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
             {"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r)} for r in runs
         ],
         "best": review_selectors.best_harness(experiment=experiment),
+        "runs_chart": charts.runs_chart(
+            [
+                charts.RunCurve(f"run {number} (#{r.pk})", tuple(RunState.of(r).best_by_round))
+                for number, r in enumerate(reversed(runs), start=1)
+            ]
+        ),
     }
     if run is not None:
         context.update(_progress_context(request, experiment, run, sizes, all_counts=counts))

@@ -52,6 +52,12 @@ def test_a_cancelled_empty_run_never_hides_the_best_harness_or_the_earlier_run()
     state_gain = first.state["best_by_round"][-1] - first.state["best_by_round"][0]
     assert rows[first.pk]["gained"] == f"{state_gain:+.3f}" and not rows[first.pk]["empty"]
     assert "no round gated" in html
+    # S_best of each run overlaid: the finished run drawn, the empty one not.
+    assert f'data-run="run 1 (#{first.pk})"' in html and f"(#{empty.pk})" not in str(page.context["runs_chart"])
+    # The experiments list follows the same run.
+    home = client.get(reverse("review:home"))
+    row = next(r for r in home.context["rows"] if r["experiment"].pk == experiment.pk)
+    assert row["progress"].run.pk == first.pk
     # The cancelled run stays one click away.
     chosen = client.get(reverse("review:experiment", args=[experiment.pk]), {"run": empty.pk})
     assert chosen.context["run"].pk == empty.pk
