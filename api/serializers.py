@@ -15,6 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from evolution.loop import load
+from evolution.loop.state import RunState
 from evolution.models import (
     Annotation,
     AtomicEdit,
@@ -175,10 +176,30 @@ class RunSerializer(serializers.ModelSerializer):
 class RunDetailSerializer(RunSerializer):
     recipe_spec = serializers.JSONField(source="recipe.spec", read_only=True)
     status = serializers.ChoiceField(choices=Run.Status.choices, read_only=True)
+    noise = serializers.SerializerMethodField(
+        help_text="how the noise band was measured; delta null: it could not be estimated and the gate accepts "
+        "nothing inside the band (null before the baseline, or for a recipe without a band)"
+    )
 
     class Meta(RunSerializer.Meta):
-        fields = (*RunSerializer.Meta.fields, "recipe_spec")
+        fields = (*RunSerializer.Meta.fields, "recipe_spec", "noise")
         read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "delta": {"type": "number", "nullable": True},
+                "rule": {"type": "string"},
+                "evaluations": {"type": "integer"},
+                "trials_per_task": {"type": "integer"},
+                "note": {"type": "string"},
+            },
+        }
+    )
+    def get_noise(self, obj: Run) -> dict[str, Any] | None:
+        return dict(RunState.of(obj).noise or {}) or None
 
 
 class RunStartSerializer(serializers.Serializer):

@@ -206,12 +206,16 @@ class StallSpec:
 @dataclass(frozen=True)
 class NoiseSpec:
     """Switch E (band and floor in the gate). delta comes from ``repeats``
-    evaluations of the seed by ``rule``, or is ``fixed`` (a fraction of S)."""
+    evaluations of the seed, each with ``trials_per_task`` trials of every
+    task (at least the evaluation's k), by ``rule``, or is ``fixed`` (a
+    fraction of S)."""
 
     enabled: bool
     repeats: int
     rule: str
     fixed: float | None
+    trials_per_task: int = 2
+    floor: str = "evolve"  # S on the evolve splits (the seed text) or on the gate split alone (RSIHub)
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,22 @@ class Recipe:
         """Whether the seed must be evaluated ``noise.repeats`` times: the
         band (E) and the stall detector (C) both use delta."""
         return self.noise.enabled or self.stall.enabled
+
+    @property
+    def baseline_repeats(self) -> int:
+        """Evaluations of the seed before the first round."""
+        return self.noise.repeats if self.needs_noise_estimate else 1
+
+    @property
+    def noise_k(self) -> int:
+        """Trials per task in each repeat of the seed after its first (``noise.trials_per_task``, at least the
+        evaluation's k). The first is an evaluation like every candidate's (k trials), so the seed's
+        reported numbers compare with theirs; the repeats add trials to what delta is estimated from."""
+        return max(self.evaluation.trials_per_task, self.noise.trials_per_task)
+
+    def baseline_trials_per_task(self) -> int:
+        """Trials per task of all the seed's evaluations before the first round."""
+        return self.evaluation.trials_per_task + (self.baseline_repeats - 1) * self.noise_k
 
 
 # --- Public functions ---------------------------------------------------------------
@@ -660,6 +680,8 @@ def _parse(data: Mapping[str, Any], known: Mapping[str, AbstractSet[str]] | None
                 "the unregularized gate uses neither the noise band nor admissibility; "
                 f"set {' and '.join(f'{name}.enabled' for name in on)} to false",
             )
+    if recipe.noise.floor == "gate" and "gate" not in recipe.evaluation.evolve_splits:
+        raise RecipeError("noise.floor", "'gate' needs the gate split among evaluation.evolve_splits")
     return recipe
 
 
@@ -749,18 +771,30 @@ def _stall(top: _Block, candidates_per_round: int) -> StallSpec:
     return StallSpec(enabled=block.flag("enabled", True), w=block.integer("w", 3, minimum=1), m_draft=m_draft)
 
 
+NOISE_FLOORS = ("evolve", "gate")
+
+
 def _noise(top: _Block) -> NoiseSpec:
-    block = top.block("noise", ("enabled", "repeats", "rule", "fixed"))
-    rule = block.choice("rule", "range", NOISE_RULES)
+    block = top.block("noise", ("enabled", "repeats", "rule", "fixed", "trials_per_task", "floor"))
+    floor = block.choice("floor", "evolve", NOISE_FLOORS)
+    rule = block.choice("rule", "bootstrap", NOISE_RULES)
     fixed = block.number("fixed", None, minimum=0.0, maximum=1.0, nullable=True)
     repeats = block.integer("repeats", 3, minimum=1)
+    trials_per_task = block.integer("trials_per_task", 2, minimum=1)
     if rule == "fixed" and fixed is None:
         raise RecipeError(block.where("fixed"), "required when noise.rule is 'fixed' (delta as a fraction of S)")
     if rule != "fixed" and fixed is not None:
         raise RecipeError(block.where("fixed"), f"only used when noise.rule is 'fixed', not {rule!r}")
     if rule != "fixed" and repeats < 2:
         raise RecipeError(block.where("repeats"), f"must be >= 2 for noise.rule {rule!r}, got {repeats}")
-    return NoiseSpec(enabled=block.flag("enabled", True), repeats=repeats, rule=rule, fixed=fixed)
+    return NoiseSpec(
+        enabled=block.flag("enabled", True),
+        repeats=repeats,
+        rule=rule,
+        fixed=fixed,
+        trials_per_task=trials_per_task,
+        floor=floor,
+    )
 
 
 def _admissibility(top: _Block) -> AdmissibilitySpec:

@@ -34,6 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "slow": ("RSI_SKIP_SLOW", "this pass leaves the minutes-long tests to the other pass"),
         "browser": ("RSI_SKIP_BROWSER", "this pass leaves the browser journey to the other pass"),
         "trust": ("RSI_SKIP_TRUST", "the whole trust suite runs in a CI stream of its own"),
+        "story": ("RSI_SKIP_STORY", "the story across seeds runs in the trust suite's CI stream"),
     }
     for marker, (variable, why) in skips.items():
         if os.environ.get(variable) != "1":

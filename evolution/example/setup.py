@@ -92,7 +92,6 @@ def example_recipe(*, rounds: int, candidates: int, k: int) -> Recipe:
     weights = {"generic": 0.4, "leaky": 0.5, "cost": 0.1}
     data["proposal"] = {"operator": "example", "params": {"family_weights": weights}}
     data["evaluation"] = {**data["evaluation"], "trials_per_task": k}
-    data["noise"] = {**data["noise"], "repeats": 2}
     data["edit_budget"] = {**data["edit_budget"], "T": 6}
     return parse_recipe(data)
 

@@ -99,13 +99,14 @@ def round_decide(
     candidates: Sequence[CandidateStats],
     edits: dict[CandidateId, Sequence[Edit]],
     best_score: float,
-    delta: float,
+    delta: float | None,
     gate: Gate,
     params: GateParams,
     accept: str = "chosen",
     accepted_structural: Iterable[str] = (),
     ledger_so_far: Sequence[LedgerPoint] = (),
     pruning: Pruning | None = None,
+    best_floor_score: float | None = None,
 ) -> RoundDecision:
     """Decide round ``round_number``.
 
@@ -116,12 +117,15 @@ def round_decide(
     among the admissible ones: highest S, then lower cost, then lower id. ``accept`` is the recipe's
     ``gate.accept``: "chosen" accepts only the chosen candidate, "admissible" every admissible one.
     ``ledger_so_far`` holds the ledger of earlier rounds (for pruning and the measured kinds).
+    ``best_floor_score`` is the best gate-split S so far when the recipe puts the floor on the gate split
+    alone (passed to the gate only then, so a registered gate need not know it).
 
     Raises ``ValueError`` as the gate does (duplicate ids, a negative band) and on an unknown ``accept``.
     """
     if accept not in {"chosen", "admissible"}:
         raise ValueError(f"accept must be 'chosen' or 'admissible', got {accept!r}")
     structural = set(accepted_structural)
+    floor = {} if best_floor_score is None else {"best_floor_score": best_floor_score}
     verdicts = (
         gate(
             current,
@@ -130,6 +134,7 @@ def round_decide(
             delta=delta,
             params=params,
             accepted_structural_kinds=frozenset(structural),
+            **floor,
         )
         if candidates
         else []

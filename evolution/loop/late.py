@@ -123,7 +123,7 @@ def candidate_evaluate_late(*, candidate_id: int, scope: str = "gate") -> LateOu
     if scope not in SCOPES:
         raise LateError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
     with transaction.atomic():
-        candidate = Candidate.objects.select_for_update().get(pk=candidate_id)
+        candidate = Candidate.objects.select_for_update(no_key=True).get(pk=candidate_id)
         if candidate.state in NOT_YET:
             raise LateError(f"candidate {candidate.pk} is not evaluated: {NOT_YET[candidate.state]}")
         if candidate.state == Candidate.State.EVALUATING or candidate.state == Candidate.State.EVALUATED:

@@ -122,7 +122,7 @@ def run_create(
         parse_recipe(recipe_to_dict(recipe), known_operators=operators.known_operators())
     check_llm_endpoints(recipe)
     with transaction.atomic():
-        locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+        locked = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
         if Run.objects.filter(
             experiment=locked, status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED]
         ).exists():
@@ -173,7 +173,7 @@ def run_pause(*, run: Run, reason: str = "") -> bool:
         if updated:
             Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.PAUSED)
             if reason:
-                locked = Run.objects.select_for_update().get(pk=run.pk)
+                locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
                 state = RunState.of(locked)
                 state.event(locked.current_round, "pause", f"paused: {reason}")
                 state.save(locked)
@@ -196,7 +196,7 @@ def _resend_proposals(run_id: int) -> None:
     nothing sends it again before the lease (the proposing step), so resuming
     sends it now. Filling slots is idempotent; a round_propose still finishing
     its slot keeps or drops that slot under the run's lock."""
-    run = Run.objects.select_for_update().get(pk=run_id)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
     state = RunState.of(run)
     if state.phase == "proposing":
         propose_send(run, state)

@@ -88,6 +88,26 @@ def evaluation_score(evaluation: Evaluation, metric: str) -> float | None:
     return measure.score(measure.totals(measure.TrialRow(*row) for row in rows), metric)
 
 
+def evaluation_task_values(evaluation: Evaluation, metric: str) -> dict[str, list[float]]:
+    """Each task's trial values (``measure.trial_value``) in one evaluation: what the noise bootstrap draws."""
+    values: dict[str, list[float]] = {}
+    for task, *row in (
+        Trial.objects.filter(evaluation=evaluation)
+        .order_by("task__external_id", "index")
+        .values_list("task__external_id", *ROW)
+    ):
+        values.setdefault(task, []).append(measure.trial_value(measure.TrialRow(*row), metric))
+    return values
+
+
+def evaluation_split_rows(evaluation: Evaluation) -> dict[str, list[measure.TrialRow]]:
+    """One evaluation's trials by split, as the measurement reads them."""
+    rows: dict[str, list[measure.TrialRow]] = {}
+    for split, *row in Trial.objects.filter(evaluation=evaluation).values_list("split", *ROW):
+        rows.setdefault(split, []).append(measure.TrialRow(*row))
+    return rows
+
+
 def split_scores(*, candidate: Candidate, metric: str) -> dict[str, float]:
     """S per split over every certified evaluation of the candidate (transfer ones included), by name."""
     by_split: dict[str, list[measure.TrialRow]] = {}

@@ -34,6 +34,7 @@ __all__ = [
     "score",
     "score_sql",
     "totals",
+    "trial_value",
 ]
 
 SCORE_METRICS: tuple[str, ...] = ("pass_at_1", "mean_score")
@@ -103,6 +104,15 @@ def score(t: Totals, metric: str) -> float | None:
     if not t.trials:
         return None
     return (t.score_sum if metric == "mean_score" else t.passed) / t.trials
+
+
+def trial_value(row: TrialRow, metric: str) -> float:
+    """What one trial adds to S under ``metric`` (S is the mean of these): 1 or 0 for pass@1, the rubric
+    score for mean_score, 0 for an error. The noise bootstrap resamples these."""
+    _check_metric(metric)
+    if metric == "pass_at_1":
+        return float(row.outcome == PASS)
+    return 0.0 if row.outcome == ERROR else float(row.score or 0.0)
 
 
 def score_sql(metric: str, *, passed: str, score_sum: str, trials: str) -> str:

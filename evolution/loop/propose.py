@@ -55,7 +55,7 @@ def round_propose(*, run_id: int, round_number: int) -> int:
         if run.status not in ACTIVE:
             return filled
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run_id)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         state = RunState.of(locked)
         if state.phase == "proposing" and locked.current_round == round_number:
             state.phase = "evaluating"
@@ -227,7 +227,7 @@ def _propose_slot(run: Run, recipe: RecipeSpec, round_number: int, slot: int, cr
         )
         return
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if _slot_done(locked, round_number, slot) or locked.status not in ACTIVE:
             return
         state = RunState.of(locked)
@@ -295,7 +295,7 @@ def _note_proposer_usage(state: RunState, round_number: int, slot: int, usage: M
 
 def _drop_slot(run: Run, round_number: int, slot: int, reason: str, *, usage: Mapping[str, Any] | None = None) -> None:
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if _slot_done(locked, round_number, slot):
             return
         state = RunState.of(locked)

@@ -30,8 +30,9 @@ Conventions shared by every function here:
 from __future__ import annotations
 
 import math
+import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +49,13 @@ __all__ = [
     "GateParams",
     "GateVerdict",
     "LedgerPoint",
+    "NoiseEstimate",
     "choose",
     "edit_budget",
     "is_stalled",
     "new_structural_kinds",
     "noise_delta",
+    "noise_estimate",
     "pruning_targets",
     "regularized_gate",
     "score_unit_size",
@@ -62,7 +65,8 @@ __all__ = [
 
 EPSILON = 1e-9
 
-NOISE_RULES: tuple[str, ...] = ("range", "std", "fixed")
+NOISE_RULES: tuple[str, ...] = ("bootstrap", "range", "std", "fixed")
+BOOTSTRAP_DRAWS = 1000
 SCORE_UNITS: tuple[str, ...] = ("trial", "criterion", "point", "fraction")
 
 GATE_RULES: tuple[str, ...] = (
@@ -74,6 +78,7 @@ GATE_RULES: tuple[str, ...] = (
     "cost_too_high",
     "inside_noise_gain",
     "inside_noise_no_gain",
+    "noise_unknown",  # delta could not be estimated: nothing is accepted on the inside-noise rule
     "below_current",
     "passes_floor",  # admissibility (F) switched off, floor (E) on
     "unfiltered",  # both E and F switched off
@@ -181,6 +186,119 @@ def noise_delta(scores: Sequence[float], *, rule: str, fixed: float | None = Non
     return statistics.stdev(scores)
 
 
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The noise band as measured: ``delta`` None when it could not be estimated (``note`` says why), else
+    the band and one sentence on what it rests on."""
+
+    delta: float | None
+    rule: str
+    evaluations: int
+    trials_per_task: int
+    note: str
+
+
+def noise_estimate(
+    repeats: Sequence[Mapping[str, Sequence[float]]],
+    *,
+    rule: str,
+    fixed: float | None = None,
+    draws: int = BOOTSTRAP_DRAWS,
+    seed: int = 0,
+    k: int | None = None,
+) -> NoiseEstimate:
+    """Estimate delta from the seed's repeated evaluations: ``repeats`` holds, per evaluation, each task's
+    trial values (1 or 0 for pass@1, the rubric score for mean_score; an error trial counts 0, as in S).
+
+    ``bootstrap`` (the default rule, docs/loop.md says why): the expected range of S over as many
+    evaluations as were made, each drawn task by task from the task's pooled trials (every repeat's, with
+    replacement): ``k`` trials per task, the k the gate's evaluations run (None: as many as each repeat
+    ran). It uses every trial, not only each evaluation's S,
+    so two evaluations whose S happen to agree still show the spread their trials had; it is 0 only when
+    every task gave the same value in every trial. ``range`` and ``std`` use the evaluations' S alone;
+    two evaluations that agree exactly say nothing about the spread, so that gives no estimate (None)
+    rather than a band of 0. ``fixed`` returns ``fixed``. Deterministic for a given ``seed``.
+    """
+    if rule not in NOISE_RULES:
+        raise ValueError(f"unknown noise rule {rule!r} (expected one of {', '.join(NOISE_RULES)})")
+    per_task = min((len(values) for repeat in repeats for values in repeat.values()), default=0)
+    pooled = _pool(repeats)
+    trials_per_task = min((len(values) for values in pooled.values()), default=0)
+    if rule == "fixed":
+        return NoiseEstimate(noise_delta([], rule=rule, fixed=fixed), rule, len(repeats), trials_per_task, "fixed")
+    if fixed is not None:
+        raise ValueError(f"a fixed value is only used with the fixed rule, not {rule!r}")
+    scores = [_mean([v for values in repeat.values() for v in values]) for repeat in repeats if repeat]
+    if len(scores) < 2 or per_task < 1:
+        return NoiseEstimate(
+            None, rule, len(scores), trials_per_task, f"{len(scores)} evaluation(s) of the seed: at least 2 are needed"
+        )
+    if rule == "bootstrap":
+        counts = [dict.fromkeys(pooled, k) if k else _trial_counts(r) for r in repeats]
+        delta = _bootstrap_range(pooled, counts, draws=draws, seed=seed)
+        size = f" of k={k}" if k else ""
+        note = (
+            f"expected range of S over {len(scores)} evaluations{size}, {draws} bootstrap draws from "
+            f"{trials_per_task} pooled trials per task"
+        )
+        return NoiseEstimate(delta, rule, len(scores), trials_per_task, note)
+    if len(scores) == 2 and scores[0] == scores[1]:
+        return NoiseEstimate(
+            None,
+            rule,
+            2,
+            trials_per_task,
+            f"the 2 evaluations of the seed gave the same S ({scores[0]:.3f}): their {rule} says nothing about "
+            "the spread (use 3 or more repeats, or the bootstrap rule)",
+        )
+    return NoiseEstimate(
+        noise_delta(scores, rule=rule),
+        rule,
+        len(scores),
+        trials_per_task,
+        f"{rule} of S over {len(scores)} evaluations",
+    )
+
+
+def _pool(repeats: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
+    pooled: dict[str, list[float]] = {}
+    for repeat in repeats:
+        for task, values in repeat.items():
+            pooled.setdefault(task, []).extend(float(v) for v in values)
+    return pooled
+
+
+def _trial_counts(repeat: Mapping[str, Sequence[float]]) -> dict[str, int]:
+    return {task: len(values) for task, values in repeat.items()}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _bootstrap_range(
+    pooled: Mapping[str, Sequence[float]], counts: Sequence[Mapping[str, int]], *, draws: int, seed: int
+) -> float:
+    """Mean over ``draws`` of (max S - min S) among ``len(counts)`` simulated evaluations; an evaluation
+    draws ``counts[r][task]`` trials of each task from the task's pooled values. S is the share of the
+    drawn values (the S of measure.score: every task has its trials, S sums them)."""
+    rng = random.Random(seed)
+    tasks = sorted(pooled)
+    total = 0.0
+    for _ in range(draws):
+        scores = []
+        for count in counts:
+            drawn, n = 0.0, 0
+            for task in tasks:
+                k = count.get(task, 0)
+                if k:
+                    drawn += sum(rng.choices(pooled[task], k=k))
+                    n += k
+            scores.append(drawn / n if n else 0.0)
+        total += max(scores) - min(scores)
+    return total / draws
+
+
 def _check_delta(delta: float) -> None:
     if not (delta >= 0 and math.isfinite(delta)):  # also rejects NaN
         raise ValueError(f"delta must be a finite number >= 0, got {delta!r}")
@@ -239,6 +357,8 @@ class CandidateStats:
     ``valid_rate`` and ``no_submission_rate`` are shares of trials in [0, 1];
     ``components`` are the component kinds the candidate's edits touch (empty
     for the current harness, whose edits are already accepted).
+    ``floor_score`` is S on the floor's splits when the recipe puts the floor
+    on the gate split alone (``noise.floor: gate``); None otherwise.
 
     Raises ``ValueError`` on values out of range or an unknown component kind.
     """
@@ -249,10 +369,13 @@ class CandidateStats:
     valid_rate: float = 1.0
     no_submission_rate: float = 0.0
     components: frozenset[str] = frozenset()
+    floor_score: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("score", "valid_rate", "no_submission_rate"):
+        for name in ("score", "valid_rate", "no_submission_rate", "floor_score"):
             value = getattr(self, name)
+            if value is None and name == "floor_score":
+                continue
             if not 0.0 <= value <= 1.0:  # also true for NaN
                 raise ValueError(f"{name} of candidate {self.candidate_id!r} must be in [0, 1], got {value!r}")
         if not (self.cost >= 0 and math.isfinite(self.cost)):
@@ -332,12 +455,17 @@ def regularized_gate(
     candidates: Sequence[CandidateStats],
     *,
     best_score: float,
-    delta: float,
+    delta: float | None,
     params: GateParams,
     accepted_structural_kinds: Iterable[str] = frozenset(),
+    best_floor_score: float | None = None,
 ) -> list[GateVerdict]:
     """Verdicts of the regularized gate (CONCEPTS.md 4 E and F), one per
     candidate in input order.
+
+    The floor compares S on the evolve splits with S_best (the seed text). With ``best_floor_score``
+    (``noise.floor: gate``, RSIHub's choice) it compares each candidate's ``floor_score``, S on the gate
+    split alone, with the best gate score of an accepted harness instead.
 
     ``current`` is the harness the candidates are compared with; ``best_score``
     is S_best, the best score of an accepted harness so far; ``delta`` the
@@ -365,17 +493,27 @@ def regularized_gate(
     candidate past step 1 is admissible ("passes_floor", or "unfiltered" when
     E is off too).
 
+    ``delta`` None means the band could not be estimated (``noise_estimate``): the floor and the band are
+    then 0, and a candidate that would be accepted inside the band is rejected ("noise_unknown"), since
+    nobody measured how large the band is; a candidate must beat the current harness to be accepted.
+
     Raises ``ValueError`` on a negative delta, a non-finite best score or
     duplicate candidate ids.
     """
-    _check_delta(delta)
+    if delta is not None:
+        _check_delta(delta)
     if not math.isfinite(best_score):
         raise ValueError(f"best_score must be finite, got {best_score!r}")
     _check_unique(candidates)
     accepted = frozenset(accepted_structural_kinds)
-    band = delta if params.noise_band else 0.0
+    band = (delta or 0.0) if params.noise_band else 0.0
+    if best_floor_score is not None:
+        missing = [c.candidate_id for c in candidates if c.floor_score is None]
+        if missing or not math.isfinite(best_floor_score):
+            raise ValueError(f"a floor on the gate split needs every candidate's gate score (missing: {missing})")
     return [
-        _regularized_verdict(current, candidate, best_score, band, delta, params, accepted) for candidate in candidates
+        _regularized_verdict(current, candidate, best_score, band, delta, params, accepted, best_floor_score)
+        for candidate in candidates
     ]
 
 
@@ -384,9 +522,10 @@ def _regularized_verdict(
     candidate: CandidateStats,
     best_score: float,
     band: float,
-    estimated_delta: float,
+    estimated_delta: float | None,
     params: GateParams,
     accepted: frozenset[str],
+    best_floor_score: float | None = None,
 ) -> GateVerdict:
     d_score = candidate.score - current.score
     d_cost = _relative_cost(candidate.cost, current.cost)
@@ -397,7 +536,10 @@ def _regularized_verdict(
     # lambda_C = 0 must ignore an infinite cost rise rather than give 0 * inf = NaN.
     cost_term = params.lambda_C * d_cost if params.lambda_C else 0.0
     objective = params.lambda_S * d_score - cost_term + params.lambda_N * n_new
-    floor = best_score - band if params.noise_band else None
+    on_gate = best_floor_score is not None and candidate.floor_score is not None
+    floor_best = best_floor_score if on_gate and best_floor_score is not None else best_score
+    floor_value = candidate.floor_score if on_gate and candidate.floor_score is not None else candidate.score
+    floor = floor_best - band if params.noise_band else None
     valid_drop = current.valid_rate - candidate.valid_rate
     no_submission_rise = candidate.no_submission_rate - current.no_submission_rate
     numbers: dict[str, Any] = {
@@ -431,12 +573,16 @@ def _regularized_verdict(
     def verdict(admissible: bool, rule: str, explanation: str) -> GateVerdict:
         return GateVerdict(candidate.candidate_id, admissible, rule, explanation, numbers)
 
+    if on_gate:
+        numbers.update(floor_on="gate", S_floor=floor_value, S_best_floor=floor_best)
     score_text = f"S = {_points(candidate.score)} points"
-    if floor is not None and candidate.score < floor - EPSILON:
+    if floor is not None and floor_value < floor - EPSILON:
+        what = f"S on the gate split = {_points(floor_value)} points" if on_gate else score_text
+        best = "the best gate score" if on_gate else "S_best"
         return verdict(
             False,
             "floor",
-            f"{score_text} is below the floor S_best - delta = {_points(best_score)} - {_points(band)} "
+            f"{what} is below the floor {best} - delta = {_points(floor_best)} - {_points(band)} "
             f"= {_points(floor)} points, so the candidate is rejected.",
         )
     if not params.admissibility:
@@ -483,6 +629,13 @@ def _regularized_verdict(
             f"{params.lambda_S:g} x dS - {params.lambda_C:g} x dC + {params.lambda_N:g} x {n_new} new structural "
             f"kind(s) = {_objective_text(objective)}"
         )
+        if objective > EPSILON and estimated_delta is None and params.noise_band:
+            return verdict(
+                False,
+                "noise_unknown",
+                f"{gain_text} with {cost_text} would be accepted inside the noise band ({formula}), but the band "
+                "could not be estimated, so the candidate is rejected: it must beat the current harness.",
+            )
         if objective > EPSILON:
             return verdict(
                 True,
@@ -509,15 +662,16 @@ def unregularized_gate(
     candidates: Sequence[CandidateStats],
     *,
     best_score: float,
-    delta: float = 0.0,
+    delta: float | None = 0.0,
     params: GateParams | None = None,
     accepted_structural_kinds: Iterable[str] = frozenset(),
+    best_floor_score: float | None = None,
 ) -> list[GateVerdict]:
     """Verdicts of the unregularized baseline: admissible iff S > S_best
     (strictly, beyond ``EPSILON``), whatever the cost, guards or noise.
 
     Same signature as ``regularized_gate`` so the loop can swap them;
-    ``delta``, ``params`` and ``accepted_structural_kinds`` are ignored.
+    ``delta``, ``params``, ``accepted_structural_kinds`` and ``best_floor_score`` are ignored.
     ``current`` only feeds the reported dS and dC. Raises ``ValueError`` on a
     non-finite best score or duplicate candidate ids.
     """

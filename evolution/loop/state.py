@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:
     from evolution.models import Run
 
-__all__ = ["PHASES", "Dropped", "Event", "FinalReport", "RoundSummary", "RunState"]
+__all__ = ["PHASES", "Dropped", "Event", "FinalReport", "NoiseReport", "RoundSummary", "RunState"]
 
 # baseline -> propose -> proposing -> evaluating -> (gate) -> propose ... -> final -> finished (or failed)
 PHASES: tuple[str, ...] = ("baseline", "propose", "proposing", "evaluating", "final", "finished", "failed")
@@ -58,6 +58,16 @@ class FinalReport(TypedDict, total=False):
     divergence: str
 
 
+class NoiseReport(TypedDict, total=False):
+    """How the noise band was measured (``regularization.NoiseEstimate``); ``delta`` None: not estimable."""
+
+    delta: float | None
+    rule: str
+    evaluations: int
+    trials_per_task: int
+    note: str
+
+
 @dataclass
 class RunState:
     phase: str = "baseline"
@@ -76,6 +86,7 @@ class RunState:
     proposing_since: datetime | None = None
     stopped_by_limit: bool = False
     final: FinalReport | None = None
+    noise: NoiseReport | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this class does not know, kept as they were
 
     # --- reading and writing ------------------------------------------------------
@@ -112,6 +123,7 @@ class RunState:
             proposing_since=datetime.fromisoformat(since) if since else None,
             stopped_by_limit=bool(data.pop("stopped_by_limit", False)),
             final=data.pop("final", None) or None,
+            noise=data.pop("noise", None) or None,
         )
         state.extra = data
         return state
@@ -143,6 +155,7 @@ class RunState:
             "proposing_since": self.proposing_since.isoformat() if self.proposing_since else None,
             "stopped_by_limit": self.stopped_by_limit or None,
             "final": self.final,
+            "noise": self.noise,
         }
         data.update({key: value for key, value in optional.items() if value not in (None, [], {})})
         return data
@@ -180,6 +193,11 @@ class RunState:
         from evolution.loop.regularization import unexplored_kinds
 
         return unexplored_kinds(self.measured_components, reachable)
+
+    @property
+    def noise_unknown(self) -> bool:
+        """The band was measured and could not be estimated: the gate accepts nothing inside it."""
+        return self.noise is not None and self.noise.get("delta") is None
 
     @property
     def start_scores(self) -> dict[str, float]:

@@ -12,6 +12,7 @@ Phases (``RunState.phase``): baseline -> propose -> proposing -> evaluating -> (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -61,7 +62,7 @@ def run_advance(*, run_id: int) -> str:
     """Do the next step of a run, if any. Safe to call any number of times,
     from any number of processes. Returns the phase after the step."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("experiment", "recipe").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).select_related("experiment", "recipe").get(pk=run_id)
         if run.status not in ACTIVE:
             if run.status != Run.Status.PAUSED:
                 late_gate(run)
@@ -148,7 +149,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     seed = start_of(run)
     if seed is None:
         return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
-    repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
+    repeats = recipe.baseline_repeats
     existing = {e.repeat: e for e in Evaluation.objects.filter(run=run, candidate=seed)}
     splits = list(recipe.evaluation.evolve_splits)
     metric = recipe.evaluation.score_metric
@@ -159,7 +160,7 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             evaluation_services.evaluation_start(
                 candidate=seed,
                 splits=splits,
-                k=recipe.evaluation.trials_per_task,
+                k=recipe.evaluation.trials_per_task if repeat == 0 else recipe.noise_k,
                 purpose=Evaluation.Purpose.BASELINE if repeat == 0 else Evaluation.Purpose.NOISE,
                 repeat=repeat,
                 seed=recipe.seed,
@@ -175,12 +176,26 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     if states != {Evaluation.State.CERTIFIED}:
         return "baseline"
 
-    scores = [load.evaluation_score(e, metric) for e in sorted(existing.values(), key=lambda e: e.repeat)]
+    ordered = sorted(existing.values(), key=lambda e: e.repeat)
+    scores = [load.evaluation_score(e, metric) for e in ordered]
     repeat_scores = [s for s in scores if s is not None]
-    if recipe.needs_noise_estimate and len(repeat_scores) >= 2:
-        delta = regularization.noise_delta(repeat_scores, rule=recipe.noise.rule, fixed=recipe.noise.fixed)
-    else:
-        delta = recipe.noise.fixed or 0.0
+    delta: float | None = recipe.noise.fixed or 0.0
+    if recipe.needs_noise_estimate:
+        estimate = regularization.noise_estimate(
+            [load.evaluation_task_values(e, metric) for e in ordered],
+            rule=recipe.noise.rule,
+            fixed=recipe.noise.fixed,
+            seed=recipe.seed,
+            k=recipe.evaluation.trials_per_task,
+        )
+        delta = estimate.delta
+        state.noise = {
+            "delta": estimate.delta,
+            "rule": estimate.rule,
+            "evaluations": estimate.evaluations,
+            "trials_per_task": estimate.trials_per_task,
+            "note": estimate.note,
+        }
     seed.refresh_from_db()
     # A later run finds its start accepted already (the seed by the first run, another by a gate; accepted
     # implies certified: a database constraint); it stays the first parent.
@@ -217,9 +232,15 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     state.pruning_targets = []
     state.rounds[0] = _round_summary(run, state, recipe, 0)
     what = "seed" if is_seed else f"start (candidate {seed.pk})"
-    state.event(
-        0, "baseline", f"{what} S={stats.score:.3f} over {len(repeat_scores)} repeat(s), noise band delta={delta:.3f}"
-    )
+    band = f"noise band delta={delta:.3f}" if delta is not None else "noise band not estimable"
+    state.event(0, "baseline", f"{what} S={stats.score:.3f} over {len(repeat_scores)} repeat(s), {band}")
+    if delta is None and state.noise is not None:
+        state.event(
+            0,
+            "error",
+            f"the noise band could not be estimated ({state.noise.get('note')}): the gate accepts "
+            "nothing inside the band, a candidate must beat the current harness",
+        )
     _save(run, state, "noise_delta", "current_candidate", "current_round")
     advance_after_commit(run.pk)
     return "propose"
@@ -268,6 +289,7 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
     decided, measured = gate_decide(
         run=run,
         recipe=recipe,
+        state=state,
         current=current,
         round_number=round_number,
         candidates=ungated,
@@ -299,6 +321,7 @@ def gate_decide(
     *,
     run: Run,
     recipe: RecipeSpec,
+    state: RunState,
     current: Candidate,
     round_number: int,
     candidates: Sequence[Candidate],
@@ -319,6 +342,10 @@ def gate_decide(
     measured = {
         s.candidate_id: (c, s) for c in candidates if (s := load.candidate_stats(c, splits, metric)) is not None
     }
+    best_floor = None
+    if recipe.noise.floor == "gate" and measured:
+        measured = {pk: (c, _with_gate_score(c, s, metric)) for pk, (c, s) in measured.items()}
+        best_floor = _best_gate_score(run, metric)
     evolve_trials = (
         run.experiment.split_memberships.filter(split__in=splits).count() * recipe.evaluation.trials_per_task
     )
@@ -334,7 +361,7 @@ def gate_decide(
         candidates=[stats for _, stats in measured.values()],
         edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
         best_score=best_score if best_score is not None else current_stats.score,
-        delta=float(run.noise_delta or 0.0),
+        delta=run_delta(run, state),
         gate=operators.get("gate", recipe.gate.operator),
         params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
         accept=recipe.gate.accept,
@@ -348,6 +375,7 @@ def gate_decide(
             if recipe.pruning.enabled and prune
             else None
         ),
+        best_floor_score=best_floor,
     )
     by_id = {pk: c for pk, (c, _) in measured.items()}
     _write_decision(run, current, decided, by_id)
@@ -388,7 +416,7 @@ def late_gate(run: Run) -> int:
     state = RunState.of(run)
     decided_count = 0
     for candidate in waiting:
-        locked = Candidate.objects.select_for_update().get(pk=candidate.pk)
+        locked = Candidate.objects.select_for_update(no_key=True).get(pk=candidate.pk)
         parent = Candidate.objects.filter(pk=locked.parent_id).first() if locked.parent_id is not None else None
         if locked.state != Candidate.State.CERTIFIED or locked.gate_decisions.exists() or parent is None:
             continue
@@ -402,6 +430,7 @@ def late_gate(run: Run) -> int:
             decided, _ = gate_decide(
                 run=run,
                 recipe=recipe,
+                state=state,
                 current=parent,
                 round_number=round_number,
                 candidates=[locked],
@@ -433,6 +462,29 @@ def late_gate(run: Run) -> int:
         )
     _save(run, state)
     return decided_count
+
+
+def _with_gate_score(
+    candidate: Candidate, stats: regularization.CandidateStats, metric: str
+) -> regularization.CandidateStats:
+    """``stats`` with S on the gate split, for a floor on the gate split alone (``noise.floor: gate``)."""
+    gate = load.candidate_stats(candidate, [SplitName.GATE], metric)
+    return dataclasses.replace(stats, floor_score=gate.score if gate is not None else 0.0)
+
+
+def _best_gate_score(run: Run, metric: str) -> float:
+    """The best gate-split S of a harness this run accepted (the seed's decision included)."""
+    accepted = Candidate.objects.filter(gate_decisions__run=run, gate_decisions__accepted=True).distinct()
+    scores = [s.score for c in accepted if (s := load.candidate_stats(c, [SplitName.GATE], metric)) is not None]
+    return max(scores, default=0.0)
+
+
+def run_delta(run: Run, state: RunState) -> float | None:
+    """The noise band the gate uses: None when the baseline measured it and could not estimate it (the gate
+    then accepts nothing inside the band); 0 when the recipe uses no band."""
+    if run.noise_delta is None and state.noise_unknown:
+        return None
+    return float(run.noise_delta or 0.0)
 
 
 # Gate parameters for a round with nothing measured (the gate is not called then).

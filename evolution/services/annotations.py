@@ -141,7 +141,9 @@ def annotation_update(
     """Change one's own annotation (label, note, step); same validation as
     ``annotation_create``. Safe to repeat."""
     with transaction.atomic():
-        locked = Annotation.objects.select_for_update().select_related("trial__candidate").get(pk=annotation.pk)
+        locked = (
+            Annotation.objects.select_for_update(no_key=True).select_related("trial__candidate").get(pk=annotation.pk)
+        )
         if locked.author_id != author.pk:
             raise AnnotationNotYours("you can only edit your own annotations")
         trial = locked.trial
@@ -156,7 +158,7 @@ def annotation_update(
 def annotation_delete(*, annotation: Annotation, author: Any) -> None:
     """Delete one's own annotation. Deleting one already gone is a no-op."""
     with transaction.atomic():
-        locked = Annotation.objects.select_for_update().filter(pk=annotation.pk).first()
+        locked = Annotation.objects.select_for_update(no_key=True).filter(pk=annotation.pk).first()
         if locked is None:
             return
         if locked.author_id != author.pk:

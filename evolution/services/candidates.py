@@ -106,7 +106,7 @@ def candidate_create(
         if not edit.hypothesis.strip():
             raise CandidateError("every atomic edit needs a hypothesis")
     with transaction.atomic():
-        locked_parent = Candidate.objects.select_for_update().get(pk=parent.pk)
+        locked_parent = Candidate.objects.select_for_update(no_key=True).get(pk=parent.pk)
         if locked_parent.state != Candidate.State.ACCEPTED:
             raise CandidateError(
                 f"candidate {locked_parent.pk} is {locked_parent.state}: only a certified, accepted candidate "

@@ -131,7 +131,7 @@ def evaluation_start(
     base_seed += repeat
 
     with transaction.atomic():
-        locked = Candidate.objects.select_for_update().get(pk=candidate.pk)
+        locked = Candidate.objects.select_for_update(no_key=True).get(pk=candidate.pk)
         if locked.state not in EVALUABLE_STATES:
             raise EvaluationError(f"candidate {locked.pk} is {locked.state}; it cannot be evaluated")
         memberships = (
@@ -400,7 +400,7 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
         if completed:
             # Locked so that two evaluations of one candidate finishing at once
             # cannot both see the other still running.
-            Candidate.objects.select_for_update().filter(pk=trial.candidate_id).first()
+            Candidate.objects.select_for_update(no_key=True).filter(pk=trial.candidate_id).first()
             if not Evaluation.objects.filter(candidate_id=trial.candidate_id, state=Evaluation.State.RUNNING).exists():
                 candidates_transition(
                     candidates=Candidate.objects.filter(pk=trial.candidate_id), to=Candidate.State.EVALUATED

@@ -200,7 +200,7 @@ def splits_assign(
     existing results would make them mean something else.
     """
     caller_copy = experiment
-    experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+    experiment = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
     if Trial.objects.filter(evaluation__experiment=experiment).exists():
         raise ExperimentError("splits cannot change after results exist for this experiment")
     tasks = {task.external_id: task for task in experiment.benchmark.tasks.all()}

@@ -270,7 +270,7 @@ def _job(path: Path, config: dict[str, Any], result: dict[str, Any], trials: lis
 
 
 def _experiment_for(name: str, job: HarborJob) -> tuple[Experiment, bool]:
-    experiment = Experiment.objects.select_for_update().filter(name=name).first()
+    experiment = Experiment.objects.select_for_update(no_key=True).filter(name=name).first()
     if experiment is not None:
         return experiment, False
     slug = slugify(f"harbor-{name}")[:100].strip("-")

@@ -231,7 +231,7 @@ def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: Ta
     task_index = index if index is not None else build_index(evolve_tasks_for_critic(run=run))
     flags = _critic_flags(run, diff_text, task_index, old)
     with transaction.atomic():
-        locked = Candidate.objects.select_for_update().get(pk=candidate.pk)
+        locked = Candidate.objects.select_for_update(no_key=True).get(pk=candidate.pk)
         if locked.state != Candidate.State.FROZEN:
             return locked.state
         if not flags:

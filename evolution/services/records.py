@@ -259,7 +259,7 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
         evaluation = (
             # Lock only the evaluation row: the nullable joins (recipe, parent)
             # cannot be locked on PostgreSQL and need not be.
-            Evaluation.objects.select_for_update(of=("self",))
+            Evaluation.objects.select_for_update(no_key=True, of=("self",))
             .select_related("experiment__evaluator", "experiment__recipe", "candidate__parent")
             .get(pk=evaluation_id)
         )
@@ -268,7 +268,7 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
         if evaluation.state != Evaluation.State.COMPLETE:
             return None
         # The lock on the experiment row serializes appends to its chain.
-        experiment = Experiment.objects.select_for_update().get(pk=evaluation.experiment_id)
+        experiment = Experiment.objects.select_for_update(no_key=True).get(pk=evaluation.experiment_id)
         evaluation.experiment = experiment
 
         problems = tree_verify(tree_digest=experiment.evaluator.files_id)
@@ -326,7 +326,7 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
             state=Evaluation.State.CERTIFIED, sandbox_profile=payload["evaluator"]["sandbox_profile"]
         )
         split_stats_store(evaluations=Evaluation.objects.filter(pk=evaluation.pk))
-        Candidate.objects.select_for_update().filter(pk=evaluation.candidate_id).first()
+        Candidate.objects.select_for_update(no_key=True).filter(pk=evaluation.candidate_id).first()
         unfinished = Evaluation.objects.filter(
             candidate_id=evaluation.candidate_id,
             state__in=[Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING],
@@ -353,7 +353,7 @@ def _decision_append(
     """Append one decision record to the experiment's chain and move the
     signed head, under the experiment's row lock (the lock result_certify
     takes: appends are serialized). Inside the caller's transaction."""
-    experiment = Experiment.objects.select_for_update().get(pk=experiment_id)
+    experiment = Experiment.objects.select_for_update(no_key=True).get(pk=experiment_id)
     seq = experiment.chain_length + 1
     prev = experiment.chain_head or records.GENESIS
     payload = build(experiment, seq, prev)
@@ -389,7 +389,7 @@ def gate_decision_certify(*, decision: GateDecision) -> CertifiedDecision:
     digests. Call it in the gate's transaction, after the candidate's
     transition. Safe to repeat: a certified decision returns its record."""
     with transaction.atomic():
-        locked = GateDecision.objects.select_for_update().get(pk=decision.pk)
+        locked = GateDecision.objects.select_for_update(no_key=True).get(pk=decision.pk)
         if locked.record_id is not None:
             decision.record_id = locked.record_id
             return CertifiedDecision.objects.get(pk=locked.record_id)
@@ -438,7 +438,7 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
     surface digests. Call it in the review's transaction, once the rejected
     edits are set. Safe to repeat."""
     with transaction.atomic():
-        locked = ReviewDecision.objects.select_for_update().get(pk=decision.pk)
+        locked = ReviewDecision.objects.select_for_update(no_key=True).get(pk=decision.pk)
         if locked.record_id is not None:
             decision.record_id = locked.record_id
             return CertifiedDecision.objects.get(pk=locked.record_id)

@@ -49,7 +49,7 @@ def review_claim(*, item: ReviewItem, user: Any) -> ReviewItem:
     """Claim an open item (or re-claim one's own). Another reviewer's claim
     or a decided item raises ReviewConflict."""
     with transaction.atomic():
-        locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        locked = ReviewItem.objects.select_for_update(no_key=True).get(pk=item.pk)
         if locked.state == ReviewItem.State.CLAIMED and locked.claimed_by_id == user.pk:
             return locked
         if locked.state != ReviewItem.State.OPEN:
@@ -66,7 +66,7 @@ def review_release(*, item: ReviewItem, user: Any) -> ReviewItem:
     """Give back one's own claim so another reviewer can take the item.
     Safe to repeat; releasing someone else's claim raises ReviewConflict."""
     with transaction.atomic():
-        locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        locked = ReviewItem.objects.select_for_update(no_key=True).get(pk=item.pk)
         if locked.state == ReviewItem.State.OPEN:
             return locked
         if locked.state != ReviewItem.State.CLAIMED or locked.claimed_by_id != user.pk:
@@ -81,7 +81,7 @@ def review_release(*, item: ReviewItem, user: Any) -> ReviewItem:
 
 def _lock_undecided(item: ReviewItem, user: Any) -> ReviewItem:
     """The item, locked, if ``user`` may decide it now (inside a transaction)."""
-    locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+    locked = ReviewItem.objects.select_for_update(no_key=True).get(pk=item.pk)
     if locked.state in DECIDED:
         raise ReviewConflict(f"this item was already decided ({locked.state})")
     if locked.state == ReviewItem.State.CLAIMED and locked.claimed_by_id != user.pk:
@@ -202,7 +202,7 @@ def review_decide_partial(
         raise ReviewError("select at least one atomic edit to reject")
     with transaction.atomic():
         locked = _lock_undecided(item, user)
-        flagged = Candidate.objects.select_for_update().get(pk=locked.candidate_id)
+        flagged = Candidate.objects.select_for_update(no_key=True).get(pk=locked.candidate_id)
         if flagged.state != Candidate.State.FLAGGED:
             raise ReviewConflict(f"the candidate is {flagged.state} and can no longer be reviewed")
         edits = list(AtomicEdit.objects.filter(candidate=flagged).order_by("index"))

@@ -429,7 +429,7 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
         if experiment is None:
             experiment = _experiment_create(name=name, slug=slug, path=path, generations=tagged)
         else:
-            experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+            experiment = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
         _tasks_add(experiment, tagged + earlier)
         by_genid = {genid: Candidate.objects.get(pk=pk) for genid, pk in imported.items()}
         for generation in earlier:

@@ -160,7 +160,7 @@ def experiment_discard(experiment: Experiment) -> None:
     benchmark created itself.
     """
     with transaction.atomic():
-        experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+        experiment = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 # Deferred foreign-key checks pending on the table (rows written in

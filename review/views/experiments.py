@@ -101,10 +101,14 @@ def _trials_planned(recipe: Recipe | None, split_sizes: dict[str, int]) -> int |
     k = recipe.evaluation.trials_per_task
     evolve = sum(split_sizes.get(s, 0) for s in recipe.evaluation.evolve_splits) * k
     transfer = sum(split_sizes.get(s, 0) for s in TRANSFER_SPLITS) * k
-    repeats = recipe.noise.repeats if recipe.needs_noise_estimate else 1
+    baseline = sum(split_sizes.get(s, 0) for s in recipe.evaluation.evolve_splits)
     per_candidate = evolve + (transfer if recipe.evaluation.sealed == "every_round" else 0)
     final = 2 * transfer if recipe.evaluation.sealed != "never" else 0
-    return repeats * evolve + recipe.rounds * recipe.candidates_per_round * per_candidate + final
+    return (
+        baseline * recipe.baseline_trials_per_task()
+        + recipe.rounds * recipe.candidates_per_round * per_candidate
+        + final
+    )
 
 
 def _rounds_done(run: Run) -> int:

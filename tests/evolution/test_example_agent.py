@@ -7,6 +7,7 @@ argv templates of ``evolution/example/evaluator.toml``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -23,6 +24,19 @@ from evolution.example.bench import TrialResult
 
 TASKS = bench.load_tasks()
 TASKS_BY_ID = {task["id"]: task for task in TASKS}
+
+
+def _load_agent() -> Any:
+    """The agent program as a module (it is a script in the evaluator's files, not a package)."""
+    spec = importlib.util.spec_from_file_location("example_agent", bench.EVALUATOR_DIR / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+agent = _load_agent()
 # The seed harness is designed to pass 35-55% of trials.
 SEED_PASS_RANGE = (0.35, 0.55)
 SEEDS = (0, 1)
@@ -296,7 +310,8 @@ def test_a_generic_normalization_skill_raises_the_pass_rate_and_breaks_nothing(
     assert not [(r.task_id, r.seed) for r in improved if was[(r.task_id, r.seed)] and not r.passed]
 
 
-def test_leaky_known_cases_raise_train_but_not_sealed(tmp_path: Path, seed_results: list[TrialResult]) -> None:
+def test_leaky_known_cases_raise_train_and_cost_transfer(tmp_path: Path, seed_results: list[TrialResult]) -> None:
+    """Hard-coded answers help the tasks they were copied from and hurt lookalike unseen tasks (issue 18)."""
     splits = reference_edits.split_tasks(TASKS)
     chosen = splits["train"] + splits["sealed"]
     harness = edited_harness(tmp_path, "memory-known-cases")
@@ -305,9 +320,25 @@ def test_leaky_known_cases_raise_train_but_not_sealed(tmp_path: Path, seed_resul
     train_before = pass_rate([seed[(t["id"], 0)] for t in splits["train"]])
     train_after = pass_rate([leaky[(t["id"], 0)] for t in splits["train"]])
     assert train_after >= train_before + 0.3
-    # Memorized messages never match a sealed task: its outcomes are exactly the seed's.
     sealed = [t["id"] for t in splits["sealed"]]
-    assert [leaky[(i, 0)].passed for i in sealed] == [seed[(i, 0)].passed for i in sealed]
+    sealed_before = pass_rate([seed[(i, 0)] for i in sealed])
+    sealed_after = pass_rate([leaky[(i, 0)] for i in sealed])
+    print(
+        f"\nmemory-known-cases: train {train_before:.3f} -> {train_after:.3f}, "
+        f"sealed {sealed_before:.3f} -> {sealed_after:.3f}"
+    )
+    assert sealed_after < sealed_before
+    # Every sealed task it changed is one whose message looks like a memorized train message.
+    memorized = [agent._all_words(" ".join(customer_lines(t))) for t in splits["train"]]
+    changed = [i for i in sealed if leaky[(i, 0)].passed != seed[(i, 0)].passed]
+    assert changed
+    for task_id in changed:
+        words = agent._all_words(" ".join(customer_lines(TASKS_BY_ID[task_id])))
+        assert max(agent._jaccard(words, m) for m in memorized) >= agent.CASE_RECALL_SIMILARITY, task_id
+
+
+def customer_lines(task: dict[str, Any]) -> list[str]:
+    return [line[2:] for line in task["instruction"].splitlines() if line.startswith("> ")]
 
 
 def test_every_reference_edit_applies_to_the_seed_harness(tmp_path: Path) -> None:

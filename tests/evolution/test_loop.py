@@ -214,3 +214,23 @@ def test_no_update_of_the_loop_goes_through_a_subquery_of_its_own_table() -> Non
     updates = [sql for sql in seen if sql.startswith("UPDATE")]
     assert any('"evolution_trial"' in sql for sql in updates)  # the claims and the cancellation were seen
     assert [sql for sql in updates if SELF_SUBQUERY_UPDATE.match(sql)] == []
+
+
+def test_a_recipe_can_put_the_floor_on_the_gate_split_alone() -> None:
+    run = drive(start("rrsi", noise={"floor": "gate"}))
+    assert run.status == Run.Status.FINISHED, run.error
+    decisions = GateDecision.objects.filter(run=run, round__gte=1)
+    assert decisions.exists()
+    seed_gate = load_gate_score(seed_of(run.experiment))
+    for decision in decisions:
+        assert decision.numbers["floor_on"] == "gate"
+        assert decision.numbers["S_best_floor"] >= seed_gate  # the best gate score of an accepted harness
+        assert decision.numbers["S_floor"] == load_gate_score(decision.candidate)
+
+
+def load_gate_score(candidate: Candidate) -> float:
+    from evolution.loop import load
+
+    stats = load.candidate_stats(candidate, ["gate"], "pass_at_1")
+    assert stats is not None
+    return stats.score

@@ -385,8 +385,19 @@ def test_error_carries_the_path_attribute() -> None:
         pytest.param(
             {"noise": {"fixed": 0.02}}, "noise.fixed", "only used when noise.rule is 'fixed'", id="fixed-stray"
         ),
-        pytest.param({"noise": {"repeats": 1}}, "noise.repeats", "must be >= 2 for noise.rule 'range'", id="repeats"),
-        pytest.param({"noise": {"rule": "iqr"}}, "noise.rule", "must be one of range, std, fixed", id="noise-rule"),
+        pytest.param(
+            {"noise": {"repeats": 1}}, "noise.repeats", "must be >= 2 for noise.rule 'bootstrap'", id="repeats"
+        ),
+        pytest.param({"noise": {"floor": "train"}}, "noise.floor", "must be one of evolve, gate", id="floor"),
+        pytest.param(
+            {"noise": {"floor": "gate"}, "evaluation": {"evolve_splits": ["train"]}},
+            "noise.floor",
+            "'gate' needs the gate split among evaluation.evolve_splits",
+            id="floor-gate-not-evolved",
+        ),
+        pytest.param(
+            {"noise": {"rule": "iqr"}}, "noise.rule", "must be one of bootstrap, range, std, fixed", id="noise-rule"
+        ),
         pytest.param(
             {"critique": {"enabled": True, "operator": "none"}},
             "critique.operator",

@@ -25,6 +25,7 @@ from evolution.loop.regularization import (
     is_stalled,
     new_structural_kinds,
     noise_delta,
+    noise_estimate,
     pruning_targets,
     regularized_gate,
     score_unit_size,
@@ -63,7 +64,7 @@ def gate_one(
     *,
     current: CandidateStats = CURRENT,
     best_score: float = 0.5,
-    delta: float = EIGHTH,
+    delta: float | None = EIGHTH,
     params: GateParams = PARAMS,
     accepted: frozenset[str] = frozenset(),
 ) -> GateVerdict:
@@ -203,6 +204,86 @@ def test_score_unit_size_needs_the_count_of_its_unit() -> None:
         score_unit_size("criterion", 100, evolve_criteria=0)
     with pytest.raises(ValueError, match="^unknown score unit 'task'"):
         score_unit_size("task")
+
+
+# --- E. The noise band as measured ---------------------------------------------------------
+
+
+def repeat(**tasks: list[float]) -> dict[str, list[float]]:
+    return dict(tasks)
+
+
+def test_the_bootstrap_band_is_not_zero_when_two_evaluations_agree_by_chance() -> None:
+    # The case: two evaluations with the same S (0.5) whose trials disagreed task by task.
+    first, second = repeat(a=[1.0], b=[0.0]), repeat(a=[0.0], b=[1.0])
+    assert noise_delta([0.5, 0.5], rule="range") == 0.0  # the range of the two S collapses
+    estimate = noise_estimate([first, second], rule="bootstrap")
+    assert estimate.delta is not None and estimate.delta > 0.1
+    assert (estimate.evaluations, estimate.trials_per_task) == (2, 2)
+    assert estimate.note.startswith("expected range of S over 2 evaluations")
+
+
+def test_the_bootstrap_band_is_zero_only_when_every_trial_agreed() -> None:
+    same = repeat(a=[1.0, 1.0], b=[0.0, 0.0])
+    assert noise_estimate([same, same, same], rule="bootstrap").delta == 0.0
+
+
+def test_the_bootstrap_band_is_deterministic_and_grows_with_the_spread() -> None:
+    noisy = [repeat(a=[1.0, 0.0], b=[0.0, 1.0], c=[1.0, 0.0])] * 3
+    quiet = [repeat(a=[1.0, 1.0], b=[0.0, 0.0], c=[1.0, 0.0])] * 3
+    assert noise_estimate(noisy, rule="bootstrap", seed=7) == noise_estimate(noisy, rule="bootstrap", seed=7)
+    loud, soft = noise_estimate(noisy, rule="bootstrap").delta, noise_estimate(quiet, rule="bootstrap").delta
+    assert loud is not None and soft is not None and loud > soft > 0
+
+
+def test_the_expected_range_matches_its_closed_form_for_one_coin_task() -> None:
+    # One task, p = 1/2, one trial per evaluation, two evaluations: E|X1 - X2| = 2 p (1 - p) = 0.5.
+    coin = [repeat(a=[1.0, 0.0]), repeat(a=[0.0, 1.0])]
+    # Each evaluation draws one trial from the pooled four values (two 1s, two 0s).
+    one = [repeat(a=[1.0]), repeat(a=[0.0])]
+    estimate = noise_estimate(one, rule="bootstrap", draws=20000, seed=1)
+    assert estimate.delta is not None and abs(estimate.delta - 0.5) < 0.02
+    assert noise_estimate(coin, rule="bootstrap").trials_per_task == 4
+
+
+@pytest.mark.parametrize("rule", ["range", "std"])
+def test_two_equal_evaluations_give_no_band_for_range_and_std(rule: str) -> None:
+    estimate = noise_estimate([repeat(a=[1.0], b=[0.0]), repeat(a=[0.0], b=[1.0])], rule=rule)
+    assert estimate.delta is None
+    assert "says nothing about the spread" in estimate.note
+
+
+def test_one_evaluation_gives_no_band_and_a_fixed_band_needs_none() -> None:
+    assert noise_estimate([repeat(a=[1.0, 0.0])], rule="bootstrap").delta is None
+    assert noise_estimate([], rule="fixed", fixed=0.02).delta == 0.02
+    assert noise_estimate([repeat(a=[1.0]), repeat(a=[1.0]), repeat(a=[0.0])], rule="range").delta == 1.0
+
+
+def test_an_unknown_band_blocks_acceptance_inside_the_band_but_not_above_it() -> None:
+    cost_cut = gate_one(stats(1, 0.5, 750.0), delta=None)  # accepted inside a band of 1/8 (see below)
+    assert (cost_cut.admissible, cost_cut.rule) == (False, "noise_unknown")
+    assert "could not be estimated" in cost_cut.explanation
+    assert gate_one(stats(1, 0.5, 750.0)).rule == "inside_noise_gain"
+    better = gate_one(stats(2, 0.5 + EIGHTH, 1000.0), delta=None)
+    assert (better.admissible, better.rule, better.numbers["delta"]) == (True, "admissible_above_noise", 0.0)
+    assert better.numbers["delta_estimated"] is None
+    worse = gate_one(stats(3, 0.5 - EIGHTH, 500.0), delta=None)  # the floor has no slack either
+    assert (worse.admissible, worse.rule) == (False, "floor")
+
+
+def test_the_floor_is_on_the_evolve_score_unless_the_recipe_puts_it_on_the_gate_split() -> None:
+    # S on the evolve set (train + gate) is at the floor; on the gate split alone it fell by a quarter.
+    candidate = CandidateStats(2, score=0.5, cost=750.0, floor_score=0.5)
+    on_evolve = gate_one(candidate)
+    assert on_evolve.rule == "inside_noise_gain" and "floor_on" not in on_evolve.numbers
+    (on_gate,) = regularized_gate(
+        CURRENT, [candidate], best_score=0.5, delta=EIGHTH, params=PARAMS, best_floor_score=0.75
+    )
+    assert (on_gate.admissible, on_gate.rule) == (False, "floor")
+    assert on_gate.explanation.startswith("S on the gate split = 50.00 points is below the floor the best gate score")
+    assert (on_gate.numbers["floor_on"], on_gate.numbers["S_floor"], on_gate.numbers["floor"]) == ("gate", 0.5, 0.625)
+    with pytest.raises(ValueError, match="needs every candidate's gate score"):
+        regularized_gate(CURRENT, [stats(3, 0.5, 1.0)], best_score=0.5, delta=0.0, params=PARAMS, best_floor_score=0.5)
 
 
 # --- F. The regularized gate ---------------------------------------------------------------

@@ -51,6 +51,11 @@ DESCRIPTION_CAP = 1.5
 ARG_MATCH_WEIGHT = 1.0
 HINT_WEIGHT = 1.5
 EXAMPLE_WEIGHT = 4.0
+# A memorized answer is reused for a message that shares at least this share of its words with the known
+# case (Jaccard over words), as a model reuses what it memorized for a message that looks like it; on a
+# lookalike message about another order or account the memorized arguments are wrong. Chosen as "half the
+# words", before any run measured its effect, and not tuned since.
+CASE_RECALL_SIMILARITY = 0.5
 
 STOPWORDS = frozenset(
     """a an the and or but if of to in on at by for with from into onto about as is are was were be been am
@@ -589,13 +594,34 @@ def attempt_tools(
 
 
 def recall(harness: Harness, request: str, trajectory: Trajectory) -> dict[str, Any] | None:
-    """A known case from memory whose text occurs in the message, used as the answer."""
+    """A known case from memory that the message contains, or else the one most like it (at least
+    ``CASE_RECALL_SIMILARITY`` of their words shared), used as the answer, arguments and all."""
+    if not harness.cases or trajectory.agent_steps() >= harness.settings.max_steps:
+        return None
     squashed = _squash(request)
+    quoted = [line[2:] for line in request.splitlines() if line.startswith("> ")]
+    words = _all_words(" ".join(quoted) if quoted else request)  # the customer's words, not the instruction's
+    best: tuple[float, dict[str, Any]] | None = None
     for text, answer in harness.cases:
-        if text and text in squashed and trajectory.agent_steps() < harness.settings.max_steps:
-            trajectory.act(f"Memory has a known case matching this message; reusing its answer ({answer['tool']}).")
-            return {"tool": answer["tool"], "args": dict(answer.get("args") or {})}
-    return None
+        if not text:
+            continue
+        similarity = 1.0 if text in squashed else _jaccard(_all_words(text), words)
+        if similarity >= CASE_RECALL_SIMILARITY and (best is None or similarity > best[0]):
+            best = (similarity, answer)
+    if best is None:
+        return None
+    similarity, answer = best
+    how = "matching this message" if similarity == 1.0 else f"like this message ({similarity:.0%} of words shared)"
+    trajectory.act(f"Memory has a known case {how}; reusing its answer ({answer['tool']}).")
+    return {"tool": answer["tool"], "args": dict(answer.get("args") or {})}
+
+
+def _all_words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
 
 
 def run(harness_dir: Path, task_dir: Path, output_dir: Path, seed: int) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""``manage.py compare_recipes`` on a small slice of the example: its JSON, and what it refuses."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from evolution.example.setup import example_experiment_create
+from evolution.models import Experiment, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_compare_recipes_prints_each_run_and_the_start_as_json() -> None:
+    import evolution.proposers  # noqa: F401  (registers the example proposer)
+
+    experiment = example_experiment_create(name="compare-small", task_limit=9)
+    out = io.StringIO()
+    call_command(
+        "compare_recipes",
+        experiment=experiment.pk,
+        recipes="unregularized",
+        seeds=2,
+        rounds=1,
+        candidates=1,
+        k=1,
+        proposer="example",
+        transfer_seeds=2,
+        json=True,
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    assert (data["seeds"], data["rounds"], data["transfer_seeds"]) == (2, 1, 2)
+    assert set(data["start"]) == {"train", "gate", "sealed", "held_out", "cost", "leaky_accepted"}
+    for name in ("unregularized",):
+        runs = data["recipes"][name]["runs"]
+        assert [r["seed"] for r in runs] == [0, 1]
+        for r in runs:
+            assert r["status"] == "finished"
+            assert len(r["transfer_by_seed"]["sealed"]) == 2  # one certified evaluation per trial seed
+            assert r["sealed"] == pytest.approx(sum(r["transfer_by_seed"]["sealed"]) / 2)
+            run = Run.objects.get(pk=r["run"])
+            assert run.experiment_id == r["experiment"] != experiment.pk  # a twin, never the start itself
+            assert run.current_candidate_id == r["final_candidate"]
+        summary = data["recipes"][name]["summary"]["sealed"]
+        values = [r["sealed"] for r in runs]
+        assert summary["mean"] == pytest.approx(sum(values) / 2)
+        assert summary["low"] <= summary["mean"] <= summary["high"]
+    assert not Run.objects.filter(experiment=experiment).exists()
+    assert Experiment.objects.count() == 1 + 2 + 1  # the start, two run twins and the start's measurement
+
+
+def test_compare_recipes_refuses_an_unknown_recipe_or_experiment() -> None:
+    experiment = example_experiment_create(name="compare-refuse", task_limit=3)
+    with pytest.raises(CommandError, match="unknown recipe"):
+        call_command("compare_recipes", experiment=experiment.pk, recipes="rrsi,nope", seeds=1, stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no experiment with id"):
+        call_command("compare_recipes", experiment=999999, stdout=io.StringIO())
+    assert Experiment.objects.count() == 1  # nothing was created
