@@ -262,6 +262,37 @@ def web_server_command(host: str, port: str) -> list[str]:
     return [str(PYTHON), "manage.py", "runserver", "--noreload", "--insecure", f"{host}:{port}"]
 
 
+def slots(env: dict[str, str], name: str, default: int) -> int:
+    """A positive count from ``env`` (a worker's processes or trial slots)."""
+    raw = env.get(name, "") or str(default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r} must be a positive whole number")
+    return int(raw)
+
+
+def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The two Celery workers ``run`` starts, by name.
+
+    The worker of the default queue (proposals, certification, the loop's
+    steps, the lease reaper's beat) runs a prefork pool: that work uses the
+    CPU, RSI_WORKER_PROCESSES processes (default 2). The trial worker serves
+    the trial queue with a thread pool of RSI_TRIAL_SLOTS threads (default
+    8): a trial only waits on its sandboxed agent, so a slot costs a thread,
+    not a core (docs/deployment.md says how to size both).
+    """
+    celery = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--loglevel=INFO"]
+    processes = slots(env, "RSI_WORKER_PROCESSES", 2)
+    trial_slots = slots(env, "RSI_TRIAL_SLOTS", 8)
+    trial_queue = env.get("RSI_TRIAL_QUEUE") or "trials"
+    return [
+        ("worker", [*celery, "--beat", "-Q", "celery", f"--concurrency={processes}", "--hostname=celery@%h"]),
+        (
+            "trial worker",
+            [*celery, "-Q", trial_queue, "--pool=threads", f"--concurrency={trial_slots}", "--hostname=trials@%h"],
+        ),
+    ]
+
+
 def run() -> int:
     env = dict(os.environ)
     host = env.get("RSI_HOST", "127.0.0.1")
@@ -269,6 +300,11 @@ def run() -> int:
     # Before anything starts: a port another program holds is said now, not
     # after a minute of set-up and a URL that answers nothing.
     problem = port_problem(host, port)
+    try:
+        workers = worker_commands(env)
+    except ValueError as exc:
+        say(str(exc))
+        return 2
     if problem:
         nearby = free_port_near(host, int(port)) if port.isdigit() and 0 < int(port) < 65536 else None
         hint = f"RSI_PORT={nearby}" if nearby else "RSI_PORT=<port>"
@@ -287,8 +323,8 @@ def run() -> int:
         manage("load_example", "--rounds", rounds, env=env)
         manage("ensure_admin", env=env)
         prctl = _libc_prctl()
-        worker = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--beat", "--loglevel=INFO", "--concurrency=2"]
-        children.append(("worker", start_child(worker, env, prctl)))
+        for name, command in workers:
+            children.append((name, start_child(command, env, prctl)))
         children.append(("web server", start_child(web_server_command(host, port), env, prctl)))
         # The URL is printed once the server answers on it, not before.
         deadline = time.monotonic() + LISTEN_TIMEOUT_SECONDS
@@ -306,7 +342,9 @@ def run() -> int:
             say(f"log in as admin with password {password_file.read_text().strip()}   (kept in {password_file})")
         else:
             say("log in with the admin account you created earlier")
-        say("a Celery worker with the lease reaper is running; Ctrl-C (or SIGTERM, SIGHUP) stops both")
+        processes, trial_slots = slots(env, "RSI_WORKER_PROCESSES", 2), slots(env, "RSI_TRIAL_SLOTS", 8)
+        say(f"Celery workers: {processes} processes with the lease reaper, {trial_slots} trial slots (RSI_TRIAL_SLOTS)")
+        say("Ctrl-C (or SIGTERM, SIGHUP) stops the web server and both workers")
         while all(process.poll() is None for _, process in children):
             time.sleep(0.5)
     except Stop as stop:
@@ -314,7 +352,7 @@ def run() -> int:
     finally:
         killed = stop_children(children)
     if stopped_by:
-        say(f"stopped by {stopped_by}: web server and worker" if children else f"stopped by {stopped_by}")
+        say(f"stopped by {stopped_by}: web server and workers" if children else f"stopped by {stopped_by}")
     if killed:
         say(f"{', '.join(killed)} did not stop within {STOP_GRACE_SECONDS:g} s of SIGTERM and was killed")
     failed = [name for name, p in children if p.returncode not in (0, -signal.SIGTERM, None) and name not in killed]

@@ -155,12 +155,21 @@ def _start_recipe(experiment: models.Experiment, choice: str) -> Recipe:
     return parse_recipe(experiment.recipe.spec)
 
 
+@admin.register(models.ModelEndpoint)
+class ModelEndpointAdmin(admin.ModelAdmin[models.ModelEndpoint]):
+    """Editable: a team sets its provider's limit here (docs/deployment.md)."""
+
+    list_display = ("name", "max_in_flight")
+    search_fields = ("name",)
+
+
 @admin.register(models.Experiment)
 class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
     list_display = ("name", "benchmark", "status", "trials_per_task", "chain_length", "created_at")
     list_filter = ("status",)
     search_fields = ("name",)
-    fields = ("name", "description", "status")
+    # The trial limits are scheduling, not results: editable at any time.
+    fields = ("name", "description", "status", "max_trials_in_flight", "endpoint")
     readonly_fields = ("status",)
 
     actions = ("start_run",)

@@ -10,6 +10,7 @@ import uuid
 from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -179,6 +180,19 @@ class Recipe(models.Model):
 # --- Experiments and splits ---------------------------------------------------
 
 
+class ModelEndpoint(models.Model):
+    """A model API that trials call, and how many trials may be in flight
+    against it at once, summed over every worker host (a provider's rate or
+    concurrency limit). Scheduling only: it changes no result, so no record
+    binds it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    max_in_flight = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+
+    def __str__(self) -> str:
+        return f"{self.name} (at most {self.max_in_flight} in flight)"
+
+
 class Experiment(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft"
@@ -207,6 +221,13 @@ class Experiment(models.Model):
     # Model and run settings bound into every certified result.
     run_settings = models.JSONField(default=dict, blank=True)
     trials_per_task = models.PositiveSmallIntegerField(default=2)
+    # Scheduling limits (never part of a record): the most trials of this
+    # experiment in flight at once (None: no limit of its own), and the model
+    # endpoint its agent calls, whose limit all experiments using it share.
+    max_trials_in_flight = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    endpoint = models.ForeignKey(
+        ModelEndpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiments"
+    )
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.DRAFT)
     # Head of this experiment's certified-record chain, signed with the
     # records key, so truncating the chain is detected.

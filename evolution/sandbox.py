@@ -17,8 +17,8 @@ What a run guarantees:
   daemons) is killed and reaped: the caller becomes a child subreaper, so
   orphans are reparented to it instead of to init.
 - When the worker runs as root, the command runs as a uid and gid of its
-  own (``run_ids``: a fixed base plus the worker process's pid, so no two
-  runs in progress on the host share them) with no supplementary groups and
+  own (``run_ids``: a fixed base plus the id of the worker thread that
+  starts it, so no two runs in progress on the host share them) with no supplementary groups and
   no_new_privs, after the writable paths are chowned to it: RLIMIT_NPROC does
   not bind root, and root could read the database and key files. A uid per
   run keeps concurrent trials apart: RLIMIT_NPROC counts every task of a
@@ -37,10 +37,16 @@ without bubblewrap it runs as the worker's own user and can read and change
 whatever the worker can. Disk use beyond the per-file limit is not capped.
 The platform records and audits; it sandboxes what the machine allows.
 
-Runs are serialized per process (a lock) because the escaped-process sweep
-treats every new child of this process as the trial's: run at most one
-trial at a time per process, and do not start other subprocesses from other
-threads while one runs.
+Runs may go on at once in several threads of one process (a thread-pool
+worker holds dozens of trials waiting on their agents). Each thread runs one
+command at a time. The sweep after a run kills the new children of the
+process that are not the command of a run still in progress; under a root
+worker it also spares processes of another run's uid, so one trial ending
+does not stop what another trial started. A non-root worker without
+bubblewrap cannot tell two runs' escaped daemons apart: a daemon one trial
+left behind may then be stopped when another trial ends, never later than
+its own trial's end. Other code in the process must not start subprocesses
+it expects to outlive a run.
 """
 
 from __future__ import annotations
@@ -63,8 +69,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
-# Root-dropped runs use uid = gid = RUN_ID_BASE + the pid of the process
-# that starts them (at most 4,194,304 on Linux): above the system and user
+# Root-dropped runs use uid = gid = RUN_ID_BASE + the thread id of the
+# thread that starts them (pids and thread ids share one range, at most
+# 4,194,304 on Linux): above the system and user
 # ranges and above systemd's container ranges (which end at 0x6FFFFFFF,
 # 1,879,048,191), and below 2**31.
 RUN_ID_BASE = 1_900_000_000
@@ -96,7 +103,12 @@ _BWRAP_EXEC = (
     "except OSError as e:sys.stderr.write('sandbox: cannot run %r: %s\\n'%(sys.argv[4],e));os._exit(127)\n"
 )
 
-_RUN_LOCK = threading.RLock()
+# Held while a command is started and registered, and while a sweep lists
+# the children, so a sweep never takes another run's command for a stray.
+_SPAWN_LOCK = threading.Lock()
+# The commands of the runs in progress in this process: pid -> the run's
+# uid when it dropped root, else -1.
+_LIVE_RUNS: dict[int, int] = {}
 
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
@@ -105,13 +117,13 @@ except OSError:  # pragma: no cover - every Linux libc loads
 
 
 def run_ids() -> tuple[int, int]:
-    """The uid and gid a root worker's runs drop to from this process.
+    """The uid and gid a root worker's runs drop to from this thread.
 
-    Unique among the runs in progress on the host: a process runs one
-    sandboxed command at a time (the run lock) and pids are unique while
-    their processes live.
+    Unique among the runs in progress on the host: a thread runs one
+    sandboxed command at a time, and thread ids (the main thread's is its
+    process's pid) are unique on the host while their threads live.
     """
-    ident = RUN_ID_BASE + os.getpid()
+    ident = RUN_ID_BASE + threading.get_native_id()
     return ident, ident
 
 
@@ -280,56 +292,56 @@ def run_sandboxed(
 
     drop = os.geteuid() == 0
     run_uid, run_gid = run_ids()
-    with _RUN_LOCK:
-        if drop:
-            for path in writable_paths:
-                _chown_tree(path, run_uid, run_gid)
-            if not use_bwrap:
-                # Outside bwrap the run's uid must reach the real paths; say so plainly
-                # instead of letting the command fail with EACCES.
-                for path in [cwd, *writable_paths]:
-                    _check_reachable(path, run_uid, run_gid, "directory")
-                program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
-                if program is not None:
-                    _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
-        rlimits = _rlimit_plan(limits, run_uid if drop else os.getuid())
-        _become_subreaper()
-        before = _child_pids()
-        status_read, status_write = os.pipe()
-        with (
-            tempfile.TemporaryFile() as out,
-            tempfile.TemporaryFile() as err,
-            open(status_read, "rb", buffering=0) as status,
-            open(status_write, "wb", buffering=0) as status_sink,
-        ):
-            popen_kwargs: dict[str, Any]
-            if use_bwrap:
-                command, limited = _bwrap_command(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    writable=writable_paths,
-                    readable=readable_paths,
-                    ids=(run_uid, run_gid) if drop else None,
-                    # Not inside a user namespace (an unprivileged worker's
-                    # sandbox): RLIMIT_NPROC set there would count the
-                    # namespace's tasks, not the uid's on the host.
-                    rlimits=rlimits if drop else (),
-                )
-                # bwrap reports {"exit-code": n} only if the command really ran,
-                # which tells a broken sandbox from a failing command.
-                command[1:1] = ["--json-status-fd", str(status_write)]
-                popen_kwargs = {"cwd": "/", "env": {}, "pass_fds": (status_write,)}
-                if not limited:
-                    # bwrap sets no_new_privs itself; a setuid bwrap must not get it earlier.
-                    popen_kwargs["preexec_fn"] = _preexec(rlimits, no_new_privs=False)
-            else:
-                command = argv
-                popen_kwargs = {"cwd": cwd, "env": env, "preexec_fn": _preexec(rlimits, no_new_privs=True)}
-                if drop:
-                    popen_kwargs.update(user=run_uid, group=run_gid, extra_groups=[])
-            started = time.monotonic()
-            try:
+    if drop:
+        for path in writable_paths:
+            _chown_tree(path, run_uid, run_gid)
+        if not use_bwrap:
+            # Outside bwrap the run's uid must reach the real paths; say so plainly
+            # instead of letting the command fail with EACCES.
+            for path in [cwd, *writable_paths]:
+                _check_reachable(path, run_uid, run_gid, "directory")
+            program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+            if program is not None:
+                _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
+    rlimits = _rlimit_plan(limits, run_uid if drop else os.getuid())
+    _become_subreaper()
+    before = _run_child_pids()
+    status_read, status_write = os.pipe()
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        open(status_read, "rb", buffering=0) as status,
+        open(status_write, "wb", buffering=0) as status_sink,
+    ):
+        popen_kwargs: dict[str, Any]
+        if use_bwrap:
+            command, limited = _bwrap_command(
+                argv,
+                cwd=cwd,
+                env=env,
+                writable=writable_paths,
+                readable=readable_paths,
+                ids=(run_uid, run_gid) if drop else None,
+                # Not inside a user namespace (an unprivileged worker's
+                # sandbox): RLIMIT_NPROC set there would count the
+                # namespace's tasks, not the uid's on the host.
+                rlimits=rlimits if drop else (),
+            )
+            # bwrap reports {"exit-code": n} only if the command really ran,
+            # which tells a broken sandbox from a failing command.
+            command[1:1] = ["--json-status-fd", str(status_write)]
+            popen_kwargs = {"cwd": "/", "env": {}, "pass_fds": (status_write,)}
+            if not limited:
+                # bwrap sets no_new_privs itself; a setuid bwrap must not get it earlier.
+                popen_kwargs["preexec_fn"] = _preexec(rlimits, no_new_privs=False)
+        else:
+            command = argv
+            popen_kwargs = {"cwd": cwd, "env": env, "preexec_fn": _preexec(rlimits, no_new_privs=True)}
+            if drop:
+                popen_kwargs.update(user=run_uid, group=run_gid, extra_groups=[])
+        started = time.monotonic()
+        try:
+            with _SPAWN_LOCK:
                 proc = subprocess.Popen(
                     command,
                     stdin=subprocess.DEVNULL,
@@ -338,35 +350,39 @@ def run_sandboxed(
                     start_new_session=True,
                     **popen_kwargs,
                 )
-            except subprocess.SubprocessError as exc:
-                # Only preexec_fn failures land here: limits or prctl refused.
-                raise SandboxError(f"could not apply limits to the child: {exc}") from exc
-            except OSError as exc:
-                if use_bwrap:
-                    raise SandboxError(f"could not start bubblewrap: {exc}") from exc
-                err.write(f"sandbox: cannot run {argv[0]!r}: {exc}\n".encode())
-                return _result(127, False, out, err, limits, time.monotonic() - started, use_bwrap, 0)
-            # Only the child holds the write end now, so the read below ends at its exit.
-            status_sink.close()
-            timed_out = False
-            try:
-                timed_out = _wait(proc, timeout)
-            finally:
-                # Also runs on KeyboardInterrupt: never leave the group behind.
-                _kill_group(proc.pid)
-                proc.wait()
-                wall_time = time.monotonic() - started
-                strays = _sweep(before)
-            result = _result(proc.returncode, timed_out, out, err, limits, wall_time, use_bwrap, strays)
-            if use_bwrap and not timed_out and b'"exit-code"' not in _read_available(status):
-                tail = result.stderr[-2000:].decode(errors="replace")
-                if proc.returncode is not None and proc.returncode < 0:
-                    # bubblewrap itself was killed from outside (not the
-                    # agent inside it, whose exit bubblewrap would report).
-                    name = signal.Signals(-proc.returncode).name
-                    raise SandboxError(f"the sandbox was killed by {name} before the command finished: {tail}")
-                raise SandboxError(f"bubblewrap could not set up the sandbox: {tail}")
-            return result
+                _LIVE_RUNS[proc.pid] = run_uid if drop else -1
+        except subprocess.SubprocessError as exc:
+            # Only preexec_fn failures land here: limits or prctl refused.
+            raise SandboxError(f"could not apply limits to the child: {exc}") from exc
+        except OSError as exc:
+            if use_bwrap:
+                raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+            err.write(f"sandbox: cannot run {argv[0]!r}: {exc}\n".encode())
+            return _result(127, False, out, err, limits, time.monotonic() - started, use_bwrap, 0)
+        # Only the child holds the write end now, so the read below ends at its exit.
+        status_sink.close()
+        timed_out = False
+        try:
+            timed_out = _wait(proc, timeout)
+        finally:
+            # Also runs on KeyboardInterrupt: never leave the group behind.
+            _kill_group(proc.pid)
+            proc.wait()
+            wall_time = time.monotonic() - started
+            # Reaped: from here the pid may name another run's new command.
+            with _SPAWN_LOCK:
+                _LIVE_RUNS.pop(proc.pid, None)
+            strays = _sweep(before, own_uid=run_uid if drop else None)
+        result = _result(proc.returncode, timed_out, out, err, limits, wall_time, use_bwrap, strays)
+        if use_bwrap and not timed_out and b'"exit-code"' not in _read_available(status):
+            tail = result.stderr[-2000:].decode(errors="replace")
+            if proc.returncode is not None and proc.returncode < 0:
+                # bubblewrap itself was killed from outside (not the
+                # agent inside it, whose exit bubblewrap would report).
+                name = signal.Signals(-proc.returncode).name
+                raise SandboxError(f"the sandbox was killed by {name} before the command finished: {tail}")
+            raise SandboxError(f"bubblewrap could not set up the sandbox: {tail}")
+        return result
 
 
 # --- argument checks ----------------------------------------------------------
@@ -695,6 +711,24 @@ def _child_pids() -> set[int]:
     return children
 
 
+def _run_child_pids() -> set[int]:
+    """The children of this process a run can have: those of the calling
+    thread (its command) and of the main thread, to which the kernel
+    reparents orphans (the first live thread of a subreaper). Two reads,
+    where ``_child_pids`` reads one per thread: a thread-pool worker has
+    a hundred and more, and a trial lists children four times."""
+    if not _CHILDREN_LISTED:
+        return _child_pids_scanned()
+    children: set[int] = set()
+    for tid in {os.getpid(), threading.get_native_id()}:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as handle:
+                children.update(int(pid) for pid in handle.read().split())
+        except FileNotFoundError:  # the main thread ended: orphans go to another thread
+            return _child_pids()
+    return children
+
+
 def _children_listed() -> bool:
     try:
         with open(f"/proc/self/task/{threading.get_native_id()}/children", "rb"):
@@ -760,8 +794,33 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _sweep(before: set[int]) -> int:
-    """Kill and reap every child of this process not present in ``before``.
+def _strays(before: set[int], own_uid: int | None) -> set[int]:
+    """Children of this process that no run in progress claims: not present
+    in ``before``, not the command of a run in progress and, for a
+    root-dropped run (``own_uid``), not running as another run's uid."""
+    with _SPAWN_LOCK:
+        strays = _run_child_pids() - before - set(_LIVE_RUNS)
+        others = {uid for uid in _LIVE_RUNS.values() if uid >= 0 and uid != own_uid}
+    if own_uid is None or not others:
+        return strays
+    return {pid for pid in strays if _real_uid(pid) not in others}
+
+
+def _real_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` from /proc, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _sweep(before: set[int], *, own_uid: int | None = None) -> int:
+    """Kill and reap every child of this process that no run in progress
+    claims (``_strays``).
 
     Escaped daemons were reparented here (subreaper), and killing one can
     reparent its own children here, so repeat until a pass finds none.
@@ -770,7 +829,7 @@ def _sweep(before: set[int]) -> int:
     reaped = 0
     deadline = time.monotonic() + SWEEP_SECONDS
     while time.monotonic() < deadline:
-        strays = _child_pids() - before
+        strays = _strays(before, own_uid)
         if not strays:
             return reaped
         for pid in strays:

@@ -9,6 +9,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Cast, Coalesce
+from django.utils import timezone
 
 from evolution import metrics
 from evolution.loop import load, measure
@@ -465,3 +466,39 @@ def candidate_external_results(*, candidate: Candidate) -> list[ExternalResult]:
             )
         )
     return found
+
+
+def trials_in_flight(*, experiment_id: int | None = None, endpoint_id: int | None = None) -> int:
+    """Trials running now under a live lease, of one experiment or of every
+    experiment calling one model endpoint. A trial whose worker died stops
+    counting when its lease lapses. The claim's limits count with this."""
+    running = Trial.objects.filter(state=Trial.State.RUNNING, lease_expires_at__gt=timezone.now())
+    if experiment_id is not None:
+        running = running.filter(evaluation__experiment_id=experiment_id)
+    if endpoint_id is not None:
+        running = running.filter(evaluation__experiment__endpoint_id=endpoint_id)
+    return running.count()
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Trials in flight against their limits, as the dashboard shows them."""
+
+    experiment: int
+    experiment_limit: int | None
+    endpoint_name: str | None
+    endpoint: int | None
+    endpoint_limit: int | None
+
+
+def in_flight(*, experiment: Experiment) -> InFlight:
+    """The experiment's trials in flight and its limit; its model endpoint's
+    (every experiment calling it, on every worker) and that limit."""
+    endpoint = experiment.endpoint
+    return InFlight(
+        experiment=trials_in_flight(experiment_id=experiment.pk),
+        experiment_limit=experiment.max_trials_in_flight,
+        endpoint_name=endpoint.name if endpoint else None,
+        endpoint=trials_in_flight(endpoint_id=endpoint.pk) if endpoint else None,
+        endpoint_limit=endpoint.max_in_flight if endpoint else None,
+    )

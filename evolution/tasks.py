@@ -7,10 +7,13 @@ process dies, so a SIGKILL at any point loses nothing.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from celery import Task, shared_task
+from django.conf import settings
+from django.db import close_old_connections, connection
 
 from evolution.loop import late as loop_late
 from evolution.loop import propose as loop_propose
@@ -27,9 +30,28 @@ def task(name: str) -> Callable[[Callable[_P, _R]], Task[_P, _R]]:
     return shared_task(name=name, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 
 
+# The longest wait before a held-back trial's message is sent again.
+HELD_BACK_MAX_SECONDS = 30.0
+
+
 @task("evolution.trial_run")
-def trial_run(trial_id: int) -> bool:
-    return evaluation_services.trial_execute(trial_id=trial_id)
+def trial_run(trial_id: int, held_back: int = 0) -> bool:
+    """Run one trial, on the trial queue (a thread-pool worker's slots).
+
+    A trial held back by a limit on trials in flight is sent again after a
+    wait that grows with each hold (jittered, so waiting trials do not all
+    ask at once). The thread's database connections are closed at the end,
+    as they are after every task, so a slot holds none between trials.
+    """
+    try:
+        return evaluation_services.trial_execute(trial_id=trial_id)
+    except evaluation_services.TrialHeldBack:
+        wait = min(HELD_BACK_MAX_SECONDS, settings.RSI_TRIAL_DEFER_SECONDS * 1.5 ** min(held_back, 20))
+        trial_run.apply_async((trial_id, held_back + 1), countdown=wait * random.uniform(1.0, 1.5))
+        return False
+    finally:
+        if not connection.in_atomic_block:
+            close_old_connections()
 
 
 @task("evolution.result_certify")

@@ -164,12 +164,15 @@ def worker_spawn(
     schedule_path: Path | None = None,
     ready_timeout: float = 60.0,
     hold: bool = False,
+    pool: str = "prefork",
+    queues: str | None = None,
 ) -> WorkerProcess:
     """Start ``python -m lab.trust.worker`` (Celery's worker of rsiweb,
     on ``RSI_TRUST_QUEUE`` when set) and wait until it is ready. Raises
     RuntimeError, with the log's tail, when it exits or is not ready in time.
     With ``hold`` it returns at once and the worker loads everything but
-    consumes nothing until ``release()``."""
+    consumes nothing until ``release()``. ``pool`` and ``queues`` (``-Q``)
+    as for ``celery worker``; by default every declared queue is consumed."""
     argv = [
         sys.executable,
         "-m",
@@ -179,8 +182,10 @@ def worker_spawn(
         f"--hostname={hostname}@%h",
         "--without-mingle",
         "--without-gossip",
-        "--pool=prefork",
+        f"--pool={pool}",
     ]
+    if queues:
+        argv += ["-Q", queues]
     if beat:
         argv += ["--beat", f"--schedule={schedule_path or log_path.with_suffix('.beat')}"]
     hold_path = None

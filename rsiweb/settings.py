@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 # Lets the code write the generic types django-stubs gives (``admin.ModelAdmin[Run]``).
 django_stubs_ext.monkeypatch()
@@ -53,6 +54,16 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -220,6 +231,14 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
 
+
+def pool_size(slots: int) -> int:
+    """The database pool a trial worker of ``slots`` threads needs: a slot
+    holds a connection only while it claims, writes its inputs out and
+    finishes (tens of milliseconds of a trial of seconds or minutes)."""
+    return max(4, min(slots, 4 + slots // 8))
+
+
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # WAL lets the web server read while a worker writes; IMMEDIATE takes
@@ -234,7 +253,18 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # RSI_TEST_DB_SUFFIX (set per test session) keeps concurrent sessions apart.
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test_rsiweb{env_str('RSI_TEST_DB_SUFFIX')}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
-    pass
+    # A pool of connections shared by the threads of one process (the trial
+    # worker's slots): each borrows one for a burst of queries and gives it
+    # back, so dozens of waiting trials hold a few connections, and a trial
+    # does not pay a new connection (about 5 ms of the server's CPU) twice.
+    _pool_size = env_int("RSI_DB_POOL_SIZE", 0)
+    if _pool_size > 0:
+        if _db.get("CONN_MAX_AGE"):
+            raise ImproperlyConfigured("RSI_DB_POOL_SIZE and RSI_DB_CONN_MAX_AGE exclude each other")
+        _db["OPTIONS"] = {
+            **_db.get("OPTIONS", {}),
+            "pool": {"min_size": 1, "max_size": _pool_size, "timeout": env_int("RSI_DB_POOL_TIMEOUT", 60)},
+        }
 else:
     raise ImproperlyConfigured(f"DATABASE_URL engine {_db['ENGINE']} is not supported (use sqlite or postgres)")
 
@@ -319,6 +349,20 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
+# Trials wait on a sandboxed subprocess (a model API, in real agents) and
+# use little CPU, so they go to a queue of their own that a worker with a
+# thread pool serves with many slots (``--pool=threads --concurrency=N``),
+# while proposals, certification and the loop's steps stay on the default
+# queue of a prefork worker (docs/deployment.md says how to size both). Both
+# queues are declared, so a worker started without ``-Q`` consumes both.
+RSI_TRIAL_QUEUE = env_str("RSI_TRIAL_QUEUE", "trials")
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+# Each queue with its own direct exchange, as Celery makes a missing queue.
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for name in ("celery", RSI_TRIAL_QUEUE))
+CELERY_TASK_ROUTES = {"evolution.trial_run": {"queue": RSI_TRIAL_QUEUE}}
+# How long a trial held back by a limit (the experiment's trials in flight,
+# its model endpoint's) waits before its message is sent again.
+RSI_TRIAL_DEFER_SECONDS = env_float("RSI_TRIAL_DEFER_SECONDS", 1.0)
 CELERY_BEAT_SCHEDULE = {
     "lease-reaper": {
         "task": "evolution.lease_reap",

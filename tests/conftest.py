@@ -109,7 +109,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
     The test must use ``@pytest.mark.django_db(transaction=True)`` so the
     worker sees committed rows. ``broker_url`` None uses the embedded
-    file-system broker of this test session.
+    file-system broker of this test session. By default a worker consumes
+    every declared queue (the default one and the trial queue) with a
+    prefork pool; ``queues`` (``-Q``, e.g. "trials") and ``pool`` ("threads")
+    start the workers of a deployment that keeps trials apart.
     """
     workers: list[WorkerProcess] = []
     brokers: list[str | None] = []
@@ -121,6 +124,8 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         extra_env: dict[str, str] | None = None,
         hostname: str | None = None,
         beat: bool = False,
+        pool: str = "prefork",
+        queues: str | None = None,
     ) -> WorkerProcess:
         env = dict(os.environ)
         env["DATABASE_URL"] = database_url_for_subprocess()
@@ -141,8 +146,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             f"--hostname={name}@%h",
             "--without-mingle",
             "--without-gossip",
-            "--pool=prefork",
+            f"--pool={pool}",
         ]
+        if queues:
+            argv += ["-Q", queues]
         if beat:
             argv += ["--beat", f"--schedule={tmp_path / ('beat-' + name)}"]
         log = log_path.open("wb")

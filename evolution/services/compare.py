@@ -198,7 +198,7 @@ def _transfer(candidate: Candidate, *, k: int, seeds: int, run: Run | None, metr
             run=run,
         )
         for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-            evaluation_services.trial_execute(trial_id=trial_id, owner="compare")
+            evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
         result_certify(evaluation_id=evaluation.pk)
         evaluation.refresh_from_db()
         if evaluation.state != Evaluation.State.CERTIFIED:
@@ -256,7 +256,7 @@ def _start(experiment: Experiment, specs: dict[str, Recipe], transfer_seeds: int
             candidate=seed, splits=list(recipe.evaluation.evolve_splits), k=k, purpose=Evaluation.Purpose.BASELINE
         )
     for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-        evaluation_services.trial_execute(trial_id=trial_id, owner="compare")
+        evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
     result_certify(evaluation_id=evaluation.pk)
     seed.refresh_from_db()
     rows_by_split = load.evaluation_split_rows(evaluation)
@@ -324,8 +324,9 @@ def comparison_table(comparison: Comparison) -> list[str]:
             low, high = summary[column]["low"], summary[column]["high"]
             if low is None or high is None:
                 return f"{'-':>15}"
-            digits = 0 if column in {"cost", "leaky_accepted"} else 3
-            return f"{f'[{low:.{digits}f},{high:.{digits}f}]':>15}"
+            if column in {"cost", "leaky_accepted"}:
+                return f"{f'[{round(low)},{round(high)}]':>15}"  # round(): no "-0"
+            return f"{f'[{low:.3f},{high:.3f}]':>15}"
 
         lines.append(f"{'  95% interval':<20} {'':>4} {'':>5} " + " ".join(interval(c) for c in columns))
     return lines

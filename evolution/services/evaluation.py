@@ -17,6 +17,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +31,17 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from evolution import digests, faults
-from evolution.models import Candidate, Evaluation, Evaluator, Run, SplitMembership, Tree, Trial
+from evolution.models import (
+    Candidate,
+    Evaluation,
+    Evaluator,
+    Experiment,
+    ModelEndpoint,
+    Run,
+    SplitMembership,
+    Tree,
+    Trial,
+)
 from evolution.sandbox import Limits
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
@@ -58,8 +69,17 @@ class EvaluationError(ValueError):
     pass
 
 
+class TrialHeldBack(Exception):
+    """A limit on trials in flight (the experiment's or its model
+    endpoint's) is reached: the trial stays pending and its message is to be
+    sent again later. Nothing was claimed."""
+
+
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who holds a claim: host, process and, in a thread-pool worker, thread."""
+    if threading.current_thread() is threading.main_thread():
+        return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
 
 
 def trial_seed(base_seed: int, task_external_id: str, index: int) -> int:
@@ -182,7 +202,57 @@ def evaluation_start(
 
 def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     """Claim a trial for ``owner``; None when someone else holds it or it is
-    finished. Safe to call for a duplicate message."""
+    finished. Safe to call for a duplicate message. Raises TrialHeldBack
+    when a limit on trials in flight is reached (the claim is undone).
+
+    The limits hold across every worker process and host: a trial is
+    claimed first, then, under a lock on the endpoint's row and the
+    experiment's (on SQLite every writing transaction is serialized), the
+    other trials in flight are counted and the claim is undone when they
+    reach a limit. Two claims racing are counted in turn, each seeing the
+    other's; the unlimited path costs no query more than before.
+    """
+    trial = _trial_claim(trial_id=trial_id, owner=owner)
+    if trial is None:
+        return None
+    experiment = trial.evaluation.experiment
+    if experiment.max_trials_in_flight is None and experiment.endpoint_id is None:
+        return trial
+    with transaction.atomic():
+        full = _limit_reached(trial, experiment)
+        if not full:
+            return trial
+        # Back to pending; the task sends the message again, and the lease keeps
+        # the reaper from sending another meanwhile.
+        lease = timezone.now() + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
+        Trial.objects.filter(pk=trial.pk, state=Trial.State.RUNNING, lease_owner=owner, attempt=trial.attempt).update(
+            state=Trial.State.PENDING, lease_owner="", attempt=F("attempt") - 1, started_at=None, lease_expires_at=lease
+        )
+    raise TrialHeldBack(f"trial {trial_id} held back: {full}")
+
+
+def _limit_reached(trial: Trial, experiment: Experiment) -> str:
+    """Which limit the other trials in flight reach, or "". Call in a transaction."""
+    others = Trial.objects.filter(state=Trial.State.RUNNING, lease_expires_at__gt=timezone.now()).exclude(pk=trial.pk)
+    # Always endpoint first, then experiment: one order, no deadlock.
+    if experiment.endpoint_id is not None:
+        limit = (
+            ModelEndpoint.objects.select_for_update(no_key=True)
+            .filter(pk=experiment.endpoint_id)
+            .values_list("max_in_flight", flat=True)
+        )
+        endpoint_limit = next(iter(limit), None)
+        calling = others.filter(evaluation__experiment__endpoint_id=experiment.endpoint_id)
+        if endpoint_limit is not None and calling.count() >= endpoint_limit:
+            return f"its model endpoint has {endpoint_limit} trial(s) in flight"
+    if experiment.max_trials_in_flight is not None:
+        list(Experiment.objects.select_for_update(no_key=True).filter(pk=experiment.pk).values_list("pk"))
+        if others.filter(evaluation__experiment_id=experiment.pk).count() >= experiment.max_trials_in_flight:
+            return f"its experiment has {experiment.max_trials_in_flight} trial(s) in flight"
+    return ""
+
+
+def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     now = timezone.now()
     lease = now + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
     claimable = Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING, lease_expires_at__lt=now)
@@ -201,9 +271,39 @@ def trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     )
     if not claimed:
         return None
-    return Trial.objects.select_related("task__benchmark", "evaluation__experiment__evaluator", "candidate").get(
-        pk=trial_id
+    return (
+        Trial.objects.select_related("task", "evaluation__experiment__evaluator", "candidate")
+        .only(*_CLAIMED_FIELDS)
+        .get(pk=trial_id)
     )
+
+
+# What running and finishing a trial reads (``_trial_spec``, ``trial_finish``): the
+# claim's query compiles and reads a third of the columns of the whole rows, a
+# large share of a thread-pool worker's own CPU a trial. Other fields load on use.
+_CLAIMED_FIELDS = (
+    "evaluation",
+    "candidate",
+    "task",
+    "attempt",
+    "seed",
+    "index",
+    "state",
+    "lease_owner",
+    "task__public_files",
+    "task__instruction",
+    "task__expected",
+    "task__criteria",
+    "candidate__tree",
+    "evaluation__experiment",
+    "evaluation__experiment__max_trials_in_flight",
+    "evaluation__experiment__endpoint",
+    "evaluation__experiment__evaluator",
+    *(
+        f"evaluation__experiment__evaluator__{name}"
+        for name in ("files", "runner_argv", "verifier_argv", "env_allowlist", "timeout_seconds", "limits")
+    ),
+)
 
 
 # Trees are content-addressed (a digest names exactly one content), so the
@@ -335,6 +435,7 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
     trial = trial_claim(trial_id=trial_id, owner=owner)
     if trial is None:
         return False
+    in_pool_thread = threading.current_thread() is not threading.main_thread()
     # Renewed from the claim to the finish, not only while the agent runs:
     # writing the inputs out and storing the result also take time, and on a
     # loaded machine a lease that lapsed there lets a duplicate message take
@@ -349,6 +450,11 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
         root.chmod(0o711)
         try:
             spec = _trial_spec(trial, root / "inputs")
+            if in_pool_thread and not connection.in_atomic_block:
+                # A thread-pool slot gives its database connection back while
+                # its agent runs (seconds to minutes): dozens of waiting trials
+                # per host would otherwise hold dozens of idle connections.
+                connection.close()
             result = run_trial(spec, work_root=root)
             faults.checkpoint("trial:finished")
         except Exception as exc:  # the trial must end in a state, never vanish
@@ -357,6 +463,21 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return trial_finish(trial=trial, owner=owner, result=result)
+
+
+def trial_execute_in_process(*, trial_id: int, owner: str | None = None) -> bool:
+    """``trial_execute`` for a driver that runs trials one after the other in
+    its own process (inline runs, parity, comparisons, ``evaluate`` without
+    workers): a trial held back by a limit (workers elsewhere hold the
+    endpoint's slots) is tried again after a wait instead of failing the
+    driver."""
+    wait = settings.RSI_TRIAL_DEFER_SECONDS
+    while True:
+        try:
+            return trial_execute(trial_id=trial_id, owner=owner)
+        except TrialHeldBack:
+            time.sleep(wait)
+            wait = min(30.0, wait * 1.5)
 
 
 def _store_trajectory(trial: Trial, document: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ def run_drive(
             .values_list("pk", flat=True)
         )
         for trial_id in pending:
-            evaluation_services.trial_execute(trial_id=trial_id, owner="inline")
+            evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="inline")
         for evaluation_id in Evaluation.objects.filter(run=run, state=Evaluation.State.COMPLETE).values_list(
             "pk", flat=True
         ):

@@ -229,7 +229,7 @@ def _platform_run(plan: _Plan, iteration: int) -> dict[parity.TrialKey, str]:
                 raise ParityError(f"the platform refused to evaluate candidate {plan.candidate.pk}: {exc}") from exc
             trial_ids = Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True)
             for trial_id in list(trial_ids):
-                evaluation_services.trial_execute(trial_id=trial_id, owner=PLATFORM_OWNER)
+                evaluation_services.trial_execute_in_process(trial_id=trial_id, owner=PLATFORM_OWNER)
             for task_id, index, outcome, state in Trial.objects.filter(evaluation=evaluation).values_list(
                 "task__external_id", "index", "outcome", "state"
             ):

@@ -22,6 +22,7 @@ BENCH_MODULES = (
     "lab.bench.records",
     "lab.bench.trajectories",
     "lab.bench.memory",
+    "lab.bench.concurrency",
 )
 
 

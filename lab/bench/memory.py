@@ -14,6 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from evolution import selectors
 from evolution.models import Evaluation, Experiment, Trial
@@ -51,8 +52,38 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+class Periodic:
+    """Calls ``sample()`` every ``interval`` seconds in a background thread between ``__enter__`` and
+    ``__exit__`` (the subclass gives ``interval``, ``_stop`` and ``sample``); the thread's database
+    connection is closed when it ends."""
+
+    interval: float
+    _stop: threading.Event
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self._stop.wait(self.interval):
+                self.sample()
+        finally:
+            connection.close()
+
+    def __enter__(self) -> Self:
+        self.thread = threading.Thread(target=self.run, name="rss-sampler", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.thread.join()
+
+
 @dataclass
-class Sampler:
+class Sampler(Periodic):
     """Samples (trials finished, worker RSS in KiB) in a background thread."""
 
     worker: Worker
@@ -70,24 +101,6 @@ class Sampler:
         # own processes are the pool processes' children and are not counted.
         total = rss_kib(main) + sum(rss_kib(child) for child in child_pids(main))
         self.samples.append((finished, total))
-
-    def run(self) -> None:
-        from django.db import connection
-
-        try:
-            while not self._stop.wait(self.interval):
-                self.sample()
-        finally:
-            connection.close()
-
-    def __enter__(self) -> Sampler:
-        self.thread = threading.Thread(target=self.run, name="rss-sampler", daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join()
 
 
 @benchmark(

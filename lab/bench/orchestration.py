@@ -35,7 +35,17 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from evolution import sandbox, selectors
-from evolution.models import Benchmark, Evaluation, Evaluator, Experiment, Surface, Trial
+from evolution.models import (
+    Annotation,
+    Benchmark,
+    Evaluation,
+    Evaluator,
+    Experiment,
+    Surface,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
     TaskInput,
@@ -103,11 +113,13 @@ SPLITS = ["gate", "sealed", "train"]
 # --- a throwaway experiment ---------------------------------------------------
 
 
-def bench_experiment(*, tasks: int, k: int, label: str, shell: bool = False) -> Experiment:
+def bench_experiment(
+    *, tasks: int, k: int, label: str, shell: bool = False, runner_argv: list[str] | None = None
+) -> Experiment:
     """A new experiment of ``tasks`` tasks (expected answer "yes" for even
     ones) whose seed answers "yes", under unique names; remove it with
     ``experiment_discard``. ``shell``: the agent and verifier are shell
-    lines instead of Python programs."""
+    lines instead of Python programs; ``runner_argv`` another agent."""
     tag = f"bench-{label}-{uuid.uuid4().hex[:10]}"
     bench = benchmark_upsert(
         name=tag,
@@ -131,7 +143,7 @@ def bench_experiment(*, tasks: int, k: int, label: str, shell: bool = False) -> 
     evaluator = evaluator_upsert(
         name=tag,
         files=files,
-        runner_argv=SHELL_RUNNER_ARGV if shell else RUNNER_ARGV,
+        runner_argv=runner_argv or (SHELL_RUNNER_ARGV if shell else RUNNER_ARGV),
         verifier_argv=SHELL_VERIFIER_ARGV if shell else VERIFIER_ARGV,
         env_allowlist=["PATH"],
         timeout_seconds=60,
@@ -175,6 +187,7 @@ def experiment_discard(experiment: Experiment) -> None:
                     "ALTER TABLE evolution_certifiedresult ENABLE TRIGGER evolution_certifiedresult_no_update_delete"
                 )
         Experiment.objects.filter(pk=experiment.pk).update(seed_candidate=None)
+        _steps_discard(experiment)
         Trial.objects.filter(evaluation__experiment=experiment).delete()
         Experiment.objects.filter(pk=experiment.pk).delete()
         Benchmark.objects.filter(pk=experiment.benchmark_id).delete()
@@ -182,18 +195,54 @@ def experiment_discard(experiment: Experiment) -> None:
         Surface.objects.filter(pk=experiment.surface_id).delete()
 
 
+def _steps_discard(experiment: Experiment) -> None:
+    """Remove the trajectory steps of ``experiment``'s trials in two statements.
+
+    Left to the trials' delete, Django's collector loads every step and sets
+    the annotations' step to NULL over all of them in one statement: with
+    the 200,000 steps ``trajectory-import`` leaves, past SQLite's limit of
+    variables ("too many SQL variables"), and slow on any database.
+    """
+    Annotation.objects.filter(step__trajectory__trial__evaluation__experiment=experiment).update(step=None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {TrajectoryStep._meta.db_table} WHERE trajectory_id IN ("
+            f"SELECT tj.id FROM {Trajectory._meta.db_table} tj JOIN {Trial._meta.db_table} t ON t.id = tj.trial_id "
+            f"JOIN {Evaluation._meta.db_table} e ON e.id = t.evaluation_id WHERE e.experiment_id = %s)",
+            [experiment.pk],
+        )
+
+
 # --- worker processes ---------------------------------------------------------
 
 
-def worker_start(*, log_dir: Path, concurrency: int = 2) -> Worker:
+def worker_start(
+    *,
+    log_dir: Path,
+    concurrency: int = 2,
+    pool: str = "prefork",
+    queues: str | None = None,
+    hostname: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Worker:
     """Start ``celery worker`` as a separate process against this process's
     database and broker, and wait until it is ready (RuntimeError if it dies
-    or takes more than 60 s). Stop it with ``Worker.stop``."""
+    or takes more than 60 s). Stop it with ``Worker.stop``. By default it
+    consumes every queue with a prefork pool; ``pool`` and ``queues`` as for
+    ``celery worker``."""
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url_for_subprocess()
     env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    return worker_spawn(env=env, log_path=log_dir / f"worker-{name}.log", hostname=name, concurrency=concurrency)
+    env.update(extra_env or {})
+    name = hostname or f"bench-{uuid.uuid4().hex[:8]}"
+    return worker_spawn(
+        env=env,
+        log_path=log_dir / f"worker-{name}.log",
+        hostname=name,
+        concurrency=concurrency,
+        pool=pool,
+        queues=queues,
+    )
 
 
 def wait_certified(evaluation: Evaluation, *, timeout: float, worker: Worker, poll: float = 0.02) -> None:
@@ -345,10 +394,16 @@ def _platform_run(experiment: Experiment, *, worker: Worker, timeout: float) -> 
 
 
 def with_bench_experiment(
-    label: str, tasks: int, k: int, body: Callable[[Experiment, Path], BenchResult], *, shell: bool = False
+    label: str,
+    tasks: int,
+    k: int,
+    body: Callable[[Experiment, Path], BenchResult],
+    *,
+    shell: bool = False,
+    runner_argv: list[str] | None = None,
 ) -> BenchResult:
     """Run ``body(experiment, scratch_dir)`` and clean up whatever happens."""
-    experiment = bench_experiment(tasks=tasks, k=k, label=label, shell=shell)
+    experiment = bench_experiment(tasks=tasks, k=k, label=label, shell=shell, runner_argv=runner_argv)
     scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
     try:
         return body(experiment, scratch)

@@ -165,11 +165,11 @@ class Suite:
         self._spare = None
         self._stop_servers()
         if self._old_broker is not None:
-            from rsiweb.celery import app
+            from rsiweb.celery import queue_everything_to
 
             self.purge()
             use_broker(*self._old_broker)
-            app.conf.task_default_queue = "celery"
+            queue_everything_to(None)
             self._old_broker = None
         if self._old_lease is not None:
             settings.RSI_TRIAL_LEASE_SECONDS = self._old_lease
@@ -213,7 +213,7 @@ class Suite:
                 time.sleep(0.5)
 
     def _broker_setup(self) -> None:
-        from rsiweb.celery import app
+        from rsiweb.celery import app, queue_everything_to
 
         assert self.root is not None
         url = settings.CELERY_BROKER_URL
@@ -237,7 +237,7 @@ class Suite:
         self._broker = (url, options)
         self._default_broker_env = dict(self.broker_env)
         use_broker(url, options)
-        app.conf.task_default_queue = self.queue
+        queue_everything_to(self.queue)
 
     @property
     def database_name(self) -> str:

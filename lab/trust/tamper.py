@@ -161,7 +161,7 @@ def evaluate_inline(
             candidate=candidate, splits=list(splits), k=k, purpose=purpose, repeat=repeat
         )
         for trial_id in Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True):
-            evaluation_services.trial_execute(trial_id=trial_id, owner=INLINE_OWNER)
+            evaluation_services.trial_execute_in_process(trial_id=trial_id, owner=INLINE_OWNER)
     evaluation.refresh_from_db()
     return evaluation
 

@@ -17,11 +17,11 @@ def main(what: str, experiment_id: int) -> None:
     import django
 
     django.setup()
-    from rsiweb.celery import app
+    from rsiweb.celery import queue_everything_to
 
     queue = os.environ.get("RSI_TRUST_QUEUE")
     if queue:
-        app.conf.task_default_queue = queue
+        queue_everything_to(queue)
     from evolution import selectors
     from evolution.loop import lifecycle
     from evolution.models import Evaluation, Experiment

@@ -40,7 +40,7 @@ def duplicate_publish(app: Any) -> Callable[[], None]:
 
 def main(argv: list[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rsiweb.settings")
-    from rsiweb.celery import app
+    from rsiweb.celery import app, queue_everything_to
 
     hold = os.environ.get("RSI_TRUST_HOLD")
     if hold:
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
 
     queue = os.environ.get("RSI_TRUST_QUEUE")
     if queue:
-        app.conf.task_default_queue = queue
+        queue_everything_to(queue)
         argv = [*argv, "-Q", queue]
     if os.environ.get("RSI_FAULT_DUPLICATE_PUBLISH") == "1":
         duplicate_publish(app)

@@ -513,7 +513,7 @@ def _rounds_page(request: HttpRequest, rows: list[RoundRow], run: Run) -> dict[s
 
 def _experiment_or_404(pk: int) -> Experiment:
     return get_object_or_404(
-        selectors.experiment_overview().select_related("recipe", "seed_candidate"),
+        selectors.experiment_overview().select_related("recipe", "seed_candidate", "endpoint"),
         pk=pk,
     )
 
@@ -547,6 +547,8 @@ def _progress_context(
         "proposer_errors": dropped[-10:],
         "recent_events": list(reversed(state.events[-6:])),
         "state": state,
+        # Trials running now against the limits that hold them (every worker's).
+        "in_flight": selectors.in_flight(experiment=experiment),
     }
 
 
@@ -654,7 +656,7 @@ def experiment_progress(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     answer for a run that stopped has no trigger, so polling ends, and when
     the poller saw it moving (``was=moving``) the page reloads to show the
     final charts."""
-    experiment = get_object_or_404(Experiment.objects.all(), pk=pk)
+    experiment = get_object_or_404(Experiment.objects.select_related("endpoint"), pk=pk)
     runs = review_selectors.experiment_runs(experiment=experiment)
     run = _selected_run(experiment, runs, request.GET.get("run"))
     if run is None:

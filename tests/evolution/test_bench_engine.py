@@ -11,16 +11,27 @@ import importlib
 import io
 import math
 import re
+import sqlite3
 from typing import Any
 
 import pytest
 import rfc8785
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from evolution import records, sandbox
 from evolution.fields import CanonicalJSONField
-from evolution.models import Benchmark, CertifiedResult, Evaluator, Experiment, Trial
+from evolution.models import (
+    Benchmark,
+    CertifiedResult,
+    Evaluation,
+    Evaluator,
+    Experiment,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
 from lab.bench import REGISTRY, BenchResult, load_benchmarks, orchestration
 from lab.management.commands import bench as bench_command
 
@@ -84,6 +95,17 @@ def test_memory_benchmark_samples_the_worker_across_evaluations() -> None:
     assert result.lines[0].startswith("trials: 40 in 2 certified evaluations of 20, 0 errors")
 
 
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_two_hosts() -> None:
+    result = run_quick("concurrency", "concurrency")
+    assert_sane(result, target=1.15)
+    assert result.lines[0].startswith("trials: 64 (32 tasks x k=2), an agent of 4 calls of 0.5 s")
+    assert ", 0 errors, 0 retried, 1 certified record, 320 trajectory steps stored" in result.lines[2]
+    shares = re.findall(r"bench-host-[ab]-\d+ (\d+) ", result.lines[5])
+    assert len(shares) == 2 and sum(map(int, shares)) == 64, result.lines[5]
+
+
 # The records benchmark (and verify_records) rely on this fast path giving
 # exactly the RFC 8785 bytes, or falling back to them.
 CANONICAL_CASES = [
@@ -145,3 +167,39 @@ def test_the_start_cost_line_runs_with_and_without_bubblewrap(use_bwrap: bool) -
         pytest.skip("bubblewrap is not available on this machine")
     sandboxed, plain = orchestration._start_costs(use_bwrap=use_bwrap, starts=3)
     assert sandboxed > 0 and plain > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_benchmarks_experiment_with_more_steps_than_sqlites_variable_limit_is_removed() -> None:
+    """``trajectory-import`` leaves 1,000 trajectories of 200 steps. Django's
+    collector, deleting the trials, set the annotations' step to NULL over
+    every collected step in one statement, past SQLite's limit of variables
+    ("too many SQL variables"): the benchmark failed when it cleaned up.
+    The limit is lowered here (250,000 in this build) to keep the data small."""
+    experiment = orchestration.bench_experiment(tasks=50, k=1, label="steps")
+    seed = experiment.seed_candidate
+    assert seed is not None
+    evaluation = Evaluation.objects.create(
+        experiment=experiment, candidate=seed, splits=["train"], k=1, trials_total=50
+    )
+    trials = Trial.objects.bulk_create(
+        Trial(evaluation=evaluation, candidate=seed, task=task, split="train", index=0)
+        for task in experiment.benchmark.tasks.all()
+    )
+    trajectories = Trajectory.objects.bulk_create(Trajectory(trial=trial) for trial in trials)
+    TrajectoryStep.objects.bulk_create(
+        (TrajectoryStep(trajectory=t, step_id=n, source="agent") for t in trajectories for n in range(200)),
+        batch_size=500,
+    )
+    limited = connection.vendor == "sqlite"
+    if limited:
+        connection.ensure_connection()
+        before = connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 5000)
+    try:
+        orchestration.experiment_discard(experiment)
+    finally:
+        if limited:
+            connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+    assert not Experiment.objects.filter(pk=experiment.pk).exists()
+    assert not TrajectoryStep.objects.exists() and not Trial.objects.exists()

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -762,3 +762,99 @@ def test_bwrap_killed_from_outside_is_named_as_such(
     monkeypatch.setattr(sandbox, "_bwrap_command", killed_first)
     with pytest.raises(SandboxError, match="the sandbox was killed by SIGKILL before the command finished"):
         run_code("pass", box, use_bwrap=True)
+
+
+def _in_threads(count: int, run: Callable[[int], ProcessResult]) -> list[ProcessResult]:
+    results: list[ProcessResult | BaseException | None] = [None] * count
+
+    def one(index: int) -> None:
+        try:
+            results[index] = run(index)
+        except BaseException as exc:  # reported below, not lost in the thread
+            results[index] = exc
+
+    threads = [threading.Thread(target=one, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    failures = [result for result in results if not isinstance(result, ProcessResult)]
+    assert not failures, failures
+    return [result for result in results if isinstance(result, ProcessResult)]
+
+
+@pytest.mark.parametrize("use_bwrap", [False, True], ids=["plain", "bwrap"])
+def test_runs_in_several_threads_of_one_process_go_on_at_once(use_bwrap: bool, tmp_path: Path) -> None:
+    """A thread-pool worker's slots: six runs of 1.5 s in six threads take
+    about 1.5 s, not 9, each under a uid of its own thread when root."""
+    if use_bwrap and not probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    boxes = []
+    for index in range(6):
+        folder = Path(tempfile.mkdtemp(prefix=f"rsi-sandbox-threads-{index}-"))
+        folder.chmod(0o711)
+        boxes.append(folder)
+    try:
+        started = time.monotonic()
+        results = _in_threads(
+            6,
+            lambda index: run_code(
+                "import os, time; time.sleep(1.5); print(os.getuid())", boxes[index], use_bwrap=use_bwrap
+            ),
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        for folder in boxes:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert [result.returncode for result in results] == [0] * 6, [result.stderr[-300:] for result in results]
+    assert elapsed < 6, f"six runs of 1.5 s took {elapsed:.1f} s in six threads"
+    if ROOT:
+        uids = {int(result.stdout) for result in results}
+        assert len(uids) == 6 and all(uid > sandbox.RUN_ID_BASE for uid in uids), uids
+
+
+@pytest.mark.skipif(not ROOT, reason="runs are told apart by their uids under a root worker")
+def test_a_run_ending_does_not_kill_the_daemon_of_a_run_still_going_on(tmp_path: Path) -> None:
+    """Run B begins; run A, in another thread, starts a double-forked daemon
+    and keeps going; B ends meanwhile: B's sweep spares A's daemon (new to
+    B too, but of A's uid), and A's own end kills it."""
+    boxes = []
+    for name in ("a", "b"):
+        folder = Path(tempfile.mkdtemp(prefix=f"rsi-sandbox-daemon-{name}-"))
+        folder.chmod(0o711)
+        boxes.append(folder)
+    daemon = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('daemon.pid.tmp', 'w').write(str(os.getpid()))\n"
+        "        os.rename('daemon.pid.tmp', 'daemon.pid')\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "while not os.path.exists('daemon.pid'):\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(1.5)\n"
+        "os.kill(int(open('daemon.pid').read()), 0)\n"  # raises (exit 1) if B's end killed it
+        "print('alive')\n"
+    )
+    try:
+        pid_file = boxes[0] / "daemon.pid"
+        b_started = boxes[1] / "started"
+
+        def run(index: int) -> ProcessResult:
+            if index == 0:
+                # After B has begun, so the daemon is new to B's sweep too.
+                while not b_started.exists():
+                    time.sleep(0.01)
+                return run_code(daemon, boxes[0])
+            return run_code("import time; open('started', 'w').close(); time.sleep(1.0)", boxes[1])
+
+        first, second = _in_threads(2, run)
+        assert (first.returncode, first.stdout) == (0, b"alive\n"), first.stderr[-500:]
+        assert second.returncode == 0 and second.strays_reaped == 0
+        assert first.strays_reaped >= 1
+        assert_gone(int(pid_file.read_text()))
+    finally:
+        for folder in boxes:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from html import unescape
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +14,13 @@ from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from evolution.loop import lifecycle
-from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, Run
+from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, ModelEndpoint, Run, Trial
 from evolution.recipes import load_preset
-from tests.factories import make_tiny_experiment
+from evolution.services.evaluation import evaluation_start, trial_claim
+from tests.factories import make_tiny_experiment, seed_of
 from tests.review.world import grow
 
 if TYPE_CHECKING:  # the test client's response, as django-stubs names it
@@ -338,6 +341,36 @@ def test_progress_of_a_fresh_run_counts_rounds_and_planned_trials(client_as) -> 
     planned = recipe.noise.repeats * evolve * 2 + 3 * recipe.candidates_per_round * evolve * 2 + 2 * sealed * 2
     assert f'<progress value="0" max="{planned}" aria-label="trials finished">' in html
     assert f'<progress value="0" max="{run.rounds}" aria-label="rounds gated">' in html
+
+
+def test_progress_shows_trials_in_flight_against_the_experiments_and_the_endpoints_limits(client_as) -> None:
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    run = _active_run(experiment)
+    url = reverse("review:experiment_progress", args=[experiment.pk])
+    client = client_as("viewer")
+    html = _text(client.get(url, {"run": run.pk}).content)
+    assert "Trials in flight 0 (no limit for this experiment)" in html
+    assert "model endpoint" not in html
+
+    endpoint = ModelEndpoint.objects.create(name="provider-x", max_in_flight=5)
+    Experiment.objects.filter(pk=experiment.pk).update(max_trials_in_flight=3, endpoint=endpoint)
+    evaluation = evaluation_start(candidate=seed_of(experiment), splits=sorted(experiment.split_digests))
+    trials = list(Trial.objects.filter(evaluation=evaluation).order_by("pk"))
+    for trial in trials[:2]:
+        assert trial_claim(trial_id=trial.pk, owner="w") is not None
+    # A third trial of another experiment on the same endpoint counts for the endpoint only.
+    other = make_tiny_experiment(tasks=2, k=1)
+    Experiment.objects.filter(pk=other.pk).update(endpoint=endpoint)
+    other_trial = Trial.objects.filter(
+        evaluation=evaluation_start(candidate=seed_of(other), splits=sorted(other.split_digests))
+    ).first()
+    assert other_trial is not None and trial_claim(trial_id=other_trial.pk, owner="w") is not None
+    # A trial whose lease lapsed (its worker died) is no longer in flight.
+    Trial.objects.filter(pk=trials[1].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    html = _text(client.get(url, {"run": run.pk}).content)
+    assert "Trials in flight 1 of at most 3 for this experiment" in html
+    assert "model endpoint provider-x: 2 of at most 5 (all experiments, all workers)" in html
 
 
 # --- Run control -----------------------------------------------------------------------

@@ -132,14 +132,19 @@ class DevRun:
         return self.log.read_text(errors="replace")
 
     def wait_ready(self) -> None:
-        """Until it prints the URL; then notes its two children's sessions."""
+        """Until it prints the URL; then notes its three children's sessions."""
         deadline = time.monotonic() + START_TIMEOUT
         while READY not in self.output():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"dev.py run did not start (exit {self.process.poll()}):\n{self.output()[-4000:]}")
             time.sleep(0.5)
         children = _children(self.process.pid)
-        assert len(children) == 2, (children, self.output()[-2000:])  # the worker and the web server
+        # The worker of the default queue, the trial worker and the web server.
+        assert len(children) == 3, (children, self.output()[-2000:])
+        argvs = [Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0") for child in children]
+        # Trials on their own queue, in a thread pool; the rest on the prefork default queue.
+        pools = sorted((argv[argv.index(b"-Q") + 1], b"--pool=threads" in argv) for argv in argvs if b"-Q" in argv)
+        assert pools == [(b"celery", False), (b"trials", True)], argvs
         # Each leads a session of its own (start_new_session), which holds its processes.
         stats = [_stat(child) for child in children]
         assert {stat[2] for stat in stats if stat is not None} == set(children)
@@ -198,7 +203,7 @@ def test_dev_run_stops_web_and_worker_on_each_signal_and_starts_again_at_once(
         assert code == 0, first.output()[-3000:]
         # dev.py waits for every process of both sessions before it exits.
         assert _alive_in(first.sessions) == []
-        assert f"[rsiweb] stopped by {signum.name}: web server and worker" in first.output()
+        assert f"[rsiweb] stopped by {signum.name}: web server and workers" in first.output()
         assert "exited with an error" not in first.output()
     assert _port_free(port)
 

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         self.stdout.write(f"evaluation {evaluation.pk}: {evaluation.trials_total} trials of candidate {candidate.pk}")
         if options["inline"]:
             for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-                evaluation_services.trial_execute(trial_id=trial_id)
+                evaluation_services.trial_execute_in_process(trial_id=trial_id)
             result_certify(evaluation_id=evaluation.pk)
         elif not options["wait"]:
             return

@@ -1,0 +1,283 @@
+"""Concurrency: dozens of waiting trials in flight on one 2-core host.
+
+Real agents spend their time waiting on a model API. The agent here waits
+2 s in four calls of 0.5 s (``sleep``, the stand-in for the model's latency)
+and writes a short ATIF trajectory; the verifier is a shell line. The
+trials go to the trial queue, served by a worker with a thread pool of
+``slots`` threads (``--pool=threads``), and certification to the default
+queue, served by a prefork worker of one process, both started here. The
+clock runs from ``evaluation_start`` to the certified record; the ideal is
+``trials x 2 s / slots`` (every slot busy waiting all the time, the
+platform's own work free).
+
+A sampler reads the resident memory of the trial worker and of everything
+below it (the sandboxes, agents and verifiers of the slots) from /proc.
+Then the same trials again with the slots split over two trial workers
+under different hostnames (two hosts sharing one broker and database), and
+the share each one ran.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from evolution import selectors
+from evolution.models import CertifiedResult, Evaluation, Experiment, TrajectoryStep, Trial
+from evolution.services import evaluation as evaluation_services
+from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench.memory import Periodic, rss_kib
+from lab.bench.orchestration import SPLITS, with_bench_experiment, worker_start
+from lab.processes import WorkerProcess as Worker
+from lab.processes import process_stats
+from rsiweb.settings import pool_size
+
+# Four model calls of 0.5 s, a trajectory of the five steps, the answer.
+CALL_SECONDS = 0.5
+CALLS = 4
+_STEP = (
+    '{{"step_id": {n}, "source": "agent", "message": "call {c}", '
+    '"metrics": {{"prompt_tokens": 10, "completion_tokens": 2}}}}'
+)
+_TRAJECTORY = (
+    '{"schema_version": "ATIF-v1.5", "session_id": "bench-concurrency", "agent": {"name": "waiting", "version": "1"}, '
+    '"steps": [{"step_id": 1, "source": "user", "message": "task"}, '
+    + ", ".join(_STEP.format(n=call + 2, c=call + 1) for call in range(CALLS))
+    + "]}"
+)
+WAITING_RUNNER_ARGV = [
+    "/bin/sh",
+    "-c",
+    f"for call in {' '.join(str(c) for c in range(CALLS))}; do sleep {CALL_SECONDS}; done; "
+    f"echo '{_TRAJECTORY}' > {{output}}/trajectory.json && "
+    'tr -d "\\n" < {harness}/default.txt > {output}/answer.txt',
+]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, from the kernel's children lists of
+    each thread: a scan of every process on the host (``process_descendants``)
+    four times a second would take a share of the two cores it measures."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+@dataclass
+class MemorySampler(Periodic):
+    """Peak resident memory (KiB) of some workers and all their descendants."""
+
+    workers: list[Worker]
+    interval: float = 0.25
+    peak: int = 0
+    peak_workers: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> None:
+        own = sum(rss_kib(worker.pid) for worker in self.workers)
+        below = sum(rss_kib(pid) for worker in self.workers for pid in descendants(worker.pid))
+        self.peak = max(self.peak, own + below)
+        self.peak_workers = max(self.peak_workers, own)
+
+
+def _wait_certified(evaluation: Evaluation, *, timeout: float, workers: list[Worker]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = Evaluation.objects.filter(pk=evaluation.pk).values_list("state", flat=True).get()
+        if state == Evaluation.State.CERTIFIED:
+            return
+        dead = [worker for worker in workers if worker.process.poll() is not None]
+        if state == Evaluation.State.FAILED or dead or time.monotonic() > deadline:
+            logs = "\n".join(f"--- {worker.hostname}:\n{worker.log()[-2000:]}" for worker in workers)
+            raise RuntimeError(f"evaluation {evaluation.pk} is {state}\n{logs}")
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class CpuSeconds:
+    """CPU time (user and system) used so far, from /proc/<pid>/stat."""
+
+    workers: float  # the trial workers' own threads
+    commands: float  # what they started and reaped: sandboxes, agents, verifiers
+    postgres: float
+    total: float  # every process of the machine, the other tenants' included
+
+    def __sub__(self, other: CpuSeconds) -> CpuSeconds:
+        return CpuSeconds(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(worker_pids: list[int]) -> CpuSeconds:
+    workers = commands = postgres = 0.0
+    for pid, name, fields in process_stats():
+        # Fields 14 to 17 of proc(5): utime, stime, cutime, cstime.
+        utime, stime, cutime, cstime = (int(value) / _TICKS for value in fields[11:15])
+        if pid in worker_pids:
+            workers += utime + stime
+            commands += cutime + cstime
+        elif name == "postgres":
+            postgres += utime + stime + cutime + cstime
+    with open("/proc/stat", encoding="ascii") as stat:
+        busy = [int(value) for value in stat.readline().split()[1:]]
+    # user, nice, system, irq, softirq, steal: what was not idle or waiting on I/O.
+    total = (sum(busy[:3]) + sum(busy[5:8])) / _TICKS
+    return CpuSeconds(workers=workers, commands=commands, postgres=postgres, total=total)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One measured pass: its wall time, memory and how the trials went."""
+
+    seconds: float
+    peak_kib: int
+    peak_workers_kib: int
+    trials: int
+    errors: int
+    attempts: int  # trials claimed more than once
+    records: int  # certified records of the evaluation
+    steps: int  # trajectory steps stored for its trials
+    shares: dict[str, int]  # trials run by each trial worker's hostname
+    cpu: CpuSeconds  # where the machine's CPU went during the pass
+
+
+def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: list[Worker], repeat: int) -> Pass:
+    pids = [worker.pid for worker in trial_workers]
+    cpu_before = _cpu(pids)
+    with MemorySampler(workers=trial_workers) as sampler, stopwatch() as elapsed:
+        evaluation = evaluation_services.evaluation_start(
+            candidate=selectors.experiment_seed(experiment),
+            splits=SPLITS,
+            purpose=Evaluation.Purpose.NOISE,
+            repeat=repeat,
+        )
+        _wait_certified(evaluation, timeout=600, workers=all_workers)
+    cpu = _cpu(pids) - cpu_before
+    trials = Trial.objects.filter(evaluation=evaluation)
+    by_pid = {str(worker.pid): worker.hostname for worker in trial_workers}
+    shares = Counter(by_pid.get(owner.split(":")[1], owner) for owner in trials.values_list("lease_owner", flat=True))
+    return Pass(
+        seconds=elapsed[0],
+        peak_kib=sampler.peak,
+        peak_workers_kib=sampler.peak_workers,
+        trials=trials.count(),
+        errors=trials.filter(outcome=Trial.Outcome.ERROR).count(),
+        attempts=trials.filter(attempt__gt=1).count(),
+        records=CertifiedResult.objects.filter(evaluation=evaluation).count(),
+        steps=TrajectoryStep.objects.filter(trajectory__trial__evaluation=evaluation).count(),
+        shares=dict(sorted(shares.items())),
+        cpu=cpu,
+    )
+
+
+def _trial_worker_env(slots: int) -> dict[str, str]:
+    """A trial worker's database connections: on PostgreSQL a pool its
+    threads share (as docs/deployment.md sizes it), one a thread on SQLite."""
+    if connection.vendor != "postgresql" or importlib.util.find_spec("psycopg_pool") is None:
+        return {}
+    return {"RSI_DB_POOL_SIZE": str(pool_size(slots))}
+
+
+def _run_with(hosts: list[int], experiment: Experiment, scratch: Path, repeat: int) -> Pass:
+    """One pass with one trial worker per entry of ``hosts`` (its slots) and
+    a prefork worker of one process for certification."""
+    workers: list[Worker] = []
+    try:
+        workers.append(worker_start(log_dir=scratch, concurrency=1, queues="celery"))
+        trial_workers = [
+            worker_start(
+                log_dir=scratch,
+                concurrency=slots,
+                pool="threads",
+                queues=settings.RSI_TRIAL_QUEUE,
+                hostname=f"bench-host-{chr(ord('a') + number)}-{experiment.pk}",
+                extra_env=_trial_worker_env(slots),
+            )
+            for number, slots in enumerate(hosts)
+        ]
+        workers += trial_workers
+        return _measure(experiment, trial_workers, workers, repeat)
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+@benchmark(
+    "concurrency",
+    "640 trials of an agent waiting 2 s in 64 trial slots (thread pool), vs the ideal 640 x 2 s / 64",
+    quick={"trials": 64, "slots": 16},
+)
+def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
+    k = 2
+    tasks = max(1, trials // k)
+    agent_seconds = CALLS * CALL_SECONDS
+    ideal = tasks * k * agent_seconds / slots
+
+    def body(experiment: Experiment, scratch: Path) -> BenchResult:
+        one = _run_with([slots], experiment, scratch, repeat=0)
+        two = _run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1)
+        ratio = one.seconds / ideal
+        per = 1000 / (tasks * k)
+        mib = 1024.0
+        shares = ", ".join(
+            f"{host} {count} ({100 * count / max(1, two.trials):.0f} %)" for host, count in two.shares.items()
+        )
+        return BenchResult(
+            ratio=ratio,
+            target=1.15,
+            label="concurrency: wall time / ideal",
+            lines=[
+                f"trials: {tasks * k} ({tasks} tasks x k={k}), an agent of {CALLS} calls of {CALL_SECONDS} s and a "
+                f"5-step trajectory; {slots} trial slots (thread pool); ideal {ideal:.1f} s",
+                f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
+                f"connections of a trial worker: {_trial_worker_env(slots).get('RSI_DB_POOL_SIZE', 'one a thread')}"
+                " (RSI_DB_POOL_SIZE)",
+                f"one trial worker:  {one.seconds:7.2f} s ({one.seconds / ideal:.3f} x ideal), {one.errors} errors, "
+                f"{one.attempts} retried, {one.records} certified record, {one.steps} trajectory steps stored",
+                f"  memory: peak {one.peak_kib / mib:.1f} MiB for the worker and everything its {slots} slots ran "
+                f"(the worker process alone {one.peak_workers_kib / mib:.1f} MiB)",
+                f"two trial workers of {slots // 2} + {slots - slots // 2} slots: {two.seconds:7.2f} s "
+                f"({two.seconds / ideal:.3f} x ideal), {two.errors} errors, {two.attempts} retried, "
+                f"{two.records} certified record; peak {two.peak_kib / mib:.1f} MiB together",
+                f"  shares: {shares}",
+                *(
+                    f"CPU a trial ({name}): trial workers {per * p.cpu.workers:.1f} ms, their commands "
+                    f"{per * p.cpu.commands:.1f} ms, PostgreSQL {per * p.cpu.postgres:.1f} ms; the machine "
+                    f"{per * p.cpu.total:.1f} ms of {(os.cpu_count() or 1) * per * p.seconds:.1f} ms of core time"
+                    for name, p in (("one worker", one), ("two workers", two))
+                ),
+            ],
+            checks={
+                "every trial certified once, no errors": (
+                    one.records == two.records == 1 and one.errors == two.errors == 0 and one.trials == tasks * k
+                ),
+                "every trajectory stored": one.steps == two.steps == tasks * k * (CALLS + 1),
+                "memory under 1.5 GiB": one.peak_kib < 1.5 * mib * mib,
+                "both hosts ran trials": len(two.shares) == 2 and min(two.shares.values()) > 0,
+            },
+        )
+
+    return with_bench_experiment("concurrency", tasks, k, body, shell=True, runner_argv=WAITING_RUNNER_ARGV)

@@ -1,0 +1,279 @@
+"""Trial slots apart from CPU cores, and the limits on trials in flight.
+
+Trials go to their own queue, which a worker with a thread pool serves: a
+slot only waits on its sandboxed agent, so a 2-core host holds many. The
+limits (per experiment, per model endpoint) are counted in the database,
+so they hold across every worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from evolution import selectors
+from evolution.models import CertifiedResult, Evaluation, Experiment, ModelEndpoint, Trial
+from evolution.services import evaluation as evaluation_services
+from evolution.services.experiments import evaluator_upsert
+from tests.conftest import wait_until
+from tests.factories import TINY_AGENT, make_tiny_experiment, seed_of, tiny_evaluator_tree
+
+
+def _with_agent(experiment: Experiment, prelude: str, env_allowlist: list[str] | None = None) -> None:
+    """Give ``experiment`` the tiny evaluator whose agent runs ``prelude`` first."""
+    evaluator = evaluator_upsert(
+        name=f"tiny-{experiment.pk}-agent",
+        files=tiny_evaluator_tree(agent=prelude + TINY_AGENT),
+        runner_argv=experiment.evaluator.runner_argv,
+        verifier_argv=experiment.evaluator.verifier_argv,
+        env_allowlist=env_allowlist or ["PATH"],
+        timeout_seconds=30,
+    )
+    Experiment.objects.filter(pk=experiment.pk).update(evaluator=evaluator)
+
+
+def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The most intervals open at one instant."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    best = current = 0
+    for _, step in events:
+        current += step
+        best = max(best, current)
+    return best
+
+
+def _certified(evaluation: Evaluation) -> bool:
+    evaluation.refresh_from_db()
+    return evaluation.state in {Evaluation.State.CERTIFIED, Evaluation.State.FAILED}
+
+
+def _report(evaluation: Evaluation, *workers: Any) -> str:
+    rows = list(Trial.objects.filter(evaluation=evaluation).values_list("state", "attempt", "error")[:5])
+    logs = "\n".join(f"--- {w.hostname}:\n{w.log()[-2000:]}" for w in workers)
+    return f"evaluation {evaluation.state}; trials {rows}\n{logs}"
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_pool_worker_holds_more_trials_at_once_than_pool_processes_and_cores(
+    start_worker: Any, redis_url: str
+) -> None:
+    """A prefork worker of one process on the default queue and a trial
+    worker of 8 threads: 16 trials whose agent sleeps 2 s run 8 at a time
+    (more than the prefork processes and this machine's cores), and the
+    evaluation is certified once with every trial's first attempt."""
+    cores = os.cpu_count() or 1
+    slots = max(8, cores + 2)
+    experiment = make_tiny_experiment(tasks=8, k=2)
+    _with_agent(experiment, "import time\ntime.sleep(2)\n")
+    default = start_worker(broker_url=redis_url, concurrency=1, queues="celery")
+    trials = start_worker(broker_url=redis_url, concurrency=slots, pool="threads", queues="trials")
+
+    began = time.monotonic()
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    wait_until(lambda: _certified(evaluation), timeout=120, what="certification",
+               diagnose=lambda: _report(evaluation, default, trials))  # fmt: skip
+    wall = time.monotonic() - began
+
+    assert evaluation.state == Evaluation.State.CERTIFIED, _report(evaluation, default, trials)
+    rows = list(
+        Trial.objects.filter(evaluation=evaluation).values_list("started_at", "finished_at", "attempt", "state")
+    )
+    assert len(rows) == 16
+    assert {(attempt, state) for _, _, attempt, state in rows} == {(1, Trial.State.DONE)}
+    intervals = [(started, finished) for started, finished, _, _ in rows if started and finished]
+    assert len(intervals) == 16
+    overlap = _max_overlap(intervals)
+    assert overlap > max(cores, 1), f"at most {overlap} trials at once with {slots} slots"
+    assert overlap >= slots - 2, f"at most {overlap} trials at once with {slots} slots"
+    # 16 trials of 2 s one at a time would take 32 s; in 8 slots about 4 s.
+    assert wall < 20, wall
+    record = CertifiedResult.objects.get(experiment=experiment)
+    assert len(record.payload["trials"]) == 16
+    # Every trial ran in the thread pool (a claim names its thread), none on the prefork worker.
+    owners = set(Trial.objects.filter(evaluation=evaluation).values_list("lease_owner", flat=True))
+    assert all(owner.count(":") == 2 for owner in owners), owners
+    assert len(owners) >= slots - 2, owners
+
+
+@pytest.mark.django_db
+def test_a_trial_is_held_back_at_its_experiments_limit_and_claimed_once_a_slot_frees(settings: Any) -> None:
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    Experiment.objects.filter(pk=experiment.pk).update(max_trials_in_flight=1)
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    first, second = Trial.objects.filter(evaluation=evaluation).order_by("pk")
+    before = second.lease_expires_at
+
+    claimed = evaluation_services.trial_claim(trial_id=first.pk, owner="a")
+    assert claimed is not None
+    with pytest.raises(evaluation_services.TrialHeldBack, match="its experiment has 1 trial"):
+        evaluation_services.trial_claim(trial_id=second.pk, owner="b")
+    second.refresh_from_db()
+    assert (second.state, second.attempt, second.lease_owner) == (Trial.State.PENDING, 0, "")
+    assert second.lease_expires_at is not None and before is not None and second.lease_expires_at >= before
+    assert selectors.trials_in_flight(experiment_id=experiment.pk) == 1
+
+    assert evaluation_services.trial_execute(trial_id=first.pk, owner="a") is False  # held by "a" already
+    Trial.objects.filter(pk=first.pk).update(state=Trial.State.DONE)
+    again = evaluation_services.trial_claim(trial_id=second.pk, owner="b")
+    assert again is not None and again.lease_owner == "b"
+
+
+@pytest.mark.django_db
+def test_a_model_endpoints_limit_is_shared_by_every_experiment_calling_it() -> None:
+    endpoint = ModelEndpoint.objects.create(name="provider-x", max_in_flight=2)
+    one, two = make_tiny_experiment(tasks=2, k=1), make_tiny_experiment(tasks=2, k=1)
+    Experiment.objects.filter(pk__in=[one.pk, two.pk]).update(endpoint=endpoint)
+    other = make_tiny_experiment(tasks=2, k=1)  # no endpoint: not limited by it
+    ids = []
+    for experiment in (one, two, other):
+        evaluation = evaluation_services.evaluation_start(
+            candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+        )
+        ids.append(list(Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True)))
+
+    assert evaluation_services.trial_claim(trial_id=ids[0][0], owner="w1") is not None
+    assert evaluation_services.trial_claim(trial_id=ids[1][0], owner="w2") is not None
+    with pytest.raises(evaluation_services.TrialHeldBack, match="model endpoint has 2"):
+        evaluation_services.trial_claim(trial_id=ids[1][1], owner="w2")
+    assert evaluation_services.trial_claim(trial_id=ids[2][0], owner="w3") is not None
+    assert selectors.trials_in_flight(endpoint_id=endpoint.pk) == 2
+
+
+class _CountingEndpoint:
+    """A real HTTP server standing in for a model API: each request takes
+    ``delay`` seconds, and the most requests it held at once is kept."""
+
+    def __init__(self, delay: float) -> None:
+        self.lock = threading.Lock()
+        self.current = self.most = self.calls = 0
+        counter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                with counter.lock:
+                    counter.current += 1
+                    counter.calls += 1
+                    counter.most = max(counter.most, counter.current)
+                try:
+                    time.sleep(delay)
+                    body = b'{"choices": [{"message": {"content": "ok"}}]}'
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                finally:
+                    with counter.lock:
+                        counter.current -= 1
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/chat/completions"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def counting_endpoint() -> Iterator[_CountingEndpoint]:
+    endpoint = _CountingEndpoint(delay=0.4)
+    yield endpoint
+    endpoint.close()
+
+
+# Two calls to the model a trial (the stand-in for an agent's turns).
+CALLING_AGENT = """import os, urllib.request
+for _ in range(2):
+    urllib.request.urlopen(urllib.request.Request(os.environ["RSI_STUB_URL"], data=b"{}"), timeout=30).read()
+"""
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_model_endpoints_limit_holds_across_two_worker_processes(
+    start_worker: Any, redis_url: str, counting_endpoint: _CountingEndpoint
+) -> None:
+    """Two trial workers of 6 slots each (different hostnames, as two hosts)
+    and an endpoint limited to 3: the stub endpoint never sees more than 3
+    calls at once, though the workers together had 12 slots, and both
+    workers ran trials."""
+    limit = 3
+    endpoint = ModelEndpoint.objects.create(name="stub", max_in_flight=limit)
+    experiment = make_tiny_experiment(tasks=9, k=2)
+    _with_agent(experiment, CALLING_AGENT, env_allowlist=["PATH", "RSI_STUB_URL"])
+    Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
+    # The agent calls the network: no bubblewrap (it would take the network away).
+    env = {"RSI_SANDBOX": "off", "RSI_STUB_URL": counting_endpoint.url, "RSI_TRIAL_DEFER_SECONDS": "0.2"}
+    default = start_worker(broker_url=redis_url, concurrency=1, queues="celery", extra_env=env)
+    hosts = [
+        start_worker(broker_url=redis_url, concurrency=6, pool="threads", queues="trials", extra_env=env, hostname=h)
+        for h in ("host-a", "host-b")
+    ]
+
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    wait_until(lambda: _certified(evaluation), timeout=180, what="certification",
+               diagnose=lambda: _report(evaluation, default, *hosts))  # fmt: skip
+
+    assert evaluation.state == Evaluation.State.CERTIFIED, _report(evaluation, default, *hosts)
+    assert counting_endpoint.calls == 36
+    assert counting_endpoint.most <= limit, f"{counting_endpoint.most} calls at once past the limit of {limit}"
+    # The limit is what bounded it, not a lack of slots or of work.
+    assert counting_endpoint.most == limit
+    pids = {
+        owner.split(":")[1]
+        for owner in Trial.objects.filter(evaluation=evaluation).values_list("lease_owner", flat=True)
+    }
+    assert pids == {str(worker.pid) for worker in hosts}
+    assert set(Trial.objects.filter(evaluation=evaluation).values_list("attempt", "state")) == {(1, Trial.State.DONE)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_in_process_driver_waits_for_a_held_back_trial_instead_of_failing(settings: Any) -> None:
+    """Workers elsewhere hold the endpoint's one slot; the in-process driver
+    waits until it frees, then runs the trial."""
+    settings.RSI_TRIAL_DEFER_SECONDS = 0.1
+    endpoint = ModelEndpoint.objects.create(name="one-slot", max_in_flight=1)
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    elsewhere, mine = Trial.objects.filter(evaluation=evaluation).order_by("pk")
+    assert evaluation_services.trial_claim(trial_id=elsewhere.pk, owner="another-host") is not None
+    with pytest.raises(evaluation_services.TrialHeldBack):
+        evaluation_services.trial_execute(trial_id=mine.pk, owner="inline")
+
+    def free_the_slot() -> None:
+        time.sleep(0.5)
+        try:
+            Trial.objects.filter(pk=elsewhere.pk).update(state=Trial.State.DONE)
+        finally:
+            connection.close()
+
+    freer = threading.Thread(target=free_the_slot)
+    freer.start()
+    began = time.monotonic()
+    assert evaluation_services.trial_execute_in_process(trial_id=mine.pk, owner="inline") is True
+    freer.join()
+    assert time.monotonic() - began >= 0.5
+    mine.refresh_from_db()
+    assert (mine.state, mine.attempt, mine.lease_owner) == (Trial.State.DONE, 1, "inline")
