@@ -15,7 +15,7 @@ def runs_started_from_the_seed(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("evolution", "0014_parity_check"),
+        ("evolution", "0015_trial_limits"),
     ]
 
     operations = [
