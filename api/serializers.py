@@ -107,6 +107,9 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
 class ExperimentDetailSerializer(ExperimentSerializer):
     split_sizes = serializers.SerializerMethodField()
+    best_candidate = serializers.SerializerMethodField(
+        help_text="the best harness so far across runs: the accepted candidate with the highest evolve score"
+    )
     heldout_benchmarks: serializers.SlugRelatedField[Benchmark] = serializers.SlugRelatedField(
         slug_field="name", many=True, read_only=True
     )
@@ -116,6 +119,7 @@ class ExperimentDetailSerializer(ExperimentSerializer):
         fields = (
             *ExperimentSerializer.Meta.fields,
             "split_sizes",
+            "best_candidate",
             "split_digests",
             "split_seed",
             "split_ratios",
@@ -125,6 +129,10 @@ class ExperimentDetailSerializer(ExperimentSerializer):
             "chain_head",
         )
         read_only_fields = fields
+
+    def get_best_candidate(self, obj: Experiment) -> int | None:
+        best = load.best_candidate(obj)
+        return best.pk if best is not None else None
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_split_sizes(self, obj: Experiment) -> dict[str, int]:
@@ -149,6 +157,7 @@ class RunSerializer(serializers.ModelSerializer):
             "rounds",
             "current_round",
             "noise_delta",
+            "start_candidate",
             "current_candidate",
             "tokens_spent",
             "stop_reason",
@@ -202,10 +211,31 @@ class RunStartSerializer(serializers.Serializer):
     k = serializers.IntegerField(required=False, min_value=1, max_value=20)
     proposer = serializers.CharField(required=False, max_length=100, allow_blank=True)
     candidates_per_round = serializers.IntegerField(required=False, min_value=1, max_value=100)
+    start_candidate = serializers.PrimaryKeyRelatedField(
+        queryset=Candidate.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="the seed or an accepted candidate of the experiment; default: the experiment's best",
+    )
 
 
 class RunActionSerializer(serializers.Serializer):
     """Empty body: the action is in the URL."""
+
+
+class CandidateEvaluateSerializer(serializers.Serializer):
+    """Evaluate a candidate: on the splits its gate reads (``gate``) or on every split (``all``)."""
+
+    scope = serializers.ChoiceField(choices=[("gate", "gate"), ("all", "all")], default="gate")
+
+
+class CandidateEvaluateResultSerializer(serializers.Serializer):
+    """What was set in motion: the message, the run whose gate decides it, the evaluations started."""
+
+    detail = serializers.CharField()
+    run = serializers.IntegerField(allow_null=True, help_text="the run whose gate decides it (null: decided before)")
+    joined = serializers.BooleanField(help_text="true: it joins a live run's next gate")
+    evaluations = serializers.ListField(child=serializers.IntegerField())
 
 
 # --- Candidates -------------------------------------------------------------------

@@ -28,7 +28,7 @@ from api import filters
 from api import serializers as out
 from api.pagination import Cursor
 from api.permissions import requires
-from evolution.loop import lifecycle
+from evolution.loop import late, lifecycle
 from evolution.models import (
     Annotation,
     Benchmark,
@@ -149,6 +149,7 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
                 k=data.get("k"),
                 proposer=data.get("proposer") or None,
                 user=request.user,
+                start=data.get("start_candidate"),
             )
         except (RecipeError, lifecycle.LoopError) as exc:
             field = "proposer" if data.get("proposer") and "propos" in str(exc).lower() else "non_field_errors"
@@ -203,6 +204,29 @@ class CandidateViewSet(FilteredMixin, viewsets.ReadOnlyModelViewSet):
         if self.action == "tree":
             return out.TreeEntrySerializer
         return out.CandidateDetailSerializer if self.action == "retrieve" else out.CandidateSerializer
+
+    @extend_schema(
+        request=out.CandidateEvaluateSerializer, responses={202: out.CandidateEvaluateResultSerializer, 409: ERROR}
+    )
+    @action(detail=True, methods=["post"], permission_classes=[requires(access.OPERATE)])
+    def evaluate(self, request: Request, pk: str) -> Response:
+        """Evaluate the candidate on the gate's splits (``scope`` gate) or on every split (all): an approved
+        candidate left behind by its run is evaluated and gated; a decided one is measured where it has no
+        trials yet. 409 with the reason when it cannot be (it waits for a reviewer, nothing is missing...)."""
+        candidate = get_object_or_404(Candidate, pk=pk)
+        form = out.CandidateEvaluateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            outcome = late.candidate_evaluate_late(candidate_id=candidate.pk, scope=form.validated_data["scope"])
+        except late.LateError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        body = {
+            "detail": outcome.message,
+            "run": outcome.run_id,
+            "joined": outcome.joined,
+            "evaluations": outcome.evaluations,
+        }
+        return Response(out.CandidateEvaluateResultSerializer(body).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(parameters=[filters.DiffQuery], responses={**TEXT, 400: ERROR})
     @action(detail=True, methods=["get"])

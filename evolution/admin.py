@@ -119,6 +119,12 @@ class RunStartAdminForm(forms.Form):
         required=False, min_value=1, max_value=500, label="rounds", help_text="blank: the recipe's own"
     )
     proposer = forms.ChoiceField(required=False, label="proposer")
+    start_from = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="start from candidate",
+        help_text="blank: the experiment's best accepted candidate (the seed before any)",
+    )
 
     def __init__(self, *args: Any, experiments: list[models.Experiment], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -207,8 +213,18 @@ class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
             proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
         try:
             recipe = _start_recipe(experiment, data["recipe"])
+            start = None
+            if data.get("start_from"):
+                start = models.Candidate.objects.filter(pk=data["start_from"], experiment=experiment).first()
+                if start is None:
+                    raise lifecycle.LoopError(f"it has no candidate {data['start_from']}")
             run = lifecycle.run_create(
-                experiment=experiment, recipe=recipe, rounds=data["rounds"], proposer=proposer, user=request.user
+                experiment=experiment,
+                recipe=recipe,
+                rounds=data["rounds"],
+                proposer=proposer,
+                user=request.user,
+                start=start,
             )
         except (RecipeError, lifecycle.LoopError) as exc:
             self.message_user(request, f"{experiment.name}: no run started: {exc}", messages.ERROR)
@@ -217,7 +233,7 @@ class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
         self.message_user(
             request,
             f"{experiment.name}: run {run.pk} started ({run.recipe.name}, {run.rounds} round(s), "
-            f"proposer {spec['proposal']['operator']})",
+            f"proposer {spec['proposal']['operator']}, from candidate {run.start_candidate_id})",
             messages.SUCCESS,
         )
 

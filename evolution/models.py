@@ -290,6 +290,11 @@ class Run(models.Model):
     current_candidate = models.ForeignKey(
         "Candidate", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The harness the run starts from (its baseline, its first parent, what its gains are measured from):
+    # the seed or an accepted candidate of an earlier run. Null on runs made before it existed (the seed).
+    start_candidate = models.ForeignKey(
+        "Candidate", null=True, blank=True, on_delete=models.PROTECT, related_name="started_runs"
+    )
     tokens_spent = models.PositiveBigIntegerField(default=0)
     stop_reason = models.CharField(max_length=200, blank=True)
     error = models.TextField(blank=True)

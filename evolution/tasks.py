@@ -15,6 +15,7 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from evolution.loop import late as loop_late
 from evolution.loop import propose as loop_propose
 from evolution.loop import steps as loop_steps
 from evolution.services import evaluation as evaluation_services
@@ -66,7 +67,17 @@ def lease_reap() -> dict[str, int]:
     runs = loop_steps.runs_to_nudge()
     for run_id in runs:
         run_advance.delay(run_id)
-    return {**counts, "runs": len(runs)}
+    # No candidate may wait with nothing scheduled for it (approved after its run ended, say).
+    stranded = loop_late.stranded_reap()
+    return {**counts, "runs": len(runs), **{f"stranded_{key}": value for key, value in stranded.items()}}
+
+
+@task("evolution.candidate_evaluate_late")
+def candidate_evaluate_late(candidate_id: int, scope: str) -> str:
+    try:
+        return loop_late.candidate_evaluate_late(candidate_id=candidate_id, scope=scope).message
+    except loop_late.LateError as exc:
+        return str(exc)
 
 
 @task("evolution.run_advance")

@@ -412,6 +412,70 @@ def score_chart(
     )
 
 
+RUN_COLOURS = ("#0969da", "#1a7f37", "#bf8700", "#8250df", "#cf222e", "#1b7c83", "#57606a", "#a40e26")
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """One run's S_best after each round (round 0: its start), for the experiment's overlay."""
+
+    name: str  # e.g. "run 2 (#7)"
+    best_by_round: tuple[float, ...]
+
+
+def runs_chart(curves: Sequence[RunCurve], *, width: int = 760, height: int = 240) -> SafeString:
+    """S_best over rounds of every run, overlaid on one score axis, each from its own start (its round 0):
+    where each run began and how far it climbed. Empty when no run has a gated round."""
+    drawn = [curve for curve in curves if len(curve.best_by_round) >= 2]
+    if not drawn:
+        return SafeString("")
+    values = [v for curve in drawn for v in curve.best_by_round]
+    ticks = nice_ticks(min(values), max(values), 4)
+    rounds = max(len(curve.best_by_round) for curve in drawn) - 1
+    legend, lines = _legend(
+        [(curve.name, RUN_COLOURS[n % len(RUN_COLOURS)], "line") for n, curve in enumerate(drawn)],
+        x0=64,
+        y0=14,
+        x1=width - 16,
+    )
+    top = 14 + 16 * lines
+    x = Scale(0, max(rounds, 1), 64, width - 16)
+    y = Scale(ticks[0], ticks[-1], height - 36, top)
+    grid = _y_grid(x, y, [(t, tick_label(t, _step(ticks))) for t in ticks])
+    x_ticks = [
+        format_html(
+            '<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="#5b6475">{}</text>',
+            _n(x(r)),
+            _n(y.r0 + 14),
+            r,
+        )
+        for r in range(0, rounds + 1, max(1, math.ceil(rounds / 10)))
+    ]
+    paths = [
+        format_html(
+            '<polyline class="run-curve" data-run="{}" fill="none" stroke="{}" stroke-width="2" points="{}"/>',
+            curve.name,
+            RUN_COLOURS[n % len(RUN_COLOURS)],
+            " ".join(f"{_n(x(r))},{_n(y(v))}" for r, v in enumerate(curve.best_by_round)),
+        )
+        for n, curve in enumerate(drawn)
+    ]
+    return format_html(
+        '<svg class="chart runs-chart" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+        'aria-label="S_best over rounds of each run" font-family="{}">{}{}{}{}{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        FONT,
+        _join(grid),
+        _axes(x, y, height=height, x_title="round of its run", y_title="S_best"),
+        _join(x_ticks),
+        _join(paths),
+        legend,
+    )
+
+
 def _step_points(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """Points of a step line: the value holds until the next round."""
     result: list[tuple[float, float]] = []
@@ -754,8 +818,16 @@ def lineage_svg(
             + "</a>"
         )
     edges = "".join(
-        f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
-        f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+        (
+            f'<path d="{escape(edge.path)}" class="edge derived" stroke="#bf8700" stroke-width="1.2" '
+            f'stroke-dasharray="4 3" data-from="{edge.source}" data-to="{edge.target}">'
+            f"<title>#{edge.target} derived from #{edge.source} by a reviewer</title></path>"
+        )
+        if edge.derived
+        else (
+            f'<path d="{escape(edge.path)}" class="edge{" main" if edge.on_path else ""}" '
+            f'stroke="{"#1a7f37" if edge.on_path else "#afb8c1"}" stroke-width="{"2.5" if edge.on_path else "1.2"}"/>'
+        )
         for edge in tree.edges
     )
     return SafeString("".join(parts)), SafeString(edges)  # every string from a candidate went through escape

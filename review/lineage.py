@@ -49,6 +49,8 @@ class NodeInput:
     round: int | None = None
     label: str = ""
     score: float | None = None  # evolve score S, when measured
+    run: int = 0  # the run's number within the experiment (1 for the first; 0: no run, the seed)
+    derived_from: int | None = None  # the flagged candidate a reviewer derived this one from
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Edge:
     target: int
     path: str  # SVG path data
     on_path: bool
+    derived: bool = False  # from a flagged candidate to the one a reviewer derived from it (not a parent)
 
 
 @dataclass(frozen=True)
@@ -111,19 +114,20 @@ def layout(
     for row in by_id.values():
         children.setdefault(row.parent_id if row.parent_id in by_id else None, []).append(row.id)
 
-    # Column key per node: (round, generation within that round), parents first.
-    keys: dict[int, tuple[int, int]] = {}
+    # Column key per node: (run, round, generation within that round), parents first: each run's rounds get
+    # their own columns, after the earlier runs' (a later run's round 1 never piles onto an earlier round).
+    keys: dict[int, tuple[int, int, int]] = {}
     stack = sorted(children.get(None, []), reverse=True)
     while stack:
         node_id = stack.pop()
         row = by_id[node_id]
         parent = by_id.get(row.parent_id) if row.parent_id is not None else None
         if parent is None:
-            keys[node_id] = (row.round or 0, 0)
+            keys[node_id] = (row.run, row.round or 0, 0)
         else:
-            p_round, p_gen = keys[parent.id]
-            own = row.round if row.round is not None else p_round + 1
-            keys[node_id] = (own, 0) if own > p_round else (p_round, p_gen + 1)
+            p_run, p_round, p_gen = keys[parent.id]
+            own = (max(row.run, p_run), row.round if row.round is not None else p_round + 1)
+            keys[node_id] = (*own, 0) if own > (p_run, p_round) else (p_run, p_round, p_gen + 1)
         stack.extend(sorted(children.get(node_id, []), reverse=True))
     # Nodes in a parent cycle (impossible in the database) are left out rather than looping.
 
@@ -166,7 +170,7 @@ def layout(
             column=column_of[keys[node_id]],
             category=category(state=by_id[node_id].state, origin=by_id[node_id].origin),
             state=by_id[node_id].state,
-            round=keys[node_id][0],
+            round=keys[node_id][1],
             label=by_id[node_id].label,
             score=by_id[node_id].score,
             on_path=node_id in on_path,
@@ -190,6 +194,21 @@ def layout(
                 on_path=placed_parent.on_path and node.on_path,
             )
         )
+    for node in nodes:
+        source = placed.get(by_id[node.id].derived_from or 0)
+        if source is None:
+            continue
+        x1, y1 = source.x + node_width / 2, source.y + node_height
+        x2, y2 = node.x + node_width / 2, node.y
+        edges.append(
+            Edge(
+                source=source.id,
+                target=node.id,
+                path=f"M{x1:.1f} {y1:.1f} L{x2:.1f} {y2:.1f}",
+                on_path=False,
+                derived=True,
+            )
+        )
     columns = [
         Column(x=column_x(n), title=_column_title(key), count=len(members[n])) for n, key in enumerate(column_keys)
     ]
@@ -198,9 +217,11 @@ def layout(
     return Layout(nodes, edges, columns, width, height, node_width, node_height)
 
 
-def _column_title(key: tuple[int, int]) -> str:
-    round_number, generation = key
-    name = "seed" if round_number == 0 and generation == 0 else f"round {round_number}"
+def _column_title(key: tuple[int, int, int]) -> str:
+    run, round_number, generation = key
+    name = "seed" if round_number == 0 and generation == 0 and run <= 1 else f"round {round_number}"
+    if run > 1:
+        name = f"run {run} · {name}"
     if generation:
         name += " derived" if generation == 1 else f" derived ×{generation}"
     return name

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
 from django.db.models.expressions import OrderBy
-from django.db.models.functions import Cast, Left
+from django.db.models.functions import Cast, Coalesce, Left
 
 from evolution import selectors
-from evolution.loop import lifecycle
+from evolution.loop import lifecycle, load
+from evolution.loop.state import RunState
 from evolution.models import (
     Candidate,
     Evaluation,
@@ -24,6 +25,7 @@ from evolution.models import (
     GateDecision,
     LedgerEntry,
     ParityCheck,
+    ReviewDecision,
     Run,
     SplitMembership,
     TrajectoryStep,
@@ -63,6 +65,58 @@ def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round:
     return recipe
 
 
+def start_choices(*, experiment: Experiment) -> list[tuple[int, str]]:
+    """What a new run may start from: the seed and every accepted candidate, with their runs, for the start
+    form (the default, blank, is the experiment's best: ``evolution.loop.load.best_candidate``)."""
+    found = Candidate.objects.filter(Q(pk=experiment.seed_candidate_id) | Q(state=Candidate.State.ACCEPTED)).filter(
+        experiment=experiment
+    )
+    return [
+        (
+            pk,
+            f"#{pk}"
+            + (" seed" if pk == experiment.seed_candidate_id else f" {label}" if label else "")
+            + (f" (run {run_id})" if run_id else ""),
+        )
+        for pk, label, run_id in found.order_by("pk").values_list("pk", "label", "run_id")
+    ]
+
+
+class BestHarness(TypedDict):
+    candidate: Candidate
+    scores: dict[str, float]  # certified S per split (train, gate, sealed, held-out where measured)
+    run_id: int | None  # the run whose gate accepted it (None: the seed)
+
+
+def best_harness(*, experiment: Experiment) -> BestHarness | None:
+    """The best harness so far across the experiment's runs (``load.best_candidate``), its certified scores per
+    split in the experiment's metric, and the run that accepted it. None before anything is accepted."""
+    best = load.best_candidate(experiment)
+    if best is None:
+        return None
+    _, metric = load.experiment_measure(experiment)
+    accepted_by = (
+        GateDecision.objects.filter(candidate=best, accepted=True, round__gt=0)
+        .order_by("pk")
+        .values_list("run_id", flat=True)
+        .first()
+    )
+    return {
+        "candidate": best,
+        "scores": load.split_scores(candidate=best, metric=metric),
+        "run_id": accepted_by if accepted_by is not None else best.run_id,
+    }
+
+
+def run_with_evidence(*, runs: Sequence[Run]) -> Run | None:
+    """The run a dashboard shows by default: the newest that is not over or that gated a round, so a cancelled
+    or failed run with nothing in it never hides an earlier run's evidence; else the newest."""
+    for run in runs:
+        if run.status in lifecycle.LIVE or run.status == Run.Status.PENDING or RunState.of(run).gated_rounds:
+            return run
+    return runs[0] if runs else None
+
+
 def recipe_of(run: Run) -> Recipe | None:
     """The run's recipe, or None when it names an operator this process does not load (shown without a plan)."""
     try:
@@ -76,8 +130,13 @@ class _LatestRun(TypedDict):
 
 
 def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun]]:
-    """Every experiment with its overview counts and ``latest_run_id``."""
-    latest = Subquery(Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk").values("pk")[:1])
+    """Every experiment with its overview counts and ``latest_run_id``: the newest run with evidence, as the
+    dashboard shows by default (``run_with_evidence``: in progress, or it gated round 1), else the newest."""
+    runs = Run.objects.filter(experiment=OuterRef("pk")).order_by("-pk")
+    with_evidence = runs.filter(
+        Q(status__in=[Run.Status.PENDING, *lifecycle.LIVE]) | Q(state__rounds__has_key="1")
+    ).values("pk")[:1]
+    latest = Coalesce(Subquery(with_evidence), Subquery(runs.values("pk")[:1]))
     return list(selectors.experiment_overview().annotate(latest_run_id=latest))
 
 
@@ -232,31 +291,48 @@ def ledger_entries(
 # --- Lineage -----------------------------------------------------------------------------
 
 
-def lineage_counts(*, experiment: Experiment) -> list[tuple[int | None, str, str, int]]:
-    """(round, state, origin, count) of the experiment's candidates (one query)."""
-    return list(
-        Candidate.objects.filter(experiment=experiment)
-        .values_list("round", "state", "origin")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
+def _of_run(experiment: Experiment, run: Run | None) -> QuerySet[Candidate]:
+    """The experiment's candidates, or one run's (those it proposed and its start)."""
+    found = Candidate.objects.filter(experiment=experiment)
+    return found if run is None else found.filter(Q(run=run) | Q(pk=run.start_candidate_id))
 
 
-def lineage_window(*, experiment: Experiment, first: int, last: int) -> QuerySet[Candidate]:
-    """The candidates of rounds ``first`` to ``last`` (the seed's none counts as 0) and their parents."""
+def lineage_counts(*, experiment: Experiment, run: Run | None = None) -> list[tuple[int | None, str, str, int]]:
+    """(round, state, origin, count) of the experiment's candidates, or of one run's (one query)."""
+    return list(_of_run(experiment, run).values_list("round", "state", "origin").annotate(n=Count("pk")).order_by())
+
+
+def lineage_window(*, experiment: Experiment, first: int, last: int, run: Run | None = None) -> QuerySet[Candidate]:
+    """The candidates of rounds ``first`` to ``last`` (the seed's none counts as 0), of one run when given, and
+    their parents."""
     in_window = Q(round__gte=first, round__lte=last)
     if first == 0:
         in_window |= Q(round__isnull=True)
-    window = Candidate.objects.filter(in_window, experiment=experiment)
-    return Candidate.objects.filter(in_window | Q(pk__in=window.values("parent_id")), experiment=experiment)
+    window = _of_run(experiment, run).filter(in_window)
+    return Candidate.objects.filter(Q(pk__in=window.values("pk")) | Q(pk__in=window.values("parent_id")))
 
 
 def lineage_nodes(*, shown: QuerySet[Candidate]) -> list[Mapping[str, Any]]:
     return list(
         shown.annotate(reason=Left("state_reason", 240))
-        .values("pk", "parent_id", "state", "origin", "round", "label", "reason")
+        .values("pk", "parent_id", "state", "origin", "round", "label", "reason", "run_id")
         .order_by("pk")
     )
+
+
+def derived_from(*, shown: QuerySet[Candidate]) -> dict[int, int]:
+    """For each derived candidate of ``shown``: the flagged candidate a reviewer derived it from."""
+    return dict(
+        ReviewDecision.objects.filter(derived_candidate__in=shown.values("pk")).values_list(
+            "derived_candidate_id", "item__candidate_id"
+        )
+    )
+
+
+def run_numbers(*, experiment: Experiment) -> dict[int, int]:
+    """Each run's number within the experiment (1 for the first), by run id."""
+    ids = Run.objects.filter(experiment=experiment).order_by("pk").values_list("pk", flat=True)
+    return {pk: number for number, pk in enumerate(ids, start=1)}
 
 
 # --- Results matrix ----------------------------------------------------------------------

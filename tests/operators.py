@@ -44,3 +44,29 @@ def held_proposer(view: operators.ProposerView) -> operators.Proposal:
     while not (folder / "release").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return tiny_proposer(view)
+
+
+GENERIC_NOTE = b"Read the whole question before you answer it.\n"
+
+
+@operators.register("proposal", "review-test-mixed")
+def mixed_proposer(view: operators.ProposerView) -> operators.Proposal:
+    """Slot 0: one candidate with three atomic edits, two leaky (each
+    hard-codes the answer of a failing train task) and one generic note;
+    the other slots as tiny-test."""
+    if view.slot != 0:
+        return tiny_proposer(view)
+    failing = sorted({e.task_id for e in view.evidence if not e.passed})
+    first, second = failing[0], failing[1]
+    files = dict(view.parent_files)
+    files[f"answers/{first}.txt"] = b"no\n"
+    files[f"answers/{second}.txt"] = b"no\n"
+    files["notes/generic.md"] = GENERIC_NOTE
+    return operators.Proposal(
+        files=files,
+        edits=[
+            operators.EditDeclaration("memory", f"Answering {first} with no fixes it.", [f"answers/{first}.txt"]),
+            operators.EditDeclaration("memory", f"Answering {second} with no fixes it.", [f"answers/{second}.txt"]),
+            operators.EditDeclaration("memory", "Reading the whole question first helps.", ["notes/generic.md"]),
+        ],
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from evolution import operators
@@ -22,8 +23,10 @@ from evolution.services.candidates import candidates_transition
 __all__ = [
     "ACTIVE",
     "IN_FLIGHT",
+    "LIVE",
     "LoopError",
     "recipe_store",
+    "run_candidates",
     "run_cancel",
     "run_create",
     "run_pause",
@@ -33,6 +36,8 @@ __all__ = [
 ]
 
 ACTIVE = (Run.Status.RUNNING,)
+# Runs that still gate what they evaluate (a paused run gates once resumed).
+LIVE = (Run.Status.RUNNING, Run.Status.PAUSED)
 IN_FLIGHT = (Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED)
 
 
@@ -87,10 +92,14 @@ def run_create(
     k: int | None = None,
     proposer: str | None = None,
     user: Any = None,
+    start: Candidate | None = None,
 ) -> Run:
     """Create a run of ``recipe`` (with ``rounds``, ``k`` and ``proposer``
     overriding the recipe's) and start it after commit. One active run per
-    experiment."""
+    experiment. The run starts from ``start`` (the seed or an accepted
+    candidate of the experiment; by default the experiment's best accepted
+    candidate, ``load.best_candidate``, else the seed): its baseline, its
+    first parent, and what its gains are measured from."""
     operators.operators_load()
     overrides: dict[str, Any] = {}
     if proposer is not None:
@@ -120,8 +129,10 @@ def run_create(
             raise LoopError(f"experiment {locked.name!r} has an active run already")
         if locked.seed_candidate_id is None:
             raise LoopError("the experiment has no seed candidate")
+        start = _start_candidate(locked, start)
         run = Run.objects.create(
             experiment=locked,
+            start_candidate=start,
             recipe=recipe_store(recipe=recipe),
             status=Run.Status.RUNNING,
             rounds=recipe.rounds,
@@ -133,6 +144,25 @@ def run_create(
         Experiment.objects.filter(pk=locked.pk, recipe__isnull=True).update(recipe=run.recipe)
         advance_after_commit(run.pk)
     return run
+
+
+def _start_candidate(experiment: Experiment, start: Candidate | None) -> Candidate:
+    """The candidate a new run starts from; LoopError when ``start`` cannot be one."""
+    from evolution.loop.load import best_candidate
+
+    if start is None:
+        chosen = best_candidate(experiment) or experiment.seed_candidate
+        assert chosen is not None  # the caller checked the seed
+        return chosen
+    start = Candidate.objects.get(pk=start.pk)
+    if start.experiment_id != experiment.pk:
+        raise LoopError(f"candidate {start.pk} belongs to another experiment")
+    if start.pk != experiment.seed_candidate_id and start.state != Candidate.State.ACCEPTED:
+        raise LoopError(
+            f"candidate {start.pk} is {start.get_state_display().lower()}: a run starts from the seed or from an "
+            "accepted candidate"
+        )
+    return start
 
 
 def run_pause(*, run: Run, reason: str = "") -> bool:
@@ -185,6 +215,13 @@ def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
     return bool(updated)
 
 
+def run_candidates(run_id: int) -> QuerySet[Candidate]:
+    """The candidates a run gates: the ones it proposed, and the ones that joined it (a candidate of an ended run
+    approved later is evaluated for the live run's next gate, ``evolution.loop.late``)."""
+    joined = Evaluation.objects.filter(run_id=run_id, purpose=Evaluation.Purpose.CANDIDATE).values("candidate_id")
+    return Candidate.objects.filter(Q(run_id=run_id) | Q(pk__in=joined))
+
+
 def stop_in_flight(run_id: int) -> None:
     """Cancel the run's unfinished evaluations, their unclaimed or running trials, and its in-flight candidates."""
     Evaluation.objects.filter(run_id=run_id, state=Evaluation.State.RUNNING).update(state=Evaluation.State.CANCELLED)
@@ -195,7 +232,7 @@ def stop_in_flight(run_id: int) -> None:
         state=Trial.State.CANCELLED
     )
     candidates_transition(
-        candidates=Candidate.objects.filter(run_id=run_id, state__in=IN_FLIGHT + (Candidate.State.FROZEN,)),
+        candidates=run_candidates(run_id).filter(state__in=IN_FLIGHT + (Candidate.State.FROZEN,)),
         to=Candidate.State.CANCELLED,
         reason="run stopped",
     )

@@ -17,6 +17,7 @@ from evolution.surfaces import STRUCTURAL_KINDS, kinds_present, parse_surface, r
 
 __all__ = [
     "MEASURED_PURPOSES",
+    "best_candidate",
     "ComparedDelta",
     "candidate_delta",
     "candidate_stats",
@@ -56,6 +57,29 @@ def candidate_stats(candidate: Candidate, splits: Sequence[str], metric: str) ->
         no_submission_rate=measured.no_submission_rate,
         components=frozenset(candidate.edits.values_list("component", flat=True)),
     )
+
+
+def experiment_measure(experiment: Experiment) -> tuple[tuple[str, ...], str]:
+    """The evolve splits and the metric an experiment's harnesses are compared in across runs: its recipe's
+    (the first run's), else the defaults."""
+    spec = experiment.recipe.spec if experiment.recipe_id is not None and experiment.recipe is not None else None
+    evaluation = parse_recipe(spec).evaluation if spec else None
+    if evaluation is None:
+        return tuple(EVOLVE_SPLIT_CHOICES), "pass_at_1"
+    return tuple(evaluation.evolve_splits), evaluation.score_metric
+
+
+def best_candidate(experiment: Experiment) -> Candidate | None:
+    """The experiment's best harness so far: the accepted candidate with the highest S on the evolve splits
+    (``experiment_measure``) over its certified measured trials, the earlier on a tie; None when nothing is
+    accepted yet. A new run starts from it unless told otherwise."""
+    splits, metric = experiment_measure(experiment)
+    best: tuple[Candidate, float] | None = None
+    for candidate in Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED).order_by("pk"):
+        measured = measure.measure(candidate_totals(candidate, splits), metric)
+        if measured is not None and (best is None or measured.score > best[1]):
+            best = (candidate, measured.score)
+    return best[0] if best is not None else None
 
 
 def evaluation_score(evaluation: Evaluation, metric: str) -> float | None:

@@ -71,14 +71,20 @@ def _rng(recipe: RecipeSpec, *parts: object) -> random.Random:
 
 
 def _slot_done(run: Run, round_number: int, slot: int) -> bool:
-    label = f"r{round_number}s{slot}"
+    label = proposals.slot_label(run=run, round=round_number, slot=slot)
     if Candidate.objects.filter(run=run, round=round_number, label=label).exists():
         return True
     return any(item.get("slot") == slot for item in RunState.of(run).dropped_in(round_number))
 
 
 def _parents(run: Run, recipe: RecipeSpec) -> list[operators.ParentCandidate]:
-    accepted = Candidate.objects.filter(experiment=run.experiment, state=Candidate.State.ACCEPTED).order_by("pk")
+    """The run's own lineage: its start and what its gates accepted (a decision of this run, round 0 being the
+    start's), never another run's harnesses: a run's gains are measured from its start."""
+    accepted = (
+        Candidate.objects.filter(state=Candidate.State.ACCEPTED, gate_decisions__run=run, gate_decisions__accepted=True)
+        .distinct()
+        .order_by("pk")
+    )
     splits = list(recipe.evaluation.evolve_splits)
     metric = recipe.evaluation.score_metric
     result = []

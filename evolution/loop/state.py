@@ -52,7 +52,9 @@ class RoundSummary(TypedDict, total=False):
 class FinalReport(TypedDict, total=False):
     current: int | None
     scores: dict[str, float]
-    seed_scores: dict[str, float]
+    start: int | None  # the candidate the run started from
+    start_scores: dict[str, float]  # its scores: what the run's gains are measured from
+    seed_scores: dict[str, float]  # runs before start_scores (and runs that start from the seed)
     divergence: str
 
 
@@ -196,6 +198,26 @@ class RunState:
     def noise_unknown(self) -> bool:
         """The band was measured and could not be estimated: the gate accepts nothing inside it."""
         return self.noise is not None and self.noise.get("delta") is None
+
+    @property
+    def start_scores(self) -> dict[str, float]:
+        """The final report's scores of the run's start (``seed_scores`` in reports written before it)."""
+        final = self.final or {}
+        return dict(final.get("start_scores") or final.get("seed_scores") or {})
+
+    @property
+    def evolve_gain(self) -> float | None:
+        """S_best's rise over the run, from its start's S (None before a round was gated)."""
+        if len(self.best_by_round) < 2:
+            return None
+        return self.best_by_round[-1] - self.best_by_round[0]
+
+    def transfer_change(self, split: str) -> float | None:
+        """The final harness's score on ``split`` minus the start's, when the final report has both."""
+        start, final = self.start_scores, (self.final or {}).get("scores", {})
+        if split not in start or split not in final:
+            return None
+        return float(final[split]) - float(start[split])
 
     def special_events(self) -> list[Event]:
         """Stops, pauses the platform made, errors and divergence warnings: what a reader must not miss."""

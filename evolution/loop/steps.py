@@ -25,7 +25,7 @@ from evolution import operators
 from evolution.loop import decision as decisions
 from evolution.loop import load, regularization
 from evolution.loop.enqueue import advance_after_commit, propose_send
-from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, run_recipe, stop_in_flight
+from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, LoopError, run_candidates, run_recipe, stop_in_flight
 from evolution.loop.state import RoundSummary, RunState
 from evolution.models import (
     AtomicEdit,
@@ -44,7 +44,16 @@ from evolution.services import evaluation as evaluation_services
 from evolution.services.candidates import candidate_accept, candidate_transition
 from evolution.services.records import gate_decision_certify
 
-__all__ = ["divergence", "run_advance", "runs_to_nudge", "transfer_splits"]
+__all__ = [
+    "divergence",
+    "gate_decide",
+    "late_gate",
+    "late_waiting",
+    "run_advance",
+    "runs_to_nudge",
+    "start_of",
+    "transfer_splits",
+]
 
 Step = Callable[[Run, RunState, RecipeSpec], str]
 
@@ -55,6 +64,8 @@ def run_advance(*, run_id: int) -> str:
     with transaction.atomic():
         run = Run.objects.select_for_update(no_key=True).select_related("experiment", "recipe").get(pk=run_id)
         if run.status not in ACTIVE:
+            if run.status != Run.Status.PAUSED:
+                late_gate(run)
             return str(run.status)
         recipe = run_recipe(run)
         state = RunState.of(run)
@@ -78,7 +89,10 @@ def run_advance(*, run_id: int) -> str:
         step = steps.get(state.phase)
         if step is None:
             return state.phase
-        return step(run, state, recipe)
+        phase = step(run, state, recipe)
+        if run.status not in ACTIVE and run.status != Run.Status.PAUSED:
+            late_gate(run)  # what was evaluated for the run but missed its last gate
+        return phase
 
 
 def runs_to_nudge() -> list[int]:
@@ -94,6 +108,11 @@ def _save(run: Run, state: RunState, *fields: str) -> None:
 def transfer_splits(run: Run) -> list[str]:
     """The report-only splits the experiment has (sealed, held-out)."""
     return [s for s in (SplitName.SEALED, SplitName.HELDOUT) if s in run.experiment.split_digests]
+
+
+def start_of(run: Run) -> Candidate | None:
+    """The candidate the run starts from (runs made before ``Run.start_candidate`` started from the seed)."""
+    return run.start_candidate if run.start_candidate_id is not None else run.experiment.seed_candidate
 
 
 def _limit_reached(run: Run, recipe: RecipeSpec) -> str:
@@ -125,7 +144,9 @@ def _fail(run: Run, state: RunState, message: str) -> str:
 
 
 def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    seed = run.experiment.seed_candidate
+    """Measure the run's start (the seed, or the accepted candidate the run starts from) noise-repeats times: the
+    noise band, S_best's first value and the first parent. Everything the run reports is measured from it."""
+    seed = start_of(run)
     if seed is None:
         return _fail(run, state, f"experiment {run.experiment.name!r} has no seed candidate")
     repeats = recipe.baseline_repeats
@@ -176,10 +197,11 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             "note": estimate.note,
         }
     seed.refresh_from_db()
-    # A later run of the same experiment finds the seed accepted by the first
-    # (accepted implies certified: a database constraint); it stays the parent.
+    # A later run finds its start accepted already (the seed by the first run, another by a gate; accepted
+    # implies certified: a database constraint); it stays the first parent.
     if seed.state != Candidate.State.ACCEPTED and not candidate_accept(candidate=seed, reason="seed: the first parent"):
         return _fail(run, state, f"the seed could not be accepted (state {seed.state})")
+    is_seed = seed.pk == run.experiment.seed_candidate_id
     stats = load.candidate_stats(seed, splits, metric)
     assert stats is not None  # the seed's certified evaluations have trials
     decision, _ = GateDecision.objects.get_or_create(
@@ -189,8 +211,12 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
         defaults={
             "accepted": True,
             "chosen": True,
-            "rule": "seed",
-            "explanation": "The seed is evaluated first and is the first parent.",
+            "rule": "seed" if is_seed else "start",
+            "explanation": (
+                "The seed is evaluated first and is the first parent."
+                if is_seed
+                else f"The run starts from candidate {seed.pk}: it is evaluated first and is the first parent."
+            ),
             "numbers": {"S": stats.score, "C": stats.cost, "repeats": repeat_scores, "delta": delta},
         },
     )
@@ -205,8 +231,9 @@ def _step_baseline(run: Run, state: RunState, recipe: RecipeSpec) -> str:
     state.measured_components = []
     state.pruning_targets = []
     state.rounds[0] = _round_summary(run, state, recipe, 0)
+    what = "seed" if is_seed else f"start (candidate {seed.pk})"
     band = f"noise band delta={delta:.3f}" if delta is not None else "noise band not estimable"
-    state.event(0, "baseline", f"seed S={stats.score:.3f} over {len(repeat_scores)} repeat(s), {band}")
+    state.event(0, "baseline", f"{what} S={stats.score:.3f} over {len(repeat_scores)} repeat(s), {band}")
     if delta is None and state.noise is not None:
         state.event(
             0,
@@ -242,7 +269,7 @@ def _step_proposing(run: Run, state: RunState, recipe: RecipeSpec) -> str:
 
 
 def _step_evaluating(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    candidates = Candidate.objects.filter(run=run)
+    candidates = run_candidates(run.pk)
     if candidates.filter(state__in=IN_FLIGHT).exists():
         return "evaluating"
     ungated = list(candidates.filter(state=Candidate.State.CERTIFIED).exclude(gate_decisions__run=run).order_by("pk"))
@@ -255,15 +282,66 @@ def _step_evaluating(run: Run, state: RunState, recipe: RecipeSpec) -> str:
 
 
 def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate]) -> None:
-    """The round's gate: load the measured candidates, decide (``decision.round_decide``, pure), write."""
+    """The round's gate: ``gate_decide`` against the current harness, then the run's own state."""
     round_number = run.current_round
     current = run.current_candidate
     assert current is not None  # set by the baseline step, before any round
+    decided, measured = gate_decide(
+        run=run,
+        recipe=recipe,
+        state=state,
+        current=current,
+        round_number=round_number,
+        candidates=ungated,
+        best_score=state.best_score,
+        accepted_structural=state.accepted_structural,
+    )
+    if decided.chosen is not None:
+        run.current_candidate = measured[decided.chosen]
+    state.best_score = decided.best_score
+    state.best_by_round.append(decided.best_score)
+    state.accepted_structural = list(decided.accepted_structural)
+    state.measured_components = list(decided.measured_components)
+    if decided.pruning_targets is not None:
+        state.pruning_targets = list(decided.pruning_targets)
+    state.rounds[round_number] = _round_summary(run, state, recipe, round_number)
+    state.event(
+        round_number,
+        "gate",
+        f"round {round_number}: {len(decided.candidates)} candidate(s) gated, "
+        + (
+            f"candidate {decided.chosen} becomes the current harness"
+            if decided.chosen is not None
+            else "the current harness stays"
+        ),
+    )
+
+
+def gate_decide(
+    *,
+    run: Run,
+    recipe: RecipeSpec,
+    state: RunState,
+    current: Candidate,
+    round_number: int,
+    candidates: Sequence[Candidate],
+    best_score: float | None,
+    accepted_structural: Sequence[str],
+    prune: bool = True,
+) -> tuple[decisions.RoundDecision, dict[regularization.CandidateId, Candidate]]:
+    """Gate ``candidates`` against ``current``: load what they measured, decide (``decision.round_decide``,
+    pure) and write the decision (states, certified gate decisions, ledger). The one gate: the loop's round
+    gate and a late decision after the run ended (``late_gate``) both call it. Returns the decision and the
+    measured candidates by id. ``prune`` False skips the pruning targets (a late decision advises no next round).
+    Inside the caller's transaction; safe to repeat (rows are get-or-create and the state changes conditional)."""
     splits = list(recipe.evaluation.evolve_splits)
     metric = recipe.evaluation.score_metric
     current_stats = load.candidate_stats(current, splits, metric)
-    assert current_stats is not None  # the current harness was measured before it was accepted
-    measured = {s.candidate_id: (c, s) for c in ungated if (s := load.candidate_stats(c, splits, metric)) is not None}
+    if current_stats is None:
+        raise LoopError(f"candidate {current.pk}, the harness to compare with, has no certified trials")
+    measured = {
+        s.candidate_id: (c, s) for c in candidates if (s := load.candidate_stats(c, splits, metric)) is not None
+    }
     best_floor = None
     if recipe.noise.floor == "gate" and measured:
         measured = {pk: (c, _with_gate_score(c, s, metric)) for pk, (c, s) in measured.items()}
@@ -282,39 +360,108 @@ def _gate(run: Run, state: RunState, recipe: RecipeSpec, ungated: list[Candidate
         current=current_stats,
         candidates=[stats for _, stats in measured.values()],
         edits={key: sorted(value, key=lambda e: e.edit_id) for key, value in edits.items()},
-        best_score=state.best_score if state.best_score is not None else current_stats.score,
+        best_score=best_score if best_score is not None else current_stats.score,
         delta=run_delta(run, state),
         gate=operators.get("gate", recipe.gate.operator),
         params=gate_params(recipe, evolve_trials=evolve_trials) if measured else _NO_PARAMS,
         accept=recipe.gate.accept,
-        accepted_structural=state.accepted_structural,
+        accepted_structural=list(accepted_structural),
         ledger_so_far=[
             regularization.LedgerPoint(round=r, component=c, dS=d)
             for r, c, d in ledger.values_list("round", "component", "delta_score")
         ],
-        pruning=decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold) if recipe.pruning.enabled else None,
+        pruning=(
+            decisions.Pruning(recipe.pruning.window, recipe.pruning.threshold)
+            if recipe.pruning.enabled and prune
+            else None
+        ),
         best_floor_score=best_floor,
     )
-    _write_decision(run, current, decided, {pk: c for pk, (c, _) in measured.items()})
-    if decided.chosen is not None:
-        run.current_candidate = measured[decided.chosen][0]
-    state.best_score = decided.best_score
-    state.best_by_round.append(decided.best_score)
-    state.accepted_structural = list(decided.accepted_structural)
-    state.measured_components = list(decided.measured_components)
-    if decided.pruning_targets is not None:
-        state.pruning_targets = list(decided.pruning_targets)
-    state.rounds[round_number] = _round_summary(run, state, recipe, round_number)
-    state.event(
-        round_number,
-        "gate",
-        f"round {round_number}: {len(decided.candidates)} candidate(s) gated, "
-        + (
-            f"candidate {decided.chosen} becomes the current harness"
-            if decided.chosen is not None
-            else "the current harness stays"
-        ),
+    by_id = {pk: c for pk, (c, _) in measured.items()}
+    _write_decision(run, current, decided, by_id)
+    return decided, by_id
+
+
+# --- Late decisions: what a run evaluated after it ended ----------------------------------
+
+
+_UNFINISHED = (Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING)
+
+
+def late_waiting(run: Run) -> list[Candidate]:
+    """Certified candidates no gate has decided whose latest candidate evaluation belongs to ``run``, an ended
+    run (approved by a reviewer after the run's last gate, or evaluated from the candidate page)."""
+    waiting = list(
+        run_candidates(run.pk).filter(state=Candidate.State.CERTIFIED, gate_decisions__isnull=True).order_by("pk")
     )
+    # The last (by id) candidate evaluation of each wins.
+    latest = dict(
+        Evaluation.objects.filter(candidate__in=waiting, purpose=Evaluation.Purpose.CANDIDATE)
+        .order_by("candidate_id", "pk")
+        .values_list("candidate_id", "run_id")
+    )
+    return [c for c in waiting if latest.get(c.pk, c.run_id) == run.pk]
+
+
+def late_gate(run: Run) -> int:
+    """Gate, each against its parent, the candidates ``run`` evaluated after it ended (``late_waiting``), with
+    the loop's own gate (``gate_decide``): the run's recipe, noise band and ledger, S_best as it stood when the
+    candidate's round began, the structural kinds accepted by now. The run's current harness and final report
+    stay as the run left them; an accepted candidate can start the next run. Inside ``run_advance``'s lock;
+    safe to repeat. Returns how many were decided."""
+    waiting = late_waiting(run)
+    if not waiting:
+        return 0
+    recipe = run_recipe(run)
+    state = RunState.of(run)
+    decided_count = 0
+    for candidate in waiting:
+        locked = Candidate.objects.select_for_update(no_key=True).get(pk=candidate.pk)
+        parent = Candidate.objects.filter(pk=locked.parent_id).first() if locked.parent_id is not None else None
+        if locked.state != Candidate.State.CERTIFIED or locked.gate_decisions.exists() or parent is None:
+            continue
+        if Evaluation.objects.filter(
+            candidate=locked, purpose__in=load.MEASURED_PURPOSES, state__in=_UNFINISHED
+        ).exists():
+            continue  # more of what the gate reads is being measured; its certification sends run_advance
+        round_number = locked.round or max(run.current_round, 1)
+        before = state.best_by_round[round_number - 1] if round_number <= len(state.best_by_round) else None
+        try:
+            decided, _ = gate_decide(
+                run=run,
+                recipe=recipe,
+                state=state,
+                current=parent,
+                round_number=round_number,
+                candidates=[locked],
+                best_score=before if before is not None else state.best_score,
+                accepted_structural=load.structural_kinds_had(run.experiment),
+                prune=False,
+            )
+        except LoopError as exc:
+            state.event(round_number, "error", f"candidate {locked.pk} could not be gated late: {exc}")
+            continue
+        if not decided.candidates:
+            # Certified, but not on the splits the gate reads: measure it there; the gate follows certification.
+            evaluation_services.evaluation_start(
+                candidate=locked,
+                splits=list(recipe.evaluation.evolve_splits),
+                k=recipe.evaluation.trials_per_task,
+                purpose=Evaluation.Purpose.CANDIDATE,
+                seed=recipe.seed,
+                run=run,
+            )
+            continue
+        verdict = decided.candidates[0]
+        decided_count += 1
+        state.event(
+            round_number,
+            "gate",
+            f"late decision (after the run ended): candidate {locked.pk} gated against its parent {parent.pk}: "
+            + ("accepted" if verdict.accepted else f"rejected ({verdict.rule})"),
+        )
+    _save(run, state)
+    return decided_count
 
 
 def _with_gate_score(
@@ -413,12 +560,13 @@ def _round_summary(run: Run, state: RunState, recipe: RecipeSpec, round_number: 
 
 
 def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
-    """Report transfer: evaluate the final harness (and the seed) on sealed
+    """Report transfer: evaluate the final harness (and the run's start) on sealed
     and held-out splits, then finish."""
     transfer = transfer_splits(run)
     # After a budget stop nothing more is spent, transfer reports included.
     if recipe.evaluation.sealed != "never" and transfer and not state.stopped_by_limit:
-        targets = {pk for pk in (run.experiment.seed_candidate_id, run.current_candidate_id) if pk is not None}
+        start = start_of(run)
+        targets = {pk for pk in (start.pk if start else None, run.current_candidate_id) if pk is not None}
         waiting = False
         for candidate in Candidate.objects.filter(pk__in=targets).order_by("pk"):
             evaluation = Evaluation.objects.filter(
@@ -441,15 +589,18 @@ def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             return "final"
     metric = recipe.evaluation.score_metric
     final_scores = load.split_scores(candidate=run.current_candidate, metric=metric) if run.current_candidate else {}
-    seed = run.experiment.seed_candidate
-    seed_scores = load.split_scores(candidate=seed, metric=metric) if seed is not None else {}
-    warning = divergence(seed_scores, final_scores, recipe.evaluation.evolve_splits)
+    start = start_of(run)
+    start_scores = load.split_scores(candidate=start, metric=metric) if start is not None else {}
+    warning = divergence(start_scores, final_scores, recipe.evaluation.evolve_splits)
     state.final = {
         "current": run.current_candidate_id,
         "scores": final_scores,
-        "seed_scores": seed_scores,
+        "start": start.pk if start is not None else None,
+        "start_scores": start_scores,
         "divergence": warning,
     }
+    if start is not None and start.pk == run.experiment.seed_candidate_id:
+        state.final["seed_scores"] = start_scores  # the key readers of runs before start_scores know
     if warning:
         state.event(run.current_round, "divergence", warning)
     state.phase = "finished"

@@ -71,6 +71,14 @@ def _edit_diff(old: Sequence[FileEntry], new: Sequence[FileEntry], paths: Sequen
     return diff_entries([e for e in old if e.path in wanted], [e for e in new if e.path in wanted])
 
 
+def slot_label(*, run: Run, round: int, slot: int) -> str:
+    """A proposal slot's label, unique within the experiment: "r<round>s<slot>" in its first run, prefixed
+    with the run's number in the experiment ("run2-r1s0") in later runs, so labels never repeat across runs."""
+    number = Run.objects.filter(experiment_id=run.experiment_id, pk__lt=run.pk).count() + 1
+    own = f"r{round}s{slot}"
+    return own if number == 1 else f"run{number}-{own}"
+
+
 def candidate_freeze(
     *,
     run: Run,
@@ -84,7 +92,7 @@ def candidate_freeze(
 ) -> FreezeOutcome:
     """Check a proposal and record it as a candidate in its resulting state.
 
-    The candidate gets ``origin`` and ``label`` (by default "r<round>s<slot>").
+    The candidate gets ``origin`` and ``label`` (by default ``slot_label``'s).
 
     States: FROZEN (all checks passed; the critic comes next),
     REJECTED_SURFACE (real diff leaves the surface, or changes something no
@@ -137,7 +145,7 @@ def candidate_freeze(
                 origin=origin,
                 run=run,
                 round=round,
-                label=f"r{round}s{slot}" if label is None else label,
+                label=slot_label(run=run, round=round, slot=slot) if label is None else label,
             )
         except CandidateError as exc:
             raise ProposalRejected(str(exc)) from exc

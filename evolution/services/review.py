@@ -3,8 +3,9 @@
 One decision per review item, whoever acts first: the item is claimed and
 decided with conditional updates under a row lock, and the loser of a race
 gets a ``ReviewConflict`` with a clear message. An approved candidate is
-evaluated at once and joins the next gate of its run; a rejected one is
-dropped. A reviewer may also reject some of a candidate's atomic edits and
+evaluated at once and joins the next gate of its run (or, when its run has
+ended, of the experiment's live run, or a late gate against its parent:
+``evolution.loop.late``); a rejected one is dropped. A reviewer may also reject some of a candidate's atomic edits and
 keep the rest (``review_decide_partial``): the flagged candidate is
 rejected and a *derived* candidate without the rejected edits goes through
 the same checks as a proposal (surface, budget, duplicates, the critic)
@@ -14,6 +15,7 @@ screens (review app) call only these functions.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,6 +29,8 @@ from evolution.services.candidates import candidate_transition
 from evolution.services.records import review_decision_certify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
+
+logger = logging.getLogger(__name__)
 
 DECIDED = frozenset({ReviewItem.State.APPROVED, ReviewItem.State.REJECTED, ReviewItem.State.PARTIAL})
 # Runs whose approved candidates are still evaluated and gated.
@@ -98,9 +102,6 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
     A reason is required. The item must be open or claimed by ``user``.
     Approving evaluates the candidate for its run; rejecting drops it.
     """
-    from evolution.loop.lifecycle import run_recipe
-    from evolution.loop.propose import candidate_evaluate
-
     reason = _required_reason(reason)
     with transaction.atomic():
         locked = _lock_undecided(item, user)
@@ -117,10 +118,22 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
             reason=reason,
         )
         review_decision_certify(decision=decision)
-        run = Run.objects.filter(pk=candidate.run_id).first() if candidate.run_id is not None else None
-        if approve and run is not None and run.status in LIVE_RUNS:
-            candidate_evaluate(run=run, recipe=run_recipe(run), candidate=candidate)
+        if approve:
+            _evaluate(candidate)
         return decision
+
+
+def _evaluate(candidate: Candidate) -> None:
+    """An approved candidate is evaluated now: for its run's next gate, for the live run's when its own run has
+    ended, or for a late gate against its parent when no run is live (``evolution.loop.late``). When that is
+    impossible the decision still stands; the reaper's check ends the candidate with the reason."""
+    from evolution.loop.late import LateError, candidate_evaluate_late
+
+    try:
+        candidate_evaluate_late(candidate_id=candidate.pk, scope="gate")
+    except LateError:
+        logger.warning("approved candidate %s could not be evaluated", candidate.pk, exc_info=True)
+    candidate.refresh_from_db()
 
 
 # --- Rejecting some edits and keeping the rest ---------------------------------
@@ -170,16 +183,14 @@ def review_decide_partial(
     (``candidate_freeze``), duplicates (a tree already in the experiment is
     refused with "identical to candidate N"), then the critic with the run's
     recipe policy, so a derived candidate that still leaks is flagged (or
-    rejected) again. When the critic approves it and its run is running or
-    paused, its evaluation starts and the loop gates it with the approved
-    candidates of the next gate.
+    rejected) again. When the critic approves it, its evaluation starts and
+    it is gated like an approved candidate (``_evaluate``).
 
     A reason is required; the item must be open or claimed by ``user``.
     Everything happens in one transaction: on ReviewError or ReviewConflict
     nothing is written. Not repeatable: a second call gets ReviewConflict.
     """
     from evolution.loop.lifecycle import run_recipe
-    from evolution.loop.propose import candidate_evaluate
     from evolution.services import proposals
 
     reason = _required_reason(reason)
@@ -265,9 +276,8 @@ def review_decide_partial(
             policy = recipe.critique.leakage_policy if recipe.critique.enabled else "off"
             proposals.candidate_critique(run=run, candidate=derived, policy=policy)
             derived.refresh_from_db()
-        if derived.state == Candidate.State.APPROVED and run.status in LIVE_RUNS:
-            candidate_evaluate(run=run, recipe=recipe, candidate=derived)
-            derived.refresh_from_db()
+        if derived.state == Candidate.State.APPROVED:
+            _evaluate(derived)
 
         locked.state = ReviewItem.State.PARTIAL
         locked.save(update_fields=["state"])

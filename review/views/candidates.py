@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.conf import settings
+from django.contrib import messages
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -23,7 +24,7 @@ from django.utils.http import content_disposition_header, url_has_allowed_host_a
 from django.views.decorators.http import require_GET, require_POST
 
 from evolution import hidden_chars, records, selectors
-from evolution.loop import load, regularization
+from evolution.loop import late, load, regularization
 from evolution.models import (
     EVOLVE_SPLITS,
     STRUCTURAL_KINDS,
@@ -33,6 +34,7 @@ from evolution.models import (
     CertifiedResult,
     GateDecision,
     LeakageFlag,
+    ReviewDecision,
     SplitName,
     TreeEntry,
 )
@@ -428,6 +430,11 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
     children = list(Candidate.objects.filter(parent=cand).order_by("pk").only("pk", "label", "state", "round"))
     others = _candidate_choices(cand)
     review_item = getattr(cand, "review_item", None)  # reverse one-to-one: absent raises AttributeError
+    derived_from = (
+        ReviewDecision.objects.filter(derived_candidate=cand).select_related("item__candidate").first()
+        if cand.origin == Candidate.Origin.DERIVED
+        else None
+    )
     return render(
         request,
         "review/candidates/candidate.html",
@@ -450,9 +457,28 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
             "children": children,
             "choices": others,
             "review_item": review_item,
+            "derived_from": derived_from.item.candidate if derived_from is not None else None,
+            "evaluable": cand.state in late.MEASURABLE,
             "diff_url": diff_url,
         },
     )
+
+
+@require_POST
+@access.permission_required(access.OPERATE)
+def candidate_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
+    """Evaluate a candidate on the gate's splits or on every split (``evolution.loop.late``): an approved one
+    left behind by its run is evaluated and gated; a decided one is measured where it has no trials yet. A
+    refusal is a message and changes nothing."""
+    cand = get_object_or_404(Candidate.objects.all(), pk=pk)
+    scope = request.POST.get("scope", "gate")
+    try:
+        outcome = late.candidate_evaluate_late(candidate_id=cand.pk, scope=scope)
+    except late.LateError as exc:
+        messages.error(request, f"Not evaluated: {exc}.")
+    else:
+        messages.success(request, f"{outcome.message[:1].upper()}{outcome.message[1:]}.")
+    return redirect("review:candidate", pk=cand.pk)
 
 
 def _count_by(items: list[Any], attribute: str) -> list[tuple[str, int]]:
@@ -861,6 +887,7 @@ def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 urlpatterns = [
     path("candidates/<int:pk>/", candidate, name="candidate"),
+    path("candidates/<int:pk>/evaluate/", candidate_evaluate, name="candidate_evaluate"),
     path("candidates/<int:pk>/diff/", candidate_diff, name="candidate_diff"),
     path("candidates/<int:pk>/diff/file/", diff_file, name="diff_file"),
     path("candidates/<int:pk>/diff/context/", diff_context, name="diff_context"),

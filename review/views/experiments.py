@@ -196,11 +196,25 @@ class Divergence:
 
 
 def _selected_run(experiment: Experiment, runs: list[Run], raw: str | None) -> Run | None:
+    """The run ``?run=`` names; by default the newest with evidence (``review_selectors.run_with_evidence``)."""
     if raw and raw.isdigit():
         for run in runs:
             if run.pk == int(raw):
                 return run
-    return runs[0] if runs else None
+    return review_selectors.run_with_evidence(runs=runs)
+
+
+def _run_outcome(run: Run) -> dict[str, Any]:
+    """What a run achieved, from its own start: for the runs table across runs."""
+    state = RunState.of(run)
+    gained, sealed = state.evolve_gain, state.transfer_change(SplitName.SEALED)
+    return {
+        "start": run.start_candidate_id,
+        "final": run.current_candidate_id,
+        "gained": f"{gained:+.3f}" if gained is not None else "",
+        "sealed": f"{sealed:+.3f}" if sealed is not None else "",
+        "empty": not state.gated_rounds,
+    }
 
 
 def _round_rows(
@@ -265,7 +279,7 @@ def _round_rows(
 
 def _with_transfer(rows: list[RoundRow], run: Run) -> list[RoundRow]:
     """Sealed and held-out are measured at the end (unless the recipe says
-    every round): put the seed's on round 0 and the final harness's on the
+    every round): put the run's start's on round 0 and the final harness's on the
     last round, so the chart shows transfer beside the evolve scores."""
     state = RunState.of(run)
     final = state.final or {}
@@ -273,9 +287,10 @@ def _with_transfer(rows: list[RoundRow], run: Run) -> list[RoundRow]:
         return rows
     gated = [r for r in rows if r.number in state.rounds]
     first, last = gated[0] if gated else rows[0], gated[-1] if gated else rows[-1]
+    start_scores = state.start_scores
     for split in TRANSFER_SPLITS:
-        if split in final.get("seed_scores", {}) and first.number == 0:
-            first.scores.setdefault(split, final["seed_scores"][split])
+        if split in start_scores and first.number == 0:
+            first.scores.setdefault(split, start_scores[split])
         if split in final.get("scores", {}):
             last.scores.setdefault(split, final["scores"][split])
     return rows
@@ -284,9 +299,10 @@ def _with_transfer(rows: list[RoundRow], run: Run) -> list[RoundRow]:
 def _divergence(run: Run, recipe: Recipe | None, rows: list[RoundRow]) -> tuple[Divergence | None, list[dict]]:
     """The divergence warning (evolve up, sealed or held-out down) and the
     seed-versus-latest comparison per split it is based on."""
-    final = RunState.of(run).final or {}
+    state = RunState.of(run)
+    final = state.final or {}
     if final:
-        start, end, text = final.get("seed_scores", {}), final.get("scores", {}), final.get("divergence", "")
+        start, end, text = state.start_scores, final.get("scores", {}), final.get("divergence", "")
     else:
         measured = [r for r in rows if r.scores]
         if len(measured) < 2 or measured[0].number != 0:
@@ -607,7 +623,16 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "state_counts": review_selectors.candidate_state_counts(experiment=experiment),
         "parity": _parity_fact(experiment),
         "unexplored": [],
-        "run_rows": [{"run": r, "progress": _progress(r, counts.get(r.pk), sizes)} for r in runs],
+        "run_rows": [
+            {"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r)} for r in runs
+        ],
+        "best": review_selectors.best_harness(experiment=experiment),
+        "runs_chart": charts.runs_chart(
+            [
+                charts.RunCurve(f"run {number} (#{r.pk})", tuple(RunState.of(r).best_by_round))
+                for number, r in enumerate(reversed(runs), start=1)
+            ]
+        ),
     }
     if run is not None:
         context.update(_progress_context(request, experiment, run, sizes, all_counts=counts))
@@ -615,7 +640,11 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         context.update(_ledger_context(request, experiment, run))
     if request.user.has_perm(access.OPERATE):
         latest = runs[0] if runs else None
-        context["start_form"] = RunStartForm(initial=start_form_initial(latest), latest=latest)
+        context["start_form"] = RunStartForm(
+            initial=start_form_initial(latest),
+            latest=latest,
+            starts=review_selectors.start_choices(experiment=experiment),
+        )
         context["has_unfinished_run"] = any(r.status in UNFINISHED for r in runs)
     return render(request, "review/experiments/dashboard.html", context)
 

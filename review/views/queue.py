@@ -72,17 +72,19 @@ VERDICT_SHORT: dict[str, str] = {
 
 def derived_outcome(candidate: Candidate) -> str:
     """What became of a derived candidate, in words."""
-    live = candidate.run is not None and candidate.run.status in LIVE_RUNS
     if candidate.state == Candidate.State.FLAGGED:
         return "the critic flagged it again: it waits for its own review"
     if candidate.state == Candidate.State.REJECTED_CRITIC:
         return "the critic rejected it"
     if candidate.state in {Candidate.State.REJECTED_SURFACE, Candidate.State.REJECTED_BUDGET}:
         return f"it failed the checks: {candidate.state_reason}"
-    if candidate.state == Candidate.State.APPROVED and not live:
-        return "the critic found it clean; its run is over, so it is not evaluated"
     if candidate.state in {Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED}:
-        return "the critic found it clean: it is evaluated and joins its run's next gate"
+        live = candidate.run is not None and candidate.run.status in LIVE_RUNS
+        if live:
+            return "the critic found it clean: it is evaluated and joins its run's next gate"
+        return "the critic found it clean: its run is over, so it is evaluated and gated against its parent"
+    if candidate.state == Candidate.State.CERTIFIED:
+        return "it is evaluated and certified, and waits for its gate"
     return f"it is {candidate.get_state_display().lower()}"
 
 

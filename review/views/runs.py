@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from evolution import example, operators
 from evolution.loop import lifecycle
-from evolution.models import Experiment, Run
+from evolution.models import Candidate, Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError
 from review import access
 from review import selectors as review_selectors
@@ -38,9 +38,15 @@ class RunStartForm(forms.Form):
     k = forms.IntegerField(required=False, min_value=1, max_value=32, label="k (trials per task)")
     candidates = forms.IntegerField(required=False, min_value=1, max_value=64, label="candidates per round")
     proposer = forms.ChoiceField(required=False, label="proposer")
+    start = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="start from")
 
-    def __init__(self, *args: Any, latest: Run | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, latest: Run | None = None, starts: list[tuple[int, str]] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        start_field = self.fields["start"]
+        assert isinstance(start_field, forms.TypedChoiceField)
+        start_field.choices = [("", "the experiment's best"), *(starts or [])]
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))
@@ -79,7 +85,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = get_object_or_404(Experiment.objects.select_related("benchmark"), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])
     latest = Run.objects.filter(experiment=experiment).select_related("recipe").order_by("-pk").first()
-    form = RunStartForm(request.POST, latest=latest)
+    form = RunStartForm(request.POST, latest=latest, starts=review_selectors.start_choices(experiment=experiment))
     if not form.is_valid():
         problems = "; ".join(
             f"{form.fields[name].label if name in form.fields else name}: {' '.join(str(error) for error in errors)}"
@@ -102,6 +108,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             k=data["k"],
             proposer=proposer,
             user=request.user,
+            start=Candidate.objects.get(pk=data["start"]) if data["start"] else None,
         )
     except (RecipeError, lifecycle.LoopError) as exc:
         messages.error(request, f"The run was not started: {exc}")
@@ -111,7 +118,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         request,
         f"Run #{run.pk} started: recipe {run.recipe.name}, {run.rounds} round(s), "
         f"k={spec['evaluation']['trials_per_task']}, {spec['candidates_per_round']} candidate(s) per round, "
-        f"proposer {spec['proposal']['operator']}.",
+        f"from candidate #{run.start_candidate_id}, proposer {spec['proposal']['operator']}.",
     )
     return HttpResponseRedirect(f"{dashboard}?run={run.pk}")
 

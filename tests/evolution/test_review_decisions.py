@@ -36,7 +36,7 @@ from evolution.trees import FileEntry
 from tests.evolution.test_loop import start
 from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
-from tests.operators import tiny_proposer
+from tests.operators import GENERIC_NOTE, tiny_proposer
 
 pytestmark = pytest.mark.django_db
 
@@ -113,41 +113,19 @@ def test_a_reason_is_required(held: tuple[Run, ReviewItem], alice: User) -> None
     assert Candidate.objects.get(pk=item.candidate_id).state == Candidate.State.FLAGGED
 
 
-def test_cancelling_the_run_leaves_flagged_items_reviewable_but_unevaluated(
+def test_approving_after_the_run_was_cancelled_evaluates_the_candidate_for_a_late_gate(
     held: tuple[Run, ReviewItem], alice: User
 ) -> None:
     run, item = held
     lifecycle.run_cancel(run=run)
     review_decide(item=item, user=alice, approve=True, reason="generic")
-    assert not Evaluation.objects.filter(candidate_id=item.candidate_id).exists()
+    # Its run is over: it is evaluated for that run, which gates it against its parent (test_late_decisions.py).
+    evaluation = Evaluation.objects.get(candidate_id=item.candidate_id)
+    assert (evaluation.run_id, evaluation.purpose) == (run.pk, Evaluation.Purpose.CANDIDATE)
+    assert Candidate.objects.get(pk=item.candidate_id).state == Candidate.State.EVALUATING
 
 
 # --- Rejecting some edits and keeping the rest -----------------------------------
-
-GENERIC_NOTE = b"Read the whole question before you answer it.\n"
-
-
-@operators.register("proposal", "review-test-mixed")
-def mixed_proposer(view: operators.ProposerView) -> operators.Proposal:
-    """Slot 0: one candidate with three atomic edits, two leaky (each
-    hard-codes the answer of a failing train task) and one generic note;
-    the other slots as tiny-test."""
-    if view.slot != 0:
-        return tiny_proposer(view)
-    failing = sorted({e.task_id for e in view.evidence if not e.passed})
-    first, second = failing[0], failing[1]
-    files = dict(view.parent_files)
-    files[f"answers/{first}.txt"] = b"no\n"
-    files[f"answers/{second}.txt"] = b"no\n"
-    files["notes/generic.md"] = GENERIC_NOTE
-    return operators.Proposal(
-        files=files,
-        edits=[
-            operators.EditDeclaration("memory", f"Answering {first} with no fixes it.", [f"answers/{first}.txt"]),
-            operators.EditDeclaration("memory", f"Answering {second} with no fixes it.", [f"answers/{second}.txt"]),
-            operators.EditDeclaration("memory", "Reading the whole question first helps.", ["notes/generic.md"]),
-        ],
-    )
 
 
 @operators.register("proposal", "review-test-copy")
@@ -267,16 +245,18 @@ def test_a_derived_candidate_that_still_leaks_is_flagged_again_and_waits_for_rev
     assert final.derived_candidate.parent_id == item.candidate.parent_id
 
 
-def test_a_derived_candidate_is_held_for_the_critic_even_when_the_run_is_over(
+def test_a_derived_candidate_is_checked_by_the_critic_and_evaluated_even_when_the_run_is_over(
     mixed: tuple[Run, ReviewItem], alice: User
 ) -> None:
     run, item = mixed
     lifecycle.run_cancel(run=run)
     leaky = item.candidate.edits.filter(paths__0__startswith="answers/")
     decision = review_decide_partial(item=item, user=alice, rejected_edits=[e.pk for e in leaky], reason="leaks")
-    assert decision.derived_candidate is not None
-    assert decision.derived_candidate.state == Candidate.State.APPROVED
-    assert not Evaluation.objects.filter(candidate=decision.derived_candidate).exists()
+    derived = decision.derived_candidate
+    assert derived is not None
+    assert not LeakageFlag.objects.filter(candidate=derived).exists()
+    assert derived.state == Candidate.State.EVALUATING
+    assert Evaluation.objects.get(candidate=derived).run_id == run.pk
 
 
 def test_partial_decisions_need_a_reason_and_a_proper_selection(mixed: tuple[Run, ReviewItem], alice: User) -> None:

@@ -599,7 +599,10 @@ def test_the_admin_start_action_runs_a_preset_on_the_example_with_its_offline_pr
     client = _staff(make_user, "operator")
     response = _start_page(client, experiment, recipe="rrsi", rounds="1", start="Start")
     run = Run.objects.get(experiment=experiment)
-    assert _messages(response) == [f"{experiment.name}: run {run.pk} started (rrsi, 1 round(s), proposer example)"]
+    assert _messages(response) == [
+        f"{experiment.name}: run {run.pk} started (rrsi, 1 round(s), proposer example, "
+        f"from candidate {run.start_candidate_id})"
+    ]
     assert run.recipe.spec["proposal"]["operator"] == "example"
 
 
@@ -621,7 +624,10 @@ def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:
     response = _start_page(client, experiment, recipe="archive", rounds="2", start="Start")
     run = Run.objects.order_by("-pk").first()
     assert run is not None
-    assert _messages(response) == [f"{experiment.name}: run {run.pk} started (archive, 2 round(s), proposer example)"]
+    assert _messages(response) == [
+        f"{experiment.name}: run {run.pk} started (archive, 2 round(s), proposer example, "
+        f"from candidate {run.start_candidate_id})"
+    ]
     assert response.redirect_chain == [(reverse("admin:evolution_experiment_changelist"), 302)]
     assert run.status == Run.Status.RUNNING and run.rounds == 2 and run.recipe.name == "archive"
     assert run.recipe.spec["proposal"]["operator"] == "example"  # the last run's proposer
@@ -634,7 +640,10 @@ def test_the_admin_start_action_offers_a_recipe_and_rounds(make_user) -> None:
     response = _start_page(client, experiment, recipe="own", start="Start")
     own = Run.objects.order_by("-pk").first()
     assert own is not None
-    assert _messages(response) == [f"{experiment.name}: run {own.pk} started (rrsi, 10 round(s), proposer example)"]
+    assert _messages(response) == [
+        f"{experiment.name}: run {own.pk} started (rrsi, 10 round(s), proposer example, "
+        f"from candidate {own.start_candidate_id})"
+    ]
     experiment.refresh_from_db()
     assert own.recipe_id == experiment.recipe_id == first.recipe_id
     assert Run.objects.count() == 3

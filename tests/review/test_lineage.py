@@ -99,3 +99,24 @@ def test_a_large_tree_stays_compact() -> None:
     # Height is set by the fullest column (15 nodes, shifted down by its parent's row), not by the node count.
     assert result.height < 40 * 28
     assert result.width < 12 * (128 + 46)
+
+
+def test_each_run_gets_its_own_columns_and_derived_candidates_a_dashed_link() -> None:
+    rows = [
+        NodeInput(1, None, "accepted", origin="seed", round=0),
+        NodeInput(2, 1, "accepted", round=1, run=1),
+        NodeInput(3, 2, "accepted", round=2, run=1),
+        # The second run starts from #3 (round 2 of the first): its round 1 is not piled onto round 2.
+        NodeInput(4, 3, "flagged", round=1, run=2),
+        NodeInput(5, 3, "accepted", round=1, run=2),
+        NodeInput(6, 3, "accepted", origin="derived", round=1, run=2, derived_from=4),
+        NodeInput(7, 5, "rejected_gate", round=2, run=2),
+    ]
+    result = layout(rows)
+    assert [c.title for c in result.columns] == ["seed", "round 1", "round 2", "run 2 · round 1", "run 2 · round 2"]
+    column = {n.id: n.column for n in result.nodes}
+    assert column == {1: 0, 2: 1, 3: 2, 4: 3, 5: 3, 6: 3, 7: 4}
+    derived = [(e.source, e.target) for e in result.edges if e.derived]
+    assert derived == [(4, 6)]
+    parents = {(e.source, e.target) for e in result.edges if not e.derived}
+    assert (3, 6) in parents and (4, 6) not in parents

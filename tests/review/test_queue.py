@@ -292,7 +292,8 @@ def test_claim_then_approve_with_a_reason(example_world, make_user) -> None:
         alice,
         "generic routing hints",
     )
-    assert Candidate.objects.get(pk=item.candidate_id).state == Candidate.State.APPROVED
+    # The example's run is over: the approved candidate is evaluated at once for a late gate.
+    assert Candidate.objects.get(pk=item.candidate_id).state == Candidate.State.EVALUATING
     page = client.get(reverse("review:review_item", args=[item.pk])).content.decode()
     assert 'id="decision-reviewer">alice<' in page
     assert "generic routing hints" in page
@@ -433,9 +434,9 @@ def test_rejecting_the_flagged_edit_derives_a_candidate_without_its_files(exampl
     assert [(e.component, e.hypothesis) for e in derived.edits.order_by("index")] == [
         (e.component, e.hypothesis) for e in kept
     ]
-    # The critic ran again on what is left; the run is over, so nothing is evaluated.
-    assert derived.state in {Candidate.State.APPROVED, Candidate.State.FLAGGED}
-    assert not derived.evaluations.exists()
+    # The critic ran again on what is left; clean, it is evaluated although the run is over (a late gate).
+    assert derived.state in {Candidate.State.EVALUATING, Candidate.State.FLAGGED}
+    assert derived.evaluations.exists() == (derived.state == Candidate.State.EVALUATING)
     page = client.get(reverse("review:review_item", args=[item.pk])).content.decode()
     assert reverse("review:candidate", args=[derived.pk]) in page
     assert "partly rejected" in page and ">rejected</span>" in page and ">kept</span>" in page

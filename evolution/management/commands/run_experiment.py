@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from evolution import example, limits, operators
 from evolution.loop import lifecycle
 from evolution.loop.state import RunState
-from evolution.models import Experiment, Run
+from evolution.models import Candidate, Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
 
 
@@ -64,6 +64,13 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int)
         parser.add_argument("--k", type=int, help="trials per task")
         parser.add_argument("--proposer", help="proposal operator (e.g. example, command); default: the recipe's")
+        parser.add_argument(
+            "--from",
+            dest="start",
+            type=int,
+            metavar="CANDIDATE",
+            help="candidate id to start from (the seed or an accepted candidate); default: the experiment's best",
+        )
         parser.add_argument("--wait", action="store_true", help="print progress until the run ends, then a summary")
         parser.add_argument("--timeout", type=float, default=6 * 3600)
 
@@ -87,18 +94,26 @@ class Command(BaseCommand):
                 recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
             else:
                 raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
+            start = None
+            if options["start"] is not None:
+                start = Candidate.objects.filter(pk=options["start"], experiment=experiment).first()
+                if start is None:
+                    raise CommandError(f"experiment {experiment.pk} has no candidate {options['start']}", returncode=2)
             run = lifecycle.run_create(
                 experiment=experiment,
                 recipe=recipe,
                 rounds=options["rounds"],
                 k=options["k"],
                 proposer=proposer,
+                start=start,
             )
         except (RecipeError, lifecycle.LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
         self.stdout.write(
             f"run {run.pk} of {experiment.name!r} with recipe {run.recipe.name} ({run.recipe.digest[:12]})"
         )
+        if run.start_candidate_id != experiment.seed_candidate_id:
+            self.stdout.write(f"starting from candidate {run.start_candidate_id} (its gains are measured from it)")
         if not options["wait"]:
             return
         deadline = time.monotonic() + options["timeout"]
