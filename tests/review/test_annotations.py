@@ -125,7 +125,7 @@ def test_the_queue_shows_labels_progress_and_links(example_world: Experiment, cl
     # give the example world more than one page of failed gate trials).
     for page in range(1, 10):
         html = client.get(
-            reverse("review:annotate_queue"), {"experiment": str(example_world.pk), "split": "gate", "page": page}
+            reverse("review:annotate_queue"), {"experiment": str(example_world.pk), "split": "gate", "page": str(page)}
         ).content.decode()
         if f'data-trial="{first.pk}"' in html:
             break

@@ -26,6 +26,8 @@ from evolution.models import (
     Annotation,
     Candidate,
     Experiment,
+    GateDecision,
+    LedgerEntry,
     ReviewDecision,
     ReviewItem,
     Run,
@@ -33,7 +35,7 @@ from evolution.models import (
 )
 from review import diffs
 from review.models import ViewedFile
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_until
 from tests.factories import seed_of
 from tests.review.test_candidates import child
 
@@ -246,6 +248,26 @@ def test_the_main_journey_through_the_review_application(
     assert run.status == Run.Status.FINISHED, (run.status, run.error)
     assert rounds_bar.get_attribute("value") == rounds_bar.get_attribute("max") == "1"
     journey.shot("15-run-finished")
+
+    # The candidate approved in the queue after its run had ended was evaluated and gated against its parent
+    # by the worker, with the loop's own gate (issue 19): its page shows the decision, the ledger has it.
+    approved = items[0].candidate
+
+    def gated() -> bool:
+        return GateDecision.objects.filter(candidate=approved).exists()
+
+    def where() -> str:
+        approved.refresh_from_db()
+        evaluations = list(approved.evaluations.values_list("state", flat=True))
+        return f"candidate {approved.pk} is {approved.state}; evaluations {evaluations}"
+
+    wait_until(gated, timeout=300, interval=1, what="the late gate of the approved candidate", diagnose=where)
+    late = GateDecision.objects.get(candidate=approved)
+    assert LedgerEntry.objects.filter(candidate=approved).count() == approved.edits.count()
+    journey.go(reverse("review:candidate", args=[approved.pk]))
+    page.wait_for_selector("span.rule")
+    assert late.rule in page.locator("main").inner_text()
+    journey.shot("16-late-decision")
 
     assert journey.errors == []
     context.close()
