@@ -73,13 +73,21 @@ def best_candidate(experiment: Experiment) -> Candidate | None:
     """The experiment's best harness so far: the accepted candidate with the highest S on the evolve splits
     (``experiment_measure``) over its certified measured trials, the earlier on a tie; None when nothing is
     accepted yet. A new run starts from it unless told otherwise."""
+    from evolution.selectors import candidate_scores  # selectors reads this module
+
     splits, metric = experiment_measure(experiment)
-    best: tuple[Candidate, float] | None = None
-    for candidate in Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED).order_by("pk"):
-        measured = measure.measure(candidate_totals(candidate, splits), metric)
-        if measured is not None and (best is None or measured.score > best[1]):
-            best = (candidate, measured.score)
-    return best[0] if best is not None else None
+    accepted = Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED)
+    # The totals stored at certification, summed per candidate in two queries (not one per candidate: the
+    # dashboard asks this on every load), scored by ``measure.score``.
+    scores = candidate_scores(
+        experiment_id=experiment.pk,
+        splits=list(splits),
+        purposes=MEASURED_PURPOSES,
+        mean_score=metric == "mean_score",
+        candidate_ids=accepted.values("pk"),
+    )
+    ranked = sorted(scores.items(), key=lambda item: (-item[1][0], item[0]))  # highest S, the earlier on a tie
+    return accepted.filter(pk=ranked[0][0]).first() if ranked else None
 
 
 def evaluation_score(evaluation: Evaluation, metric: str) -> float | None:
