@@ -94,6 +94,7 @@ ROUTES: dict[str, Paths] = {
         f"/candidates/{i.flagged}/diff/context/?path=notes/a.md&layout=unified&first=1&last=200&shift=0"
     ],
     "review:candidate_raw": lambda i: [f"/candidates/{i.flagged}/raw/notes/a.md"],
+    "review:candidate_evaluate": lambda i: [f"/candidates/{i.seed}/evaluate/"],  # POST only
     "review:diff_viewed": lambda i: ["/diff/viewed/"],
     "review:record": lambda i: [f"/records/{i.record}/"],
     "review:matrix": lambda i: [
@@ -142,6 +143,7 @@ ROUTES: dict[str, Paths] = {
     "api:candidate-list": lambda i: ["/api/v1/candidates/", f"/api/v1/candidates/?experiment={i.experiment}"],
     "api:candidate-detail": lambda i: [f"/api/v1/candidates/{i.seed}/", f"/api/v1/candidates/{i.flagged}/"],
     "api:candidate-diff": lambda i: [f"/api/v1/candidates/{i.flagged}/diff/"],
+    "api:candidate-evaluate": lambda i: [f"/api/v1/candidates/{i.seed}/evaluate/"],  # POST only
     "api:candidate-tree": lambda i: [f"/api/v1/candidates/{i.flagged}/tree/"],
     "api:candidate-file": lambda i: [f"/api/v1/candidates/{i.flagged}/files/notes/a.md"],
     "api:result-list": lambda i: ["/api/v1/results/", f"/api/v1/results/?experiment={i.experiment}"],
