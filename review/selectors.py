@@ -65,21 +65,40 @@ def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round:
     return recipe
 
 
-def start_choices(*, experiment: Experiment) -> list[tuple[int, str]]:
-    """What a new run may start from: the seed and every accepted candidate, with their runs, for the start
-    form (the default, blank, is the experiment's best: ``evolution.loop.load.best_candidate``)."""
-    found = Candidate.objects.filter(Q(pk=experiment.seed_candidate_id) | Q(state=Candidate.State.ACCEPTED)).filter(
-        experiment=experiment
+# How many accepted candidates the dashboard's start form lists (the most recent);
+# any other is given by its number. An experiment of thousands would otherwise
+# render a select of thousands of options on every dashboard request.
+START_CHOICES_SHOWN = 25
+
+
+def start_choices(*, experiment: Experiment, shown: int | None = None) -> tuple[list[tuple[int, str]], int]:
+    """What a new run may start from, for the start form (the default, blank, is the experiment's best:
+    ``evolution.loop.load.best_candidate``): the seed, every run's start and the ``shown`` most recently
+    accepted candidates (every one when None), by number, and how many accepted candidates were left out."""
+    accepted = Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED)
+    starts = Run.objects.filter(experiment=experiment).values("start_candidate_id")
+    wanted = Q(pk=experiment.seed_candidate_id) | Q(pk__in=starts, state=Candidate.State.ACCEPTED)
+    if shown is None:
+        wanted |= Q(state=Candidate.State.ACCEPTED)
+    else:
+        wanted |= Q(pk__in=accepted.order_by("-pk").values("pk")[:shown])
+    found = list(
+        Candidate.objects.filter(wanted, experiment=experiment)
+        .order_by("pk")
+        .values_list("pk", "label", "run_id", "state")
     )
-    return [
+    listed = sum(1 for *_, state in found if state == Candidate.State.ACCEPTED)
+    hidden = 0 if shown is None else max(0, accepted.count() - listed)
+    choices = [
         (
             pk,
             f"#{pk}"
             + (" seed" if pk == experiment.seed_candidate_id else f" {label}" if label else "")
             + (f" (run {run_id})" if run_id else ""),
         )
-        for pk, label, run_id in found.order_by("pk").values_list("pk", "label", "run_id")
+        for pk, label, run_id, _ in found
     ]
+    return choices, hidden
 
 
 class BestHarness(TypedDict):
@@ -182,12 +201,13 @@ def round_state_counts(*, run: Run) -> dict[int, Counter[str]]:
     rows = (
         Candidate.objects.filter(run=run)
         .exclude(origin=Candidate.Origin.SEED)
-        .values("round", "state")
+        .values_list("round", "state")
         .annotate(n=Count("pk"))
         .order_by()
     )
-    for row in rows:
-        states[row["round"] or 0][row["state"]] += row["n"]
+    # The driver's rows: a run of thousands of rounds has thousands here, on every dashboard load.
+    for round_number, state, n in selectors.plain_rows(rows):
+        states[round_number or 0][state] += n
     return states
 
 

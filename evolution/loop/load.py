@@ -73,21 +73,20 @@ def best_candidate(experiment: Experiment) -> Candidate | None:
     """The experiment's best harness so far: the accepted candidate with the highest S on the evolve splits
     (``experiment_measure``) over its certified measured trials, the earlier on a tie; None when nothing is
     accepted yet. A new run starts from it unless told otherwise."""
-    from evolution.selectors import candidate_scores  # selectors reads this module
+    from evolution.selectors import best_scored_candidate  # selectors reads this module
 
     splits, metric = experiment_measure(experiment)
     accepted = Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED)
-    # The totals stored at certification, summed per candidate in two queries (not one per candidate: the
-    # dashboard asks this on every load), scored by ``measure.score``.
-    scores = candidate_scores(
+    # The totals stored at certification, summed, scored (``measure.score_sql``, as ``measure.score``) and
+    # ranked in one query (the dashboard asks this on every load).
+    best = best_scored_candidate(
         experiment_id=experiment.pk,
         splits=list(splits),
         purposes=MEASURED_PURPOSES,
         mean_score=metric == "mean_score",
         candidate_ids=accepted.values("pk"),
     )
-    ranked = sorted(scores.items(), key=lambda item: (-item[1][0], item[0]))  # highest S, the earlier on a tie
-    return accepted.filter(pk=ranked[0][0]).first() if ranked else None
+    return None if best is None else accepted.filter(pk=best).first()
 
 
 def evaluation_score(evaluation: Evaluation, metric: str) -> float | None:

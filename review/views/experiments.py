@@ -240,6 +240,15 @@ def _round_rows(
     numbers = set(summaries) | set(round_states) | set(events)
     if run.status in UNFINISHED and state.in_round:
         numbers.add(run.current_round)
+    flagged_states = (Candidate.State.FLAGGED.value, Candidate.State.REJECTED_REVIEW.value)
+    evaluated_states = (
+        Candidate.State.CERTIFIED.value,
+        Candidate.State.ACCEPTED.value,
+        Candidate.State.REJECTED_GATE.value,
+    )
+    surface, budget = Candidate.State.REJECTED_SURFACE.value, Candidate.State.REJECTED_BUDGET.value
+    unfinished = run.status in UNFINISHED
+    no_states: Counter[str] = Counter()
     rows = []
     for number in sorted(numbers):
         summary = summaries.get(number)
@@ -257,18 +266,16 @@ def _round_rows(
             row.tokens = summary.get("tokens_per_trial")
             row.dropped = list(summary.get("dropped", []))
         else:
-            states = round_states.get(number, Counter())
+            states = round_states.get(number, no_states)
             row.parent = state.round_parents.get(number)
             row.budget = state.round_budgets.get(number)
             row.proposed = sum(states.values())
-            row.flagged = states[Candidate.State.FLAGGED] + states[Candidate.State.REJECTED_REVIEW]
-            row.rejected_surface = states[Candidate.State.REJECTED_SURFACE]
-            row.rejected_budget = states[Candidate.State.REJECTED_BUDGET]
-            row.evaluated = sum(
-                states[s] for s in (Candidate.State.CERTIFIED, Candidate.State.ACCEPTED, Candidate.State.REJECTED_GATE)
-            )
+            row.flagged = sum(states.get(s, 0) for s in flagged_states)
+            row.rejected_surface = states.get(surface, 0)
+            row.rejected_budget = states.get(budget, 0)
+            row.evaluated = sum(states.get(s, 0) for s in evaluated_states)
             row.dropped = state.dropped_in(number)
-            row.in_progress = run.status in UNFINISHED and number == run.current_round
+            row.in_progress = unfinished and number == run.current_round
         row.accepted = accepted.get(number, [])
         row.chosen = chosen.get(number) if number > 0 else None
         if number < len(best_by_round):
@@ -640,11 +647,10 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         context.update(_ledger_context(request, experiment, run))
     if request.user.has_perm(access.OPERATE):
         latest = runs[0] if runs else None
-        context["start_form"] = RunStartForm(
-            initial=start_form_initial(latest),
-            latest=latest,
-            starts=review_selectors.start_choices(experiment=experiment),
+        starts, context["starts_hidden"] = review_selectors.start_choices(
+            experiment=experiment, shown=review_selectors.START_CHOICES_SHOWN
         )
+        context["start_form"] = RunStartForm(initial=start_form_initial(latest), latest=latest, starts=starts)
         context["has_unfinished_run"] = any(r.status in UNFINISHED for r in runs)
     return render(request, "review/experiments/dashboard.html", context)
 

@@ -38,15 +38,18 @@ class RunStartForm(forms.Form):
     k = forms.IntegerField(required=False, min_value=1, max_value=32, label="k (trials per task)")
     candidates = forms.IntegerField(required=False, min_value=1, max_value=64, label="candidates per round")
     proposer = forms.ChoiceField(required=False, label="proposer")
-    start = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="start from")
+    # A list of the likely starts, or any candidate by its number: the run's
+    # creation refuses one that is neither the seed nor accepted.
+    start = forms.IntegerField(required=False, min_value=1, widget=forms.Select, label="start from")
+    start_number = forms.IntegerField(required=False, min_value=1, label="or candidate #")
 
     def __init__(
         self, *args: Any, latest: Run | None = None, starts: list[tuple[int, str]] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        start_field = self.fields["start"]
-        assert isinstance(start_field, forms.TypedChoiceField)
-        start_field.choices = [("", "the experiment's best"), *(starts or [])]
+        widget = self.fields["start"].widget
+        assert isinstance(widget, forms.Select)
+        widget.choices = [("", "the experiment's best"), *(starts or [])]
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))
@@ -58,6 +61,10 @@ class RunStartForm(forms.Form):
         proposer_field = self.fields["proposer"]
         assert isinstance(proposer_field, forms.ChoiceField)
         proposer_field.choices = [("", "the recipe's own"), *((name, name) for name in proposers)]
+
+    def start_id(self) -> int | None:
+        """The chosen start (a number typed wins over the list); call after ``is_valid``."""
+        return self.cleaned_data.get("start_number") or self.cleaned_data.get("start")
 
 
 def start_form_initial(latest: Run | None) -> dict[str, Any]:
@@ -85,7 +92,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = get_object_or_404(Experiment.objects.select_related("benchmark"), pk=pk)
     dashboard = reverse("review:experiment", args=[experiment.pk])
     latest = Run.objects.filter(experiment=experiment).select_related("recipe").order_by("-pk").first()
-    form = RunStartForm(request.POST, latest=latest, starts=review_selectors.start_choices(experiment=experiment))
+    form = RunStartForm(request.POST, latest=latest)
     if not form.is_valid():
         problems = "; ".join(
             f"{form.fields[name].label if name in form.fields else name}: {' '.join(str(error) for error in errors)}"
@@ -94,6 +101,11 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"The run was not started: {problems}")
         return HttpResponseRedirect(dashboard)
     data = form.cleaned_data
+    start_id = form.start_id()
+    start = Candidate.objects.filter(pk=start_id, experiment=experiment).first() if start_id else None
+    if start_id and start is None:
+        messages.error(request, f"The run was not started: start from: no candidate #{start_id} in this experiment")
+        return HttpResponseRedirect(dashboard)
     proposer = data["proposer"] or None
     if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
         proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
@@ -108,7 +120,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
             k=data["k"],
             proposer=proposer,
             user=request.user,
-            start=Candidate.objects.get(pk=data["start"]) if data["start"] else None,
+            start=start,
         )
     except (RecipeError, lifecycle.LoopError) as exc:
         messages.error(request, f"The run was not started: {exc}")

@@ -248,3 +248,34 @@ def test_keep_and_reuse_take_one_benchmark_that_generates_data() -> None:
         call_command("bench", "records", "--reuse-data", "rsiweb_bench_x")
     with pytest.raises(CommandError, match="--quick does not apply"):
         call_command("bench", "pages", "--quick", "--reuse-data", "rsiweb_bench_x")
+
+
+@pytest.mark.django_db
+def test_the_best_candidate_ranked_in_the_database_is_the_one_the_scores_rank_first() -> None:
+    """``best_scored_candidate`` (one query, the dashboard's) against ``candidate_scores`` ranked in Python
+    (highest S, the earlier on a tie), with and without stored totals, by pass@1 and by mean score."""
+    from evolution import selectors
+    from evolution.models import EvaluationSplitStats
+
+    experiment_id, args = small_bench_world()
+    accepted = Candidate.objects.filter(experiment_id=experiment_id, state=Candidate.State.ACCEPTED)
+    assert accepted.count() > 3
+
+    def python_best(mean_score: bool) -> int:
+        scores = selectors.candidate_scores(**args, mean_score=mean_score, candidate_ids=accepted.values("pk"))
+        return min(scores, key=lambda pk: (-scores[pk][0], pk))
+
+    def ties(mean_score: bool) -> int:
+        scores = selectors.candidate_scores(**args, mean_score=mean_score, candidate_ids=accepted.values("pk"))
+        top = max(score for score, _ in scores.values())
+        return sum(1 for score, _ in scores.values() if score == top)
+
+    assert ties(False) > 1  # the tie rule is exercised: the earlier candidate wins
+    for stored in (True, False):
+        if not stored:
+            EvaluationSplitStats.objects.all().delete()
+        for mean_score in (False, True):
+            found = selectors.best_scored_candidate(**args, mean_score=mean_score, candidate_ids=accepted.values("pk"))
+            assert found == python_best(mean_score), (stored, mean_score)
+    none = Candidate.objects.filter(pk=-1).values("pk")
+    assert selectors.best_scored_candidate(**args, mean_score=False, candidate_ids=none) is None

@@ -423,6 +423,55 @@ def test_run_start_of_a_preset_on_the_example_uses_its_offline_proposer(client_a
     assert Run.objects.filter(experiment=experiment).count() == 1
 
 
+def test_the_start_form_lists_the_recent_starts_and_takes_any_other_by_number(client_as, monkeypatch) -> None:
+    """An experiment of thousands of accepted candidates must not render them all on every dashboard load
+    (issue 23: a select of 2,001 options took a third of the dashboard's time at a million trials)."""
+    from review import selectors as review_selectors
+
+    experiment = make_tiny_experiment()
+    other = make_tiny_experiment(name="other")
+    grow(experiment, candidates=8)
+    proposed = list(
+        Candidate.objects.filter(experiment=experiment, origin=Candidate.Origin.PROPOSED)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    accepted, rejected = proposed[:6], proposed[6]
+    Candidate.objects.filter(pk__in=accepted).update(state=Candidate.State.ACCEPTED, certified_at=timezone.now())
+    Candidate.objects.filter(pk=rejected).update(state=Candidate.State.REJECTED_GATE)
+    monkeypatch.setattr(review_selectors, "START_CHOICES_SHOWN", 3)
+    client = client_as("operator")
+    page = reverse("review:experiment", args=[experiment.pk])
+    html = client.get(page).content.decode()
+    select = re.search(r'<select name="start".*?</select>', html, re.S)
+    assert select is not None
+    listed = [int(value) for value in re.findall(r'<option value="(\d+)"', select.group(0))]
+    assert listed == [seed_of(experiment).pk, *accepted[-3:]]
+    assert "give any of the 3 older ones by number" in html
+
+    url = reverse("review:run_start", args=[experiment.pk])
+    form = {"recipe": "rrsi", "proposer": "example", "rounds": "1"}
+    token = _csrf(client, page)
+    for number, expected in (
+        (seed_of(other).pk, f"no candidate #{seed_of(other).pk} in this experiment"),
+        (rejected, "starts from the seed or from an accepted candidate"),
+    ):
+        response = client.post(url, {**form, "start_number": str(number)}, HTTP_X_CSRFTOKEN=token, follow=True)
+        shown = _messages(response)
+        assert shown and "The run was not started" in shown[0] and expected in shown[0], shown
+    assert not Run.objects.filter(experiment=experiment).exists()
+    # An older accepted candidate by its number, over the list's choice.
+    response = client.post(
+        url, {**form, "start": str(accepted[-1]), "start_number": str(accepted[0])}, HTTP_X_CSRFTOKEN=token
+    )
+    run = Run.objects.get(experiment=experiment)
+    assert response.status_code == 302 and run.start_candidate_id == accepted[0]
+    # And one from the list.
+    assert lifecycle.run_cancel(run=run)
+    client.post(url, {**form, "start": str(accepted[-2])}, HTTP_X_CSRFTOKEN=token)
+    assert Run.objects.filter(experiment=experiment).latest("pk").start_candidate_id == accepted[-2]
+
+
 def test_run_start_reports_bad_input_and_creates_nothing(client_as) -> None:
     experiment = make_tiny_experiment()
     client = client_as("operator")
