@@ -162,12 +162,43 @@ class Pass:
     steps: int  # trajectory steps stored for its trials
     shares: dict[str, int]  # trials run by each trial worker's hostname
     cpu: CpuSeconds  # where the machine's CPU went during the pass
+    timeline: Timeline
 
 
-def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: list[Worker], repeat: int) -> Pass:
+@dataclass(frozen=True)
+class Timeline:
+    """Where a pass's wall time went, from the trials' own timestamps (s)."""
+
+    ramp: float  # from evaluation_start to the first trial's start
+    span: float  # a trial's claim to its finish, mean
+    agent: float  # the sandboxed agent's own wall time, mean
+    idle: float  # a slot's idle time a trial between the first start and the last finish, mean
+    tail: float  # from the last trial's finish to the certified record
+
+    @classmethod
+    def of(cls, trials: list[tuple[float, float, float]], slots: int, start: float, certified: float) -> Timeline:
+        """``trials``: (started, finished, agent wall time), in seconds."""
+        if not trials:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+        first = min(started for started, _, _ in trials)
+        last = max(finished for _, finished, _ in trials)
+        busy = sum(finished - started for started, finished, _ in trials)
+        return cls(
+            ramp=first - start,
+            span=busy / len(trials),
+            agent=sum(agent for _, _, agent in trials) / len(trials),
+            idle=(slots * (last - first) - busy) / len(trials),
+            tail=certified - last,
+        )
+
+
+def _measure(
+    experiment: Experiment, trial_workers: list[Worker], all_workers: list[Worker], repeat: int, slots: int
+) -> Pass:
     pids = [worker.pid for worker in trial_workers]
     cpu_before = _cpu(pids)
     with MemorySampler(workers=trial_workers) as sampler, stopwatch() as elapsed:
+        start = time.time()
         evaluation = evaluation_services.evaluation_start(
             candidate=selectors.experiment_seed(experiment),
             splits=SPLITS,
@@ -175,6 +206,7 @@ def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: l
             repeat=repeat,
         )
         _wait_certified(evaluation, timeout=600, workers=all_workers)
+        certified = time.time()
     cpu = _cpu(pids) - cpu_before
     trials = Trial.objects.filter(evaluation=evaluation)
     by_pid = {str(worker.pid): worker.hostname for worker in trial_workers}
@@ -190,6 +222,16 @@ def _measure(experiment: Experiment, trial_workers: list[Worker], all_workers: l
         steps=TrajectoryStep.objects.filter(trajectory__trial__evaluation=evaluation).count(),
         shares=dict(sorted(shares.items())),
         cpu=cpu,
+        timeline=Timeline.of(
+            [
+                (started.timestamp(), finished.timestamp(), wall or 0.0)
+                for started, finished, wall in trials.values_list("started_at", "finished_at", "wall_time")
+                if started is not None and finished is not None
+            ],
+            slots,
+            start,
+            certified,
+        ),
     )
 
 
@@ -219,7 +261,7 @@ def _run_with(hosts: list[int], experiment: Experiment, scratch: Path, repeat: i
             for number, slots in enumerate(hosts)
         ]
         workers += trial_workers
-        return _measure(experiment, trial_workers, workers, repeat)
+        return _measure(experiment, trial_workers, workers, repeat, sum(hosts))
     finally:
         for worker in workers:
             worker.stop()
@@ -267,6 +309,13 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                     f"CPU a trial ({name}): trial workers {per * p.cpu.workers:.1f} ms, their commands "
                     f"{per * p.cpu.commands:.1f} ms, PostgreSQL {per * p.cpu.postgres:.1f} ms; the machine "
                     f"{per * p.cpu.total:.1f} ms of {(os.cpu_count() or 1) * per * p.seconds:.1f} ms of core time"
+                    for name, p in (("one worker", one), ("two workers", two))
+                ),
+                *(
+                    f"time ({name}): {p.timeline.ramp:.2f} s to the first trial's start; a trial "
+                    f"{p.timeline.span:.3f} s from claim to finish (its agent {p.timeline.agent:.3f} s); "
+                    f"a slot idle {p.timeline.idle:.3f} s a trial; {p.timeline.tail:.2f} s from the last finish "
+                    "to the certified record"
                     for name, p in (("one worker", one), ("two workers", two))
                 ),
             ],
