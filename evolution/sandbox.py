@@ -105,6 +105,13 @@ _BWRAP_EXEC = (
 
 # Held while a command is started and registered, and while a sweep lists
 # the children, so a sweep never takes another run's command for a stray.
+# A sweep lists the children of its own thread and of the main thread, where
+# the kernel puts orphans (``_run_child_pids``): a command another thread
+# starts is listed under that thread alone until it is reaped, so no other
+# sweep can see it. A bubblewrap command started there needs neither the
+# lock nor the registration (``_guarded``): nothing of it outlives it outside
+# its PID namespace, where a command run directly could leave a daemon that
+# another run's sweep must recognize by its uid.
 _SPAWN_LOCK = threading.Lock()
 # The commands of the runs in progress in this process: pid -> the run's
 # uid when it dropped root, else -1.
@@ -339,9 +346,11 @@ def run_sandboxed(
             popen_kwargs = {"cwd": cwd, "env": env, "preexec_fn": _preexec(rlimits, no_new_privs=True)}
             if drop:
                 popen_kwargs.update(user=run_uid, group=run_gid, extra_groups=[])
+        guarded = _guarded(use_bwrap)
         started = time.monotonic()
         try:
-            with _SPAWN_LOCK:
+            # Dozens of trial slots start commands at once: the lock only where a sweep could see the command.
+            with _SPAWN_LOCK if guarded else contextlib.nullcontext():
                 proc = subprocess.Popen(
                     command,
                     stdin=subprocess.DEVNULL,
@@ -350,7 +359,8 @@ def run_sandboxed(
                     start_new_session=True,
                     **popen_kwargs,
                 )
-                _LIVE_RUNS[proc.pid] = run_uid if drop else -1
+                if guarded:
+                    _LIVE_RUNS[proc.pid] = run_uid if drop else -1
         except subprocess.SubprocessError as exc:
             # Only preexec_fn failures land here: limits or prctl refused.
             raise SandboxError(f"could not apply limits to the child: {exc}") from exc
@@ -370,8 +380,9 @@ def run_sandboxed(
             proc.wait()
             wall_time = time.monotonic() - started
             # Reaped: from here the pid may name another run's new command.
-            with _SPAWN_LOCK:
-                _LIVE_RUNS.pop(proc.pid, None)
+            if guarded:
+                with _SPAWN_LOCK:
+                    _LIVE_RUNS.pop(proc.pid, None)
             strays = _sweep(before, own_uid=run_uid if drop else None)
         result = _result(proc.returncode, timed_out, out, err, limits, wall_time, use_bwrap, strays)
         if use_bwrap and not timed_out and b'"exit-code"' not in _read_available(status):
@@ -383,6 +394,13 @@ def run_sandboxed(
                 raise SandboxError(f"the sandbox was killed by {name} before the command finished: {tail}")
             raise SandboxError(f"bubblewrap could not set up the sandbox: {tail}")
         return result
+
+
+def _guarded(use_bwrap: bool) -> bool:
+    """Whether a command must be started under ``_SPAWN_LOCK`` and registered in ``_LIVE_RUNS``: all but
+    a bubblewrap command started on a thread other than the main one, where the kernel lists each
+    thread's children (see ``_SPAWN_LOCK``)."""
+    return not (use_bwrap and _CHILDREN_LISTED and threading.current_thread() is not threading.main_thread())
 
 
 # --- argument checks ----------------------------------------------------------

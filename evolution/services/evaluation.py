@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -514,11 +514,9 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
             return False
         if result.trajectory:
             _store_trajectory(trial, result.trajectory)
-        Evaluation.objects.filter(pk=trial.evaluation_id).update(trials_finished=F("trials_finished") + 1)
-        completed = Evaluation.objects.filter(
-            pk=trial.evaluation_id, state=Evaluation.State.RUNNING, trials_finished__gte=F("trials_total")
-        ).update(state=Evaluation.State.COMPLETE, finished_at=now)
-        if completed:
+        # Last: every finishing trial of the evaluation updates its row, which
+        # stays locked from here to the commit.
+        if _evaluation_advance(evaluation_id=trial.evaluation_id, now=now):
             # Locked so that two evaluations of one candidate finishing at once
             # cannot both see the other still running.
             Candidate.objects.select_for_update(no_key=True).filter(pk=trial.candidate_id).first()
@@ -529,6 +527,40 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
             evaluation_id = trial.evaluation_id
             transaction.on_commit(lambda: _enqueue_certify(evaluation_id))
     return True
+
+
+def _evaluation_advance(*, evaluation_id: int, now: datetime) -> bool:
+    """Count one more finished trial of an evaluation; True when it was the last and the evaluation, still
+    running, is now complete. Call in the transaction that records the trial.
+
+    Dozens of trial slots finish trials of one evaluation at once, each waiting
+    for the row until the one before commits: on PostgreSQL the count, the
+    completion and the answer are one statement, so the row is held for one
+    round trip and the commit, not for two and the Python between them."""
+    if connection.vendor != "postgresql":
+        Evaluation.objects.filter(pk=evaluation_id).update(trials_finished=F("trials_finished") + 1)
+        return bool(
+            Evaluation.objects.filter(
+                pk=evaluation_id, state=Evaluation.State.RUNNING, trials_finished__gte=F("trials_total")
+            ).update(state=Evaluation.State.COMPLETE, finished_at=now)
+        )
+    table = connection.ops.quote_name(Evaluation._meta.db_table)
+    # SET and WHERE read the row as it was; "old" (locked first, so it is the
+    # row the update changes) says whether this update completed it.
+    last = "e.state = %s AND e.trials_finished + 1 >= e.trials_total"
+    sql = f"""
+        WITH old AS (SELECT id, state FROM {table} WHERE id = %s FOR NO KEY UPDATE)
+        UPDATE {table} e SET trials_finished = e.trials_finished + 1,
+            state = CASE WHEN {last} THEN %s ELSE e.state END,
+            finished_at = CASE WHEN {last} THEN %s ELSE e.finished_at END
+        FROM old WHERE e.id = old.id
+        RETURNING old.state = %s AND e.state = %s
+    """
+    running, complete = Evaluation.State.RUNNING.value, Evaluation.State.COMPLETE.value
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (evaluation_id, running, complete, running, now, running, complete))
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def lease_reap(*, now: Any = None, enqueue_trial: Callable[[int], None] | None = None) -> dict[str, int]:

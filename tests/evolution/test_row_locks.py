@@ -67,3 +67,63 @@ def test_a_row_pointing_at_a_locked_experiment_commits_while_the_lock_is_held(po
         release.set()
         holder.join(30)
     assert Evaluation.objects.filter(experiment=experiment).count() == 1
+
+
+def _evaluation(total: int, state: str = Evaluation.State.RUNNING) -> Evaluation:
+    experiment = make_tiny_experiment(tasks=2)
+    assert experiment.seed_candidate is not None
+    return Evaluation.objects.create(
+        experiment=experiment, candidate=experiment.seed_candidate, splits=["train"], trials_total=total, state=state
+    )
+
+
+@pytest.mark.django_db
+def test_the_finish_that_counts_the_last_trial_completes_the_evaluation_once() -> None:
+    from django.utils import timezone
+
+    from evolution.services.evaluation import _evaluation_advance
+
+    evaluation = _evaluation(3)
+    now = timezone.now()
+    answers = []
+    for _ in range(4):  # the fourth: a count past the total (never made by trial_finish) completes nothing again
+        with transaction.atomic():
+            answers.append(_evaluation_advance(evaluation_id=evaluation.pk, now=now))
+    evaluation.refresh_from_db()
+    assert answers == [False, False, True, False]
+    assert (evaluation.state, evaluation.trials_finished, evaluation.finished_at) == ("complete", 4, now)
+    # A cancelled evaluation counts its finished trials and stays cancelled.
+    cancelled = _evaluation(1, state=Evaluation.State.CANCELLED)
+    with transaction.atomic():
+        assert _evaluation_advance(evaluation_id=cancelled.pk, now=now) is False
+    cancelled.refresh_from_db()
+    assert (cancelled.state, cancelled.trials_finished, cancelled.finished_at) == ("cancelled", 1, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_trials_finishing_at_once_complete_their_evaluation_exactly_once(postgres: None) -> None:
+    """Twelve finishes racing on one evaluation's row, each in its own transaction: one completion."""
+    from django.utils import timezone
+
+    from evolution.services.evaluation import _evaluation_advance
+
+    evaluation = _evaluation(12)
+    start = threading.Barrier(12)
+    answers: list[bool] = []
+
+    def finish() -> None:
+        try:
+            start.wait(30)
+            with transaction.atomic():
+                answers.append(_evaluation_advance(evaluation_id=evaluation.pk, now=timezone.now()))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=finish) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    evaluation.refresh_from_db()
+    assert sorted(answers) == [False] * 11 + [True]
+    assert (evaluation.state, evaluation.trials_finished) == ("complete", 12)

@@ -858,3 +858,29 @@ def test_a_run_ending_does_not_kill_the_daemon_of_a_run_still_going_on(tmp_path:
     finally:
         for folder in boxes:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("use_bwrap", [False, True], ids=["plain", "bwrap"])
+def test_only_a_command_another_runs_sweep_could_see_is_started_under_the_spawn_lock(
+    use_bwrap: bool, box: Path
+) -> None:
+    """A bubblewrap command started on a pool thread is listed under that thread alone and leaves nothing
+    outside its PID namespace: it starts while the lock is held elsewhere (dozens of trial slots start
+    commands at once; its sweep still takes the lock, briefly). A command run directly, whose daemon
+    another run's sweep must know by its uid, waits for the lock to start."""
+    if use_bwrap and not probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    marker = box / "started"
+    results: list[ProcessResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(run_code("open('started', 'w').close(); print('ran')", box, use_bwrap=use_bwrap))
+    )
+    with sandbox._SPAWN_LOCK:
+        thread.start()
+        deadline = time.monotonic() + 5  # the plain command waits all of it
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started_while_held = marker.exists()
+    thread.join(30)
+    assert results and results[0].stdout == b"ran\n", results
+    assert started_while_held is use_bwrap
