@@ -207,6 +207,57 @@ def candidate_scores(
     return result
 
 
+class _TotalsSql(NamedTuple):
+    """The per-candidate totals of ``_totals_queries`` as SQL for a query of one's own: ``ctes`` defines
+    ``stored`` and ``unstored`` (by candidate_id, with ``params``); joined as ``s`` and ``u``, ``total(column)``
+    is a candidate's sum over both as a double and ``score`` its S (``measure.score_sql``)."""
+
+    ctes: str
+    params: tuple[Any, ...]
+    score: str
+    connection: Any
+
+    @staticmethod
+    def total(column: str) -> str:
+        return f"CAST(COALESCE(s.{column}, 0) + COALESCE(u.{column}, 0) AS DOUBLE PRECISION)"
+
+
+def _totals_sql(
+    *,
+    experiment_id: int,
+    splits: list[str],
+    purposes: tuple[str, ...],
+    mean_score: bool,
+    candidate_ids: QuerySet[Any] | None,
+) -> _TotalsSql | None:
+    """``_TotalsSql`` for these arguments; None when Django would run no query (an empty list of splits)."""
+    stored, unstored = _totals_queries(
+        experiment_id=experiment_id,
+        splits=splits,
+        purposes=purposes,
+        candidate_ids=candidate_ids,
+        key=("candidate_id",),
+    )
+    try:
+        stored_sql, stored_params = stored.query.sql_with_params()
+        unstored_sql, unstored_params = unstored.query.sql_with_params()
+    except EmptyResultSet:
+        return None
+    total = _TotalsSql.total
+    score = measure.score_sql(
+        "mean_score" if mean_score else "pass_at_1",
+        passed=total("passed"),
+        score_sum=total("score_sum"),
+        trials=total("n"),
+    )
+    return _TotalsSql(
+        ctes=f"stored AS ({stored_sql}), unstored AS ({unstored_sql})",
+        params=(*stored_params, *unstored_params),
+        score=score,
+        connection=connections[stored.db],
+    )
+
+
 def best_scored_candidate(
     *,
     experiment_id: int,
@@ -218,40 +269,27 @@ def best_scored_candidate(
     """The id of the candidate of ``candidate_ids`` with the highest score in ``candidate_scores`` (the
     earlier on a tie), or None when none was measured: the same totals, summed and ranked in one query,
     so a dashboard with thousands of accepted candidates moves one row, not thousands, to Python."""
-    stored, unstored = _totals_queries(
+    totals = _totals_sql(
         experiment_id=experiment_id,
         splits=splits,
         purposes=purposes,
+        mean_score=mean_score,
         candidate_ids=candidate_ids,
-        key=("candidate_id",),
     )
-    try:
-        stored_sql, stored_params = stored.query.sql_with_params()
-        unstored_sql, unstored_params = unstored.query.sql_with_params()
-    except EmptyResultSet:  # e.g. an empty list of splits: Django runs no query either
+    if totals is None:
         return None
-    connection = connections[stored.db]
-
-    def both(column: str) -> str:  # as in measured_candidates_sample
-        return f"CAST(COALESCE(s.{column}, 0) + COALESCE(u.{column}, 0) AS DOUBLE PRECISION)"
-
-    score_expression = measure.score_sql(
-        "mean_score" if mean_score else "pass_at_1",
-        passed=both("passed"),
-        score_sum=both("score_sum"),
-        trials=both("n"),
-    )
+    connection = totals.connection
     sql = f"""
-        WITH stored AS ({stored_sql}), unstored AS ({unstored_sql})
+        WITH {totals.ctes}
         SELECT c.id FROM {connection.ops.quote_name(Candidate._meta.db_table)} c
         LEFT JOIN stored s ON s.candidate_id = c.id
         LEFT JOIN unstored u ON u.candidate_id = c.id
-        WHERE c.experiment_id = %s AND {both("n")} > 0
-        ORDER BY {score_expression} DESC, c.id
+        WHERE c.experiment_id = %s AND {totals.total("n")} > 0
+        ORDER BY {totals.score} DESC, c.id
         LIMIT 1
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, (*stored_params, *unstored_params, experiment_id))
+        cursor.execute(sql, (*totals.params, experiment_id))
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
@@ -318,35 +356,22 @@ def measured_candidates_sample(
     are summed, ranked and picked in one query, and a few hundred rows reach
     Python. Scores and tokens are those of ``measured_candidates`` (the same
     totals, divided as doubles the integer totals convert to exactly)."""
-    stored, unstored = _totals_queries(
+    totals = _totals_sql(
         experiment_id=experiment_id,
         splits=splits,
         purposes=purposes,
+        mean_score=mean_score,
         candidate_ids=candidate_ids,
-        key=("candidate_id",),
     )
-    try:
-        stored_sql, stored_params = stored.query.sql_with_params()
-        unstored_sql, unstored_params = unstored.query.sql_with_params()
-    except EmptyResultSet:  # e.g. an empty list of splits: Django runs no query either
+    if totals is None:
         return MeasuredSample([], 0)
-    connection = connections[stored.db]
+    connection, both = totals.connection, totals.total
     candidate = connection.ops.quote_name(Candidate._meta.db_table)
-
-    def both(column: str) -> str:  # a candidate's total over its stored and unstored evaluations
-        return f"CAST(COALESCE(s.{column}, 0) + COALESCE(u.{column}, 0) AS DOUBLE PRECISION)"
-
-    score_expression = measure.score_sql(
-        "mean_score" if mean_score else "pass_at_1",
-        passed=both("passed"),
-        score_sum=both("score_sum"),
-        trials=both("n"),
-    )
     sql = f"""
-        WITH stored AS ({stored_sql}), unstored AS ({unstored_sql}),
+        WITH {totals.ctes},
         measured AS (
             SELECT c.id, c.state, c.origin, c.{connection.ops.quote_name("round")},
-                {score_expression} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
+                {totals.score} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
                 CASE WHEN c.origin = %s OR c.state = %s THEN 1 ELSE 0 END AS labelled
             FROM {candidate} c
             LEFT JOIN stored s ON s.candidate_id = c.id
@@ -368,8 +393,7 @@ def measured_candidates_sample(
         ORDER BY id
     """
     params = (
-        *stored_params,
-        *unstored_params,
+        *totals.params,
         Candidate.Origin.SEED.value,
         Candidate.State.ACCEPTED.value,
         experiment_id,
