@@ -71,24 +71,24 @@ def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round:
 START_CHOICES_SHOWN = 25
 
 
-def start_choices(*, experiment: Experiment, shown: int | None = None) -> tuple[list[tuple[int, str]], int]:
+def start_choices(*, experiment: Experiment, shown: int) -> tuple[list[tuple[int, str]], int]:
     """What a new run may start from, for the start form (the default, blank, is the experiment's best:
     ``evolution.loop.load.best_candidate``): the seed, every run's start and the ``shown`` most recently
-    accepted candidates (every one when None), by number, and how many accepted candidates were left out."""
+    accepted candidates, by number, and how many accepted candidates were left out (given by number)."""
     accepted = Candidate.objects.filter(experiment=experiment, state=Candidate.State.ACCEPTED)
     starts = Run.objects.filter(experiment=experiment).values("start_candidate_id")
-    wanted = Q(pk=experiment.seed_candidate_id) | Q(pk__in=starts, state=Candidate.State.ACCEPTED)
-    if shown is None:
-        wanted |= Q(state=Candidate.State.ACCEPTED)
-    else:
-        wanted |= Q(pk__in=accepted.order_by("-pk").values("pk")[:shown])
+    wanted = (
+        Q(pk=experiment.seed_candidate_id)
+        | Q(pk__in=starts, state=Candidate.State.ACCEPTED)
+        | Q(pk__in=accepted.order_by("-pk").values("pk")[:shown])
+    )
     found = list(
         Candidate.objects.filter(wanted, experiment=experiment)
         .order_by("pk")
         .values_list("pk", "label", "run_id", "state")
     )
     listed = sum(1 for *_, state in found if state == Candidate.State.ACCEPTED)
-    hidden = 0 if shown is None else max(0, accepted.count() - listed)
+    hidden = max(0, accepted.count() - listed)
     choices = [
         (
             pk,
