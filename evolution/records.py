@@ -212,13 +212,13 @@ class ChainChecker:
 
     def add(self, record: RecordLike, *, canonical: bytes | None = None) -> None:
         self.count += 1
-        where = f"record #{record.seq}"
         if record.seq != self.count:
-            self.problems.append(f"{where}: expected seq {self.count} (records missing or reordered)")
+            self.problems.append(f"record #{record.seq}: expected seq {self.count} (records missing or reordered)")
         found = verify_record(
             record, key=self.key, experiment_uid=self.experiment_uid, prev=self.prev, canonical=canonical
         )
-        self.problems += [f"{where}: {problem}" for problem in found]
+        if found:  # the label is written only for a record with problems: most of a long chain has none
+            self.problems += [f"record #{record.seq}: {problem}" for problem in found]
         self.prev = self.last = record.record_digest
 
     def finish(self, head: ChainHead) -> list[str]:

@@ -756,25 +756,30 @@ def trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[dict[s
     seq order: one streamed query, read alongside the records. Rows with the
     same criteria results share one parsed value: read them, do not change
     them."""
-    keys = list(TRIAL_ROW_FIELDS)
-    criteria_at = keys.index("criteria")
-    columns = [Cast(name, TextField()) if key == "criteria" else name for key, name in TRIAL_ROW_FIELDS.items()]
+    # The criteria text last, so each row is the plain fields then the text to parse.
+    keys = [key for key in TRIAL_ROW_FIELDS if key != "criteria"]
     values = (
         Trial.objects.filter(evaluation__certified_result__experiment=experiment)
         .order_by("evaluation__certified_result__seq", *TRIAL_ORDER)
-        .values_list("evaluation__certified_result__seq", *columns)
+        .values_list(
+            "evaluation__certified_result__seq",
+            *(TRIAL_ROW_FIELDS[key] for key in keys),
+            Cast(TRIAL_ROW_FIELDS["criteria"], TextField()),
+        )
         .iterator(chunk_size=4 * VERIFY_BATCH)
     )
     parsed: dict[str, Any] = {}
     for seq, group in groupby(values, key=itemgetter(0)):
         rows = []
         for row in group:
-            fields = list(row[1:])
-            text = fields[criteria_at]
-            if text not in parsed:
+            text = row[-1]
+            criteria = parsed.get(text)
+            if criteria is None:
                 if len(parsed) >= CRITERIA_PARSED_KEPT:
                     parsed.clear()
-                parsed[text] = json.loads(text)
-            fields[criteria_at] = parsed[text]
-            rows.append(dict(zip(keys, fields, strict=True)))
+                criteria = parsed[text] = json.loads(text)
+            # Key order differs from a record's; dict equality does not depend on it.
+            fields = dict(zip(keys, row[1:-1], strict=True))
+            fields["criteria"] = criteria
+            rows.append(fields)
         yield seq, rows

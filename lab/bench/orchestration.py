@@ -1,15 +1,20 @@
-"""Orchestration overhead: trials through Celery and real workers versus the
-same commands run directly.
+"""Orchestration overhead: trials of the bundled example's real agent and
+verifier through Celery and real workers versus the same commands run
+directly.
 
-The platform side is the whole production path: ``evaluation_start`` enqueues
-one message per trial, a Celery worker started here as a separate process
-(two pool processes) claims each trial, materializes the candidate, the task
-and the evaluator from the database, runs agent and verifier in the sandbox,
+The experiment is the bundled example's (``evolution/example``: its tasks,
+its evaluator's ``agent.py`` and ``verify.py``, its seed harness), loaded
+under a throwaway name with ``example_experiment_create``. The platform side
+is the whole production path: ``evaluation_start`` enqueues one message per
+trial, a Celery worker started here as a separate process (two pool
+processes) claims each trial, materializes the candidate, the task and the
+evaluator from the database, runs agent and verifier in the sandbox,
 finishes the trial, and the last one enqueues certification. The clock runs
 from ``evaluation_start`` to the certified record.
 
-The direct side runs the same agent and verifier command lines, over the
-same materialized files, with two parallel processes and nothing else.
+The direct side runs the same agent and verifier command lines (each trial's
+own seed in ``{seed}`` and ``RSI_SEED``), over the same materialized files,
+with two parallel processes and nothing else.
 
 Also home of what the other engine benchmarks share: a throwaway experiment
 whose agent answers at once, its removal, and starting a worker.
@@ -190,9 +195,11 @@ def experiment_discard(experiment: Experiment) -> None:
         _steps_discard(experiment)
         Trial.objects.filter(evaluation__experiment=experiment).delete()
         Experiment.objects.filter(pk=experiment.pk).delete()
-        Benchmark.objects.filter(pk=experiment.benchmark_id).delete()
-        Evaluator.objects.filter(pk=experiment.evaluator_id).delete()
-        Surface.objects.filter(pk=experiment.surface_id).delete()
+        # The bundled example's benchmark, evaluator and surface are shared
+        # with any other experiment loaded from it: kept while one uses them.
+        Benchmark.objects.filter(pk=experiment.benchmark_id, experiments__isnull=True).delete()
+        Evaluator.objects.filter(pk=experiment.evaluator_id, experiments__isnull=True).delete()
+        Surface.objects.filter(pk=experiment.surface_id, experiments__isnull=True).delete()
 
 
 def _steps_discard(experiment: Experiment) -> None:
@@ -263,18 +270,23 @@ def wait_certified(evaluation: Evaluation, *, timeout: float, worker: Worker, po
 
 def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) -> tuple[float, int]:
     """Run every (task, index) agent and verifier command of ``experiment``
-    directly with ``parallel`` processes; returns (seconds, passes)."""
+    directly with ``parallel`` processes, each trial with the seed the
+    platform gives it (``trial_seed`` of the experiment's base seed); returns
+    (seconds, passes)."""
     evaluator = experiment.evaluator
     harness, evaluator_dir = root / "harness", root / "evaluator"
     tree_materialize(tree=selectors.experiment_seed(experiment).tree, dest=harness)
     tree_materialize(tree=evaluator.files, dest=evaluator_dir)
+    base_seed = int(experiment.run_settings.get("seed", 0))
     jobs = []
     for number, task in enumerate(experiment.benchmark.tasks.order_by("external_id")):
         task_dir = root / "tasks" / task.external_id
-        assert task.public_files is not None  # the example's tasks all have workspace files
-        tree_materialize(tree=task.public_files, dest=task_dir)
+        task_dir.mkdir(parents=True)
+        if task.public_files is not None:
+            tree_materialize(tree=task.public_files, dest=task_dir)
         (task_dir / "instruction.md").write_text(task.instruction)
         for index in range(k):
+            seed = evaluation_services.trial_seed(base_seed, task.external_id, index)
             trial_dir = root / "trials" / f"{number}-{index}"
             (trial_dir / "output").mkdir(parents=True)
             (trial_dir / "private").mkdir()
@@ -288,13 +300,17 @@ def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) ->
                 "{task}": str(task_dir),
                 "{output}": str(trial_dir / "output"),
                 "{private}": str(trial_dir / "private"),
+                "{seed}": str(seed),
             }
-            jobs.append([_fill(evaluator.runner_argv, values), _fill(evaluator.verifier_argv, values), trial_dir])
+            trial_env = {"RSI_SEED": str(seed), "RSI_TRIAL_INDEX": str(index)}
+            jobs.append(
+                [_fill(evaluator.runner_argv, values), _fill(evaluator.verifier_argv, values), trial_dir, trial_env]
+            )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
     def one(job: list[Any]) -> bool:
-        agent, verifier, cwd = job
-        subprocess.run(agent, cwd=cwd, env=env, check=True, stdin=subprocess.DEVNULL)
+        agent, verifier, cwd, trial_env = job
+        subprocess.run(agent, cwd=cwd, env={**env, **trial_env}, check=True, stdin=subprocess.DEVNULL)
         verdict = subprocess.run(verifier, cwd=cwd, env=env, check=True, capture_output=True)
         return parse_verdict(verdict.stdout).passed
 
@@ -384,10 +400,10 @@ def _fill(template: list[str], values: dict[str, str]) -> list[str]:
     return filled
 
 
-def _platform_run(experiment: Experiment, *, worker: Worker, timeout: float) -> tuple[float, Evaluation]:
+def _platform_run(experiment: Experiment, *, k: int, worker: Worker, timeout: float) -> tuple[float, Evaluation]:
     with stopwatch() as elapsed:
         evaluation = evaluation_services.evaluation_start(
-            candidate=selectors.experiment_seed(experiment), splits=SPLITS, purpose=Evaluation.Purpose.BASELINE
+            candidate=selectors.experiment_seed(experiment), splits=SPLITS, k=k, purpose=Evaluation.Purpose.BASELINE
         )
         wait_certified(evaluation, timeout=timeout, worker=worker)
     return elapsed[0], evaluation
@@ -412,16 +428,29 @@ def with_bench_experiment(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def with_example_experiment(label: str, tasks: int, body: Callable[[Experiment, Path], BenchResult]) -> BenchResult:
+    """Run ``body(experiment, scratch_dir)`` on a new experiment of the bundled
+    example (its first ``tasks`` tasks) and clean up whatever happens."""
+    from evolution.example.setup import example_experiment_create
+
+    experiment = example_experiment_create(name=f"bench-{label}-{uuid.uuid4().hex[:10]}", task_limit=tasks)
+    scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
+    try:
+        return body(experiment, scratch)
+    finally:
+        experiment_discard(experiment)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @benchmark(
     "orchestration",
-    "trials through Celery, a worker with two processes and certification vs the same commands run directly",
-    quick={"trials": 20},
+    "the bundled example's agent and verifier through Celery, a worker with two processes and certification "
+    "vs the same commands run directly",
+    quick={"tasks": 10, "k": 2},
 )
-def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
-    k = 2
-    tasks = max(1, trials // k)
-
+def orchestration(*, tasks: int = 60, k: int = 7, parallel: int = 2) -> BenchResult:
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
+        tasks = experiment.benchmark.tasks.count()
         # Direct runs before and after the platform's, averaged: the load of
         # a shared machine drifts over a run of minutes.
         direct_start = os.times()
@@ -431,7 +460,7 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
         try:
             pool = process_descendants(worker.pid)  # the pool processes, before any trial
             cpu_start = _cpu_sample(worker.pid, pool)
-            platform_seconds, evaluation = _platform_run(experiment, worker=worker, timeout=60 + 2 * tasks * k)
+            platform_seconds, evaluation = _platform_run(experiment, k=k, worker=worker, timeout=60 + 2 * tasks * k)
             cpu = _cpu_sample(worker.pid, pool) - cpu_start
         finally:
             worker.stop()
@@ -453,7 +482,8 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
             target=1.15,
             label="orchestration: platform / direct wall time",
             lines=[
-                f"trials: {tasks * k} ({tasks} tasks x k={k}); {parallel} parallel processes on each side",
+                f"trials: {tasks * k} ({tasks} tasks of the bundled example x k={k}), its agent.py and verify.py; "
+                f"{parallel} parallel processes on each side",
                 f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
                 f"sandbox: {', '.join(profiles)}",
                 f"direct:   {direct_seconds:8.2f} s  ({1000 * direct_seconds / (tasks * k):.1f} ms per trial x "
@@ -465,11 +495,14 @@ def orchestration(*, trials: int = 400, parallel: int = 2) -> BenchResult:
                 f"CPU a trial, direct (first run): commands {per_trial * direct_commands:.1f} ms, "
                 f"this process {per_trial * direct_here:.1f} ms",
                 f"CPU a trial, platform: commands with their sandboxes {per_trial * cpu.commands:.1f} ms, "
-                f"worker processes {per_trial * cpu.worker:.1f} ms, PostgreSQL {per_trial * cpu.postgres:.1f} ms, "
-                f"Redis {per_trial * cpu.redis:.1f} ms, this process {per_trial * cpu.here:.1f} ms; "
+                f"worker processes {per_trial * cpu.worker:.1f} ms, "
+                # Every server process on the host (other tenants' too): only when this run used that server.
+                + (f"PostgreSQL {per_trial * cpu.postgres:.1f} ms, " if connection.vendor == "postgresql" else "")
+                + (f"Redis {per_trial * cpu.redis:.1f} ms, " if settings.CELERY_BROKER_URL.startswith("redis") else "")
+                + f"this process {per_trial * cpu.here:.1f} ms; "
                 f"{os.cpu_count()} cores x wall time {per_trial * (os.cpu_count() or 1) * platform_seconds:.1f} ms",
             ],
             checks={"same outcomes": platform_passes == direct_passes and errors == 0},
         )
 
-    return with_bench_experiment("orchestration", tasks, k, body)
+    return with_example_experiment("orchestration", tasks, body)
