@@ -142,6 +142,10 @@ def scratch_tables() -> Iterator[tuple[str, str]]:
         yield trajectories, steps
     finally:
         with connection.cursor() as cursor:
+            if connection.vendor == "postgresql" and connection.in_atomic_block:
+                # Inside a caller's transaction (a test's) the rows' deferred foreign-key
+                # checks are still pending, and PostgreSQL drops no table with pending checks.
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
             cursor.execute(f"DROP TABLE {steps}")
             cursor.execute(f"DROP TABLE {trajectories}")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,7 +40,7 @@ def _with_agent(experiment: Experiment, prelude: str, env_allowlist: list[str] |
     Experiment.objects.filter(pk=experiment.pk).update(evaluator=evaluator)
 
 
-def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+def _max_overlap(intervals: Sequence[tuple[datetime, datetime] | tuple[float, float]]) -> int:
     """The most intervals open at one instant."""
     events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
     best = current = 0
@@ -154,29 +154,30 @@ def test_a_model_endpoints_limit_is_shared_by_every_experiment_calling_it() -> N
 
 class _CountingEndpoint:
     """A real HTTP server standing in for a model API: each request takes
-    ``delay`` seconds, and the most requests it held at once is kept."""
+    ``delay`` seconds, and the most requests it held at once is kept.
+
+    A call is open from the handler's start to the moment it decides to
+    answer, taken before the answer is written: the agent can start its next
+    call (or its trial end and another trial's begin) only after reading the
+    answer, so a handler thread the machine is slow to schedule again after
+    writing cannot make two calls that never overlapped look as if they did."""
 
     def __init__(self, delay: float) -> None:
         self.lock = threading.Lock()
-        self.current = self.most = self.calls = 0
+        self.intervals: list[tuple[float, float]] = []
         counter = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                started = time.monotonic()
+                time.sleep(delay)
                 with counter.lock:
-                    counter.current += 1
-                    counter.calls += 1
-                    counter.most = max(counter.most, counter.current)
-                try:
-                    time.sleep(delay)
-                    body = b'{"choices": [{"message": {"content": "ok"}}]}'
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                finally:
-                    with counter.lock:
-                        counter.current -= 1
+                    counter.intervals.append((started, time.monotonic()))
+                body = b'{"choices": [{"message": {"content": "ok"}}]}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -185,6 +186,16 @@ class _CountingEndpoint:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/chat/completions"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    @property
+    def calls(self) -> int:
+        with self.lock:
+            return len(self.intervals)
+
+    @property
+    def most(self) -> int:
+        with self.lock:
+            return _max_overlap(list(self.intervals))
 
     def close(self) -> None:
         self.server.shutdown()
