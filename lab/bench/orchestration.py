@@ -420,6 +420,13 @@ def with_bench_experiment(
 ) -> BenchResult:
     """Run ``body(experiment, scratch_dir)`` and clean up whatever happens."""
     experiment = bench_experiment(tasks=tasks, k=k, label=label, shell=shell, runner_argv=runner_argv)
+    return _discarded_after(experiment, label, body)
+
+
+def _discarded_after(
+    experiment: Experiment, label: str, body: Callable[[Experiment, Path], BenchResult]
+) -> BenchResult:
+    """``body(experiment, scratch_dir)``, then the experiment and the folder removed whatever happens."""
     scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
     try:
         return body(experiment, scratch)
@@ -434,12 +441,7 @@ def with_example_experiment(label: str, tasks: int, body: Callable[[Experiment, 
     from evolution.example.setup import example_experiment_create
 
     experiment = example_experiment_create(name=f"bench-{label}-{uuid.uuid4().hex[:10]}", task_limit=tasks)
-    scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
-    try:
-        return body(experiment, scratch)
-    finally:
-        experiment_discard(experiment)
-        shutil.rmtree(scratch, ignore_errors=True)
+    return _discarded_after(experiment, label, body)
 
 
 @benchmark(
