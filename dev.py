@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import signal
@@ -370,7 +371,12 @@ def test(pytest_args: list[str]) -> int:
         return lint.returncode
     # Types: [tool.mypy] in pyproject.toml says what and how strictly; its
     # incremental cache (.mypy_cache/) makes a run after a small change quick.
-    types = subprocess.run([str(PYTHON), "-m", "mypy"], cwd=ROOT)
+    # Runs in one checkout at once (CI starts three) take turns: two mypy
+    # processes writing one cache can leave the other an unreadable file
+    # ("INTERNAL ERROR"); the later run then finds the cache warm.
+    with open(ROOT / ".mypy_cache.lock", "w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        types = subprocess.run([str(PYTHON), "-m", "mypy"], cwd=ROOT)
     if types.returncode != 0:
         say("mypy failed")
         return types.returncode
