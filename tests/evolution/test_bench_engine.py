@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import math
 import re
 import sqlite3
@@ -21,7 +22,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from evolution import records, sandbox
-from evolution.fields import CanonicalJSONField
+from evolution.fields import CanonicalJSONField, json_or_text, json_value
 from evolution.models import (
     Benchmark,
     CertifiedResult,
@@ -131,6 +132,48 @@ def test_canonical_payload_is_exactly_rfc8785(value: Any) -> None:
     assert stored is not None
     assert stored.encode() == rfc8785.dumps(value)
     assert field.from_db_value(stored, None, None) == value
+
+
+# Texts where orjson and json differ in what they accept: json_value must be json.loads on every one.
+JSON_TEXTS = [
+    *(json.dumps(value, ensure_ascii=False) for value in CANONICAL_CASES),
+    *(rfc8785.dumps(value).decode() for value in CANONICAL_CASES),
+    '{"a": 1, "a": 2}',  # duplicate keys: the last wins
+    "[18446744073709551615, 18446744073709551616, -9223372036854775809, 1e400, -0, -0.0]",
+    "[NaN, Infinity, -Infinity]",
+    '"\\ud800 lone surrogate \\udfff"',
+    "[" * 900 + "]" * 900,  # under json's depth, near orjson's
+    ' \t\n{"x": [1.5e-7, 0.1, 2.5]}\r\n ',
+    "0.30000000000000004",
+    "12345678901234567890123456789.0e-10",
+]
+NOT_JSON = ['{"seq": 1,', "", "nan", "[1,]", "{'a': 1}", "1 2", "\ufeff{}"]
+
+
+@pytest.mark.parametrize("text", JSON_TEXTS)
+def test_json_value_is_json_loads(text: str) -> None:
+    expected = json.loads(text)
+    found = json_value(text)
+    # repr tells -0.0 from 0.0, 1 from 1.0 and True from 1, which == does not.
+    assert repr(found) == repr(expected)
+    assert json_or_text(text) == found or found != found  # NaN is never equal to itself
+
+
+@pytest.mark.parametrize("text", NOT_JSON)
+def test_json_value_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        json_value(text)
+    assert json_or_text(text) == text
+
+
+def test_json_value_fails_as_json_does_past_its_depth() -> None:
+    deep = "[" * 2000 + "]" * 2000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    with pytest.raises(RecursionError):
+        json_value(deep)
 
 
 @pytest.mark.parametrize("number", [2**53, -(2**60)])
