@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from evolution import digests
 
@@ -96,6 +96,17 @@ class ChainRecord:
     record_digest: str
     signature: str
     payload: dict[str, Any]
+
+
+class StreamedRecord(NamedTuple):
+    """A ``ChainRecord`` as a verification streaming a long chain builds one
+    a record: a tuple, made in a third of a frozen dataclass's time."""
+
+    seq: int
+    prev_digest: str
+    record_digest: str
+    signature: str
+    payload: Any
 
 
 @dataclass(frozen=True)

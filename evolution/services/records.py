@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
 from evolution import digests, faults, records
-from evolution.fields import json_or_text
+from evolution.fields import json_or_text, json_value
 from evolution.loop.lifecycle import run_pause
 from evolution.models import (
     Candidate,
@@ -528,7 +527,7 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         # digest is over: hashed as stored, parsed once for the checks), no
         # model instances. The records and their trial rows are two streams
         # in seq order, walked side by side.
-        rows = (
+        rows = streamed_rows(
             CertifiedResult.objects.filter(experiment=exp)
             .order_by("seq")
             .annotate(payload_text=Cast("payload", output_field=TextField()))
@@ -541,35 +540,36 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 "evaluation__experiment_id",
                 "evaluation__candidate__tree_id",
                 "payload_text",
-            )
-            .iterator(chunk_size=VERIFY_BATCH)
+            ),
+            VERIFY_BATCH,
         )
         trials = trial_rows_by_seq(exp)
-        next_trials: tuple[int, list[dict[str, Any]]] | None = next(trials, None)
+        next_trials: tuple[int, list[tuple[Any, ...]]] | None = next(trials, None)
         decisions = _decision_rows(exp)
         fed = 0
         recipes_named: set[str] = set()
+        surface_digest, experiment_id = exp.surface.digest, exp.pk
+        here = f"{label} record #"
         for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in rows:
             while fed < len(decisions) and decisions[fed].seq < seq:  # the decisions before it, in seq order
                 chain.add(decisions[fed], canonical=decisions[fed].canonical)
                 fed += 1
             payload = json_or_text(text)
-            chain.add(records.ChainRecord(seq, prev_digest, digest, signature, payload), canonical=text.encode())
+            chain.add(records.StreamedRecord(seq, prev_digest, digest, signature, payload), canonical=text.encode())
             if not isinstance(payload, dict):  # reported by the chain check
                 payload = {}
-            where = f"{label} record #{seq}"
             if payload.get("recipe"):
                 recipes_named.add(str(payload["recipe"]))
-            if "surface" in payload and payload["surface"] != exp.surface.digest:
-                record_problems.append(f"{where}: surface changed since this record (its digest differs)")
+            if "surface" in payload and payload["surface"] != surface_digest:
+                record_problems.append(f"{here}{seq}: surface changed since this record (its digest differs)")
             if payload.get("candidate", {}).get("tree") != tree:
-                record_problems.append(f"{where}: candidate tree differs from the certified one")
+                record_problems.append(f"{here}{seq}: candidate tree differs from the certified one")
             if tree not in trees_checked:
                 trees_checked.add(tree)
-                record_problems += [f"{where}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
+                record_problems += [f"{here}{seq}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
             certified_evaluator = payload.get("evaluator", {})
             profile = certified_evaluator.get("sandbox_profile", "")
-            if evaluation_experiment != exp.pk:  # a record pointing into another experiment
+            if evaluation_experiment != experiment_id:  # a record pointing into another experiment
                 evaluation = Evaluation.objects.select_related("experiment__evaluator").get(pk=evaluation_id)
                 current_digest = evaluator_digest_for(evaluation, profile)
             else:
@@ -577,22 +577,24 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                     evaluator_digests[profile] = _evaluator_digest(exp.evaluator, profile)
                 current_digest = evaluator_digests[profile]
             if certified_evaluator.get("digest") != current_digest:
-                record_problems.append(f"{where}: evaluator (commands, files, environment or limits) changed")
-            for split, split_digest in payload.get("task_sets", {}).items():
-                if task_sets.get(split) != split_digest:
-                    record_problems.append(f"{where}: task set of split {split!r} changed")
+                record_problems.append(f"{here}{seq}: evaluator (commands, files, environment or limits) changed")
+            certified_sets = payload.get("task_sets", {})
+            if certified_sets != task_sets:  # a record of some of the splits, or a task set changed
+                for split, split_digest in certified_sets.items():
+                    if task_sets.get(split) != split_digest:
+                        record_problems.append(f"{here}{seq}: task set of split {split!r} changed")
             while next_trials is not None and next_trials[0] < seq:  # cannot happen: both streams follow seq
                 next_trials = next(trials, None)
-            current: list[dict[str, Any]] = []
+            current: list[tuple[Any, ...]] = []
             if next_trials is not None and next_trials[0] == seq:
                 current = next_trials[1]
                 next_trials = next(trials, None)
-            certified = payload.get("trials", [])
+            certified = _certified_trial_rows(payload.get("trials", []))
             trial_count += len(certified)
             if current != certified:
                 changed = sum(1 for a, b in zip(current, certified, strict=False) if a != b)
                 changed += abs(len(current) - len(certified))
-                record_problems.append(f"{where}: {changed} trial row(s) differ from the certified results")
+                record_problems.append(f"{here}{seq}: {changed} trial row(s) differ from the certified results")
 
         for decision in decisions[fed:]:
             chain.add(decision, canonical=decision.canonical)
@@ -746,40 +748,79 @@ def decisions_verify(
     return problems, checked
 
 
+def streamed_rows(queryset: QuerySet[Any], size: int) -> Iterator[tuple[Any, ...]]:
+    """The rows of a ``values_list`` query as the database driver returns
+    them, read ``size`` a round trip (through a server-side cursor on
+    PostgreSQL, as ``QuerySet.iterator`` reads): the ORM writes the query,
+    and its per-row work (an iterator's bookkeeping and each backend's
+    converters) is skipped. Verification reads text, numbers and booleans
+    this way, which the drivers return as the ORM would, except that SQLite
+    gives a boolean as 0 or 1 (equal to False and True, and a stored 2 is
+    not equal to either, where the ORM would have read it as True)."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(size):
+            yield from rows
+
+
+# A trial row as verification compares it: ``TRIAL_ROW_FIELDS``' values, criteria last.
+TRIAL_ROW_KEYS = (*(key for key in TRIAL_ROW_FIELDS if key != "criteria"), "criteria")
+_trial_row_values = itemgetter(*TRIAL_ROW_KEYS)
+
+
+def _certified_trial_rows(trials: Any) -> list[tuple[Any, ...] | None]:
+    """A record's trials as ``trial_rows_by_seq`` gives the stored ones:
+    tuples, which compare as the dicts would (the same values under exactly
+    these keys); None for an entry that is not such a dict, equal to no row."""
+    if not isinstance(trials, list):
+        return [None]
+    rows: list[tuple[Any, ...] | None] = []
+    for trial in trials:
+        row = None
+        if isinstance(trial, dict) and len(trial) == len(TRIAL_ROW_KEYS):
+            with contextlib.suppress(KeyError):
+                row = _trial_row_values(trial)
+        rows.append(row)
+    return rows
+
+
 # Distinct criteria texts kept parsed while trial rows are read: a task's
 # criteria results repeat from trial to trial, so each text is parsed once.
 CRITERIA_PARSED_KEPT = 4096
 
 
-def trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """``trial_rows`` of every record of ``experiment``, as (seq, rows) in
-    seq order: one streamed query, read alongside the records. Rows with the
-    same criteria results share one parsed value: read them, do not change
-    them."""
+def trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[tuple[Any, ...]]]]:
+    """``trial_rows`` of every record of ``experiment`` as (seq, rows) in seq
+    order, each row the tuple of its values in ``TRIAL_ROW_KEYS`` order: one
+    streamed query, read alongside the records. Rows with the same criteria
+    results share one parsed value: read them, do not change them."""
     # The criteria text last, so each row is the plain fields then the text to parse.
-    keys = [key for key in TRIAL_ROW_FIELDS if key != "criteria"]
-    values = (
+    keys = TRIAL_ROW_KEYS[:-1]
+    values = streamed_rows(
         Trial.objects.filter(evaluation__certified_result__experiment=experiment)
         .order_by("evaluation__certified_result__seq", *TRIAL_ORDER)
         .values_list(
             "evaluation__certified_result__seq",
             *(TRIAL_ROW_FIELDS[key] for key in keys),
             Cast(TRIAL_ROW_FIELDS["criteria"], TextField()),
-        )
-        .iterator(chunk_size=4 * VERIFY_BATCH)
+        ),
+        4 * VERIFY_BATCH,
     )
     parsed: dict[str, Any] = {}
-    for seq, group in groupby(values, key=itemgetter(0)):
-        rows = []
-        for row in group:
-            text = row[-1]
-            criteria = parsed.get(text)
-            if criteria is None:
-                if len(parsed) >= CRITERIA_PARSED_KEPT:
-                    parsed.clear()
-                criteria = parsed[text] = json.loads(text)
-            # Key order differs from a record's; dict equality does not depend on it.
-            fields = dict(zip(keys, row[1:-1], strict=True))
-            fields["criteria"] = criteria
-            rows.append(fields)
+    seq = 0
+    rows: list[tuple[Any, ...]] = []
+    for row in values:
+        if row[0] != seq:
+            if rows:
+                yield seq, rows
+            seq, rows = row[0], []
+        text = row[-1]
+        criteria = parsed.get(text)
+        if criteria is None:
+            if len(parsed) >= CRITERIA_PARSED_KEPT:
+                parsed.clear()
+            criteria = parsed[text] = json_value(text)
+        rows.append(row[1:-1] + (criteria,))
+    if rows:
         yield seq, rows

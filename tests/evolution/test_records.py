@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import importlib
 import io
 import json
@@ -16,7 +17,7 @@ import rfc8785
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from evolution import records
+from evolution import digests, records
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, TreeEntry
 from evolution.services import evaluation as evaluation_services
 from evolution.services.records import records_verify, result_certify
@@ -130,6 +131,34 @@ def test_raw_sql_edit_of_a_trial_score_is_detected(certified: Experiment) -> Non
         cursor.execute(
             "UPDATE evolution_trial SET outcome = 'pass', score = 1.0 WHERE id = "
             "(SELECT MIN(id) FROM evolution_trial WHERE outcome = 'fail')"
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "1 trial row(s) differ from the certified results" in out
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("valid_output", False), ("submitted", False), ("steps", 99), ("error_kind", "infra")],
+)
+def test_raw_sql_edit_of_any_bound_trial_fact_is_detected(certified: Experiment, column: str, value: object) -> None:
+    """Verification reads the trial rows as the driver returns them (SQLite
+    gives booleans as 0 and 1): an edited boolean is still told apart."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE evolution_trial SET {column} = %s WHERE id = (SELECT MIN(id) FROM evolution_trial)", [value]
+        )
+    code, out = run_verify(certified)
+    assert code == 1
+    assert "1 trial row(s) differ from the certified results" in out
+
+
+def test_raw_sql_edit_of_a_trials_criteria_is_detected(certified: Experiment) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE evolution_trial SET criteria_results = {json_param()} "
+            "WHERE id = (SELECT MIN(id) FROM evolution_trial)",
+            [json.dumps([{"id": "answer", "met": True, "note": "edited"}])],
         )
     code, out = run_verify(certified)
     assert code == 1
@@ -376,6 +405,17 @@ def _signed_record(*, seq: int = 2, prev: str = "a" * 64, score: float = 0.5) ->
     digest = records.record_digest(payload)
     signature = records.record_signature(KEY, experiment_uid=UID, seq=seq, digest=digest)
     return records.ChainRecord(seq, prev, digest, signature, payload)
+
+
+def test_a_signature_is_the_hmac_of_its_message_under_each_key_however_often_it_is_taken() -> None:
+    # The keyed state is kept a key and copied a message: no message or key may leak into another's.
+    keys = ["key-one", "key-two", "k" * 200, "é-unicode"]
+    messages = ["record\nu\n1\n" + "a" * 64, "", "head\nu\n9\n" + "b" * 64]
+    for _ in range(2):
+        for key in keys:
+            for message in messages:
+                expected = hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+                assert digests.hmac_hex(key, message) == expected
 
 
 def test_verify_record_finds_nothing_wrong_with_a_good_record() -> None:
