@@ -228,6 +228,8 @@ def probe_bubblewrap() -> bool:
     so a kernel without user namespaces, a missing bwrap or an interpreter
     that cannot be bound all show up as False. Cached per process.
     """
+    # The bubblewrap probed is the one every later command runs.
+    _bwrap_path.cache_clear()
     if shutil.which("bwrap") is None:
         return False
     try:
@@ -310,7 +312,7 @@ def run_sandboxed(
             program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
             if program is not None:
                 _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
-    rlimits = _rlimit_plan(limits, run_uid if drop else os.getuid())
+    rlimits = _rlimit_plan(limits, None if drop else os.getuid())
     _become_subreaper()
     before = _run_child_pids()
     status_read, status_write = os.pipe()
@@ -442,19 +444,27 @@ def _checked_paths(
 # --- limits and privileges ----------------------------------------------------
 
 
-def _rlimit_plan(limits: Limits, uid: int) -> list[tuple[int, tuple[int, int]]]:
+def _rlimit_plan(limits: Limits, shared_uid: int | None) -> list[tuple[int, tuple[int, int]]]:
     """The (resource, (soft, hard)) pairs to set in the child.
 
-    RLIMIT_NPROC counts every task of the real uid on the host, so the
-    budget is added to what the uid already runs. Values are clamped to the
-    current hard limit, which an unprivileged child could not raise.
+    RLIMIT_NPROC counts every task of the real uid on the host. A run that
+    drops root runs as its own uid (``run_ids``: this thread's, whose every
+    process the sweep removed before the thread's last run returned), so
+    its budget is the limit itself, with no scan of every process on the
+    host before each command (two a trial, over hundreds of processes with
+    dozens of trial slots busy); were any left, the budget would only be
+    tighter. Otherwise the run shares ``shared_uid`` (the worker's own)
+    with everything else it runs, and the budget is added to what that uid
+    already runs. Values are clamped to the current hard limit, which an
+    unprivileged child could not raise.
     """
+    already = 0 if shared_uid is None else _task_count(shared_uid)
     plan = [
         # One second of grace: SIGXCPU first, SIGKILL at the hard limit.
         (resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1)),
         (resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes)),
         (resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes)),
-        (resource.RLIMIT_NPROC, (_task_count(uid) + limits.processes,) * 2),
+        (resource.RLIMIT_NPROC, (already + limits.processes,) * 2),
         (resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files)),
         (resource.RLIMIT_CORE, (0, 0)),
     ]
@@ -590,9 +600,8 @@ def _bwrap_command(
     tools) the caller sets the limits in ``preexec_fn``.
     """
     drop = ids is not None
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise SandboxUnavailable("bwrap is not installed")
+    bwrap = _bwrap_path()
+    system_part, system_mounts = _system_part()
     if drop:
         # Everything --unshare-all does except the user namespace: as root it
         # would map the sandbox back to root, and the drop to the run's uid below
@@ -600,37 +609,33 @@ def _bwrap_command(
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     else:
         namespaces = ["--unshare-all"]
-    command = [bwrap, *namespaces, "--die-with-parent", "--new-session"]
-    # Host directories visible in the sandbox: their subdirectories already exist.
-    host_mounts: list[Path] = []
-    for name in SYSTEM_DIRS:
-        if os.path.islink(name):
-            command += ["--symlink", os.readlink(name), name]
-            host_mounts.append(Path(name))
-        elif os.path.isdir(name):
-            command += ["--ro-bind", name, name]
-            host_mounts.append(Path(name))
-    system_mounts = list(host_mounts)
+    command = [bwrap, *namespaces, "--die-with-parent", "--new-session", *system_part]
     command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    fresh_mounts = {Path("/proc"), Path("/dev"), Path("/tmp")}
+    fresh_mounts = {"/proc", "/dev", "/tmp"}
+    # Host directories visible in the sandbox: their subdirectories already exist.
+    # On strings (absolute and normalized, as pathlib gives them, "/" never among
+    # them): pathlib's parents and comparisons cost a millisecond a command line.
+    host_mounts = list(system_mounts)
 
-    interpreter = [Path(sys.prefix), Path(sys.base_prefix)]
-    binds = [("--ro-bind", path) for path in [*interpreter, *readable] if path.exists()]
-    binds += [("--bind", path) for path in writable]
-    created: set[Path] = set()
-    seen: set[tuple[str, Path]] = set()
+    binds = [("--ro-bind", path) for path in (sys.prefix, sys.base_prefix) if os.path.exists(path)]
+    binds += [("--ro-bind", str(path)) for path in readable if path.exists()]
+    binds += [("--bind", str(path)) for path in writable]
+    created: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     # Parents first, so a later bind never hides an earlier one below it.
-    for flag, path in sorted(binds, key=lambda bind: len(bind[1].parts)):
+    for flag, path in sorted(binds, key=lambda bind: bind[1].count("/")):
         if (flag, path) in seen or (flag == "--ro-bind" and _covered(path, system_mounts)):
             continue
         seen.add((flag, path))
-        for parent in reversed(path.parents):
-            if parent == Path("/") or parent in created or parent in fresh_mounts or _covered(parent, host_mounts):
+        parent = ""
+        for part in path.split("/")[1:-1]:
+            parent = f"{parent}/{part}"
+            if parent in created or parent in fresh_mounts or _covered(parent, host_mounts):
                 continue
             # bwrap would create missing parents 0700, unreachable after the drop.
-            command += ["--perms", "0755", "--dir", str(parent)]
+            command += ["--perms", "0755", "--dir", parent]
             created.add(parent)
-        command += [flag, str(path), str(path)]
+        command += [flag, path, path]
         host_mounts.append(path)
 
     command.append("--clearenv")
@@ -685,11 +690,34 @@ def _exec_tools() -> tuple[str, str, str] | None:
     return found[0], found[1], found[2]
 
 
-def _covered(path: Path, mounts: Sequence[Path]) -> bool:
-    # On strings: pathlib's parents cost milliseconds per command line.
+def _covered(path: str, mounts: Sequence[str]) -> bool:
     # Paths are absolute and normalized, and "/" is never a mount.
-    text = str(path)
-    return any(text == str(mount) or text.startswith(f"{mount}/") for mount in mounts)
+    return any(path == mount or path.startswith(f"{mount}/") for mount in mounts)
+
+
+@functools.cache
+def _system_part() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The system directories' part of every bubblewrap command line, and
+    the paths it mounts: the host's layout, read once."""
+    part: list[str] = []
+    mounts: list[str] = []
+    for name in SYSTEM_DIRS:
+        if os.path.islink(name):
+            part += ["--symlink", os.readlink(name), name]
+            mounts.append(name)
+        elif os.path.isdir(name):
+            part += ["--ro-bind", name, name]
+            mounts.append(name)
+    return tuple(part), tuple(mounts)
+
+
+@functools.cache
+def _bwrap_path() -> str:
+    """bubblewrap's path; an exception is not cached, so it is looked up until found."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bwrap is not installed")
+    return bwrap
 
 
 # --- processes ----------------------------------------------------------------

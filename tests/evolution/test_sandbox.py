@@ -342,6 +342,20 @@ def test_process_limit_bounds_forks(box: Path) -> None:
     assert result.strays_reaped == 7
 
 
+@pytest.mark.skipif(not ROOT, reason="needs a uid of its own")
+def test_a_run_under_its_own_uid_takes_its_budget_without_scanning_every_process(
+    box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing else runs as the run's uid: no scan of /proc before each command (two a trial).
+    def scan(uid: int) -> int:
+        raise AssertionError(f"scanned the host's processes for uid {uid}")
+
+    monkeypatch.setattr(sandbox, "_task_count", scan)
+    result = run_code(FORK_CODE, box, limits=Limits(processes=8))
+    assert result.returncode == 0
+    assert int(result.stdout) == 7
+
+
 # A fork bomb in another process's run, started once ours is running: it
 # forks until its own budget is used up, then holds its children and says so.
 BOMB_RUNNER = """
