@@ -114,7 +114,7 @@ def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_tw
 
 # The records benchmark (and verify_records) rely on this fast path giving
 # exactly the RFC 8785 bytes, or falling back to them.
-CANONICAL_CASES = [
+CANONICAL_CASES: list[Any] = [
     {"score": 1.0, "b": [0.0, -0.0, 0.5, 2.5e-3, 123456.789, 1e-7, 1e21, 2.0**53, 2.0**53 + 2, 1e16]},
     {"int": [0, -1, 2**53 - 1, -(2**53 - 1)], "t": True, "f": False, "n": None},
     {"é": "ü", "z": "a", "A": "\u20ac", "\ue000": 1, "\U0001f600": 2, "\u00ff": "\U0001f600"},

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import rfc8785
@@ -141,7 +142,7 @@ def test_raw_sql_edit_of_a_trial_score_is_detected(certified: Experiment) -> Non
     ("column", "value"),
     [("valid_output", False), ("submitted", False), ("steps", 99), ("error_kind", "infra")],
 )
-def test_raw_sql_edit_of_any_bound_trial_fact_is_detected(certified: Experiment, column: str, value: object) -> None:
+def test_raw_sql_edit_of_any_bound_trial_fact_is_detected(certified: Experiment, column: str, value: Any) -> None:
     """Verification reads the trial rows as the driver returns them (SQLite
     gives booleans as 0 and 1): an edited boolean is still told apart."""
     with connection.cursor() as cursor:
