@@ -617,7 +617,8 @@ def _bwrap_command(
     # them): pathlib's parents and comparisons cost a millisecond a command line.
     host_mounts = list(system_mounts)
 
-    binds = [("--ro-bind", path) for path in (sys.prefix, sys.base_prefix) if os.path.exists(path)]
+    interpreter = (str(Path(sys.prefix)), str(Path(sys.base_prefix)))  # normalized, as the other paths are
+    binds = [("--ro-bind", path) for path in interpreter if os.path.exists(path)]
     binds += [("--ro-bind", str(path)) for path in readable if path.exists()]
     binds += [("--bind", str(path)) for path in writable]
     created: set[str] = set()
