@@ -9,6 +9,7 @@ records, ledger entries and trajectories, in about a second a test.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -76,9 +77,15 @@ def example_world_dump(django_db_setup: Any, django_db_blocker: Any) -> Path:
     path = cache / f"example-world-{_world_key()}.json"
     if path.exists():
         return path
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    world_dump(_build_world, path=partial, django_db_blocker=django_db_blocker)
-    partial.replace(path)
+    # Sessions that start together (CI's SQLite and PostgreSQL passes) build it
+    # once: the others wait for the lock, then find the dump (the rows are the
+    # same on both databases). Minutes of two busy cores each build saves.
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            world_dump(_build_world, path=partial, django_db_blocker=django_db_blocker)
+            partial.replace(path)
     return path
 
 
