@@ -174,6 +174,11 @@ class Timeline:
     agent: float  # the sandboxed agent's own wall time, mean
     idle: float  # a slot's idle time a trial between the first start and the last finish, mean
     tail: float  # from the last trial's finish to the certified record
+    # Whether idle slots are spread over the run or bunched at its end: the
+    # mean number of trials in flight from the moment every slot first held
+    # one to the last trial's start, and from that start to the last finish.
+    steady: float = 0.0
+    drain: float = 0.0
 
     @classmethod
     def of(cls, trials: list[tuple[float, float, float]], slots: int, start: float, certified: float) -> Timeline:
@@ -183,13 +188,35 @@ class Timeline:
         first = min(started for started, _, _ in trials)
         last = max(finished for _, finished, _ in trials)
         busy = sum(finished - started for started, finished, _ in trials)
+        last_start = max(started for started, _, _ in trials)
         return cls(
             ramp=first - start,
             span=busy / len(trials),
             agent=sum(agent for _, _, agent in trials) / len(trials),
             idle=(slots * (last - first) - busy) / len(trials),
             tail=certified - last,
+            steady=_mean_in_flight(trials, _first_full(trials, slots), last_start),
+            drain=last - last_start,
         )
+
+
+def _first_full(trials: list[tuple[float, float, float]], slots: int) -> float:
+    """When ``slots`` trials were first in flight together (the last start if never)."""
+    events = sorted([(started, 1) for started, _, _ in trials] + [(finished, -1) for _, finished, _ in trials])
+    in_flight = 0
+    for moment, change in events:
+        in_flight += change
+        if in_flight >= slots:
+            return moment
+    return max(started for started, _, _ in trials)
+
+
+def _mean_in_flight(trials: list[tuple[float, float, float]], begin: float, end: float) -> float:
+    """The mean number of trials in flight over [begin, end] (0 when empty)."""
+    if end <= begin:
+        return 0.0
+    covered = sum(max(0.0, min(finished, end) - max(started, begin)) for started, finished, _ in trials)
+    return covered / (end - begin)
 
 
 def _measure(
@@ -314,7 +341,9 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                 *(
                     f"time ({name}): {p.timeline.ramp:.2f} s to the first trial's start; a trial "
                     f"{p.timeline.span:.3f} s from claim to finish (its agent {p.timeline.agent:.3f} s); "
-                    f"a slot idle {p.timeline.idle:.3f} s a trial; {p.timeline.tail:.2f} s from the last finish "
+                    f"a slot idle {p.timeline.idle:.3f} s a trial; {p.timeline.steady:.1f} trials in flight "
+                    f"on average from the slots' first filling to the last start, then {p.timeline.drain:.2f} s "
+                    f"from the last start to the last finish; {p.timeline.tail:.2f} s from the last finish "
                     "to the certified record"
                     for name, p in (("one worker", one), ("two workers", two))
                 ),

@@ -110,6 +110,21 @@ def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_tw
     assert ", 0 errors, 0 retried, 1 certified record, 320 trajectory steps stored" in result.lines[2]
     shares = re.findall(r"bench-host-[ab]-\d+ (\d+) ", result.lines[5])
     assert len(shares) == 2 and sum(map(int, shares)) == 64, result.lines[5]
+    assert re.search(r"\d+\.\d trials in flight on average from the slots' first filling", result.lines[-1])
+
+
+def test_the_concurrency_timeline_tells_idle_slots_spread_over_the_run_from_those_at_its_end() -> None:
+    from lab.bench.concurrency import Timeline
+
+    # Two slots: two trials start at 0; a third starts at 1 when the first ends and
+    # runs to 3; the second runs to 2. Full from 0 to the last start (1), then 2 s.
+    timeline = Timeline.of([(0.0, 1.0, 0.9), (0.0, 2.0, 1.9), (1.0, 3.0, 1.9)], slots=2, start=-0.5, certified=3.25)
+    assert (timeline.ramp, timeline.tail, timeline.drain, timeline.steady) == (0.5, 0.25, 2.0, 2.0)
+    assert timeline.span == pytest.approx(5 / 3) and timeline.idle == pytest.approx((2 * 3 - 5) / 3)
+    # A gap of half a second in one slot before the last start lowers the mean in flight.
+    gapped = Timeline.of([(0.0, 1.0, 0.9), (0.0, 2.0, 1.9), (1.5, 3.0, 1.4)], slots=2, start=0.0, certified=3.0)
+    assert gapped.steady == pytest.approx((1.0 + 1.5 + 0.0) / 1.5)
+    assert gapped.drain == 1.5
 
 
 # The records benchmark (and verify_records) rely on this fast path giving
