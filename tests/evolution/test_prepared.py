@@ -12,14 +12,15 @@ from django.db.models import Count, Model
 from evolution.models import Evaluation, Trial
 from evolution.prepared import PreparedGet
 from evolution.services import evaluation as evaluation_services
-from evolution.services.evaluation import _CLAIMED_FIELDS, _claimed_trial
+from evolution.services.evaluation import _claimed_trial
 from tests.factories import make_tiny_experiment, seed_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _claimed_queryset() -> Any:
-    return Trial.objects.select_related("task", "evaluation__experiment__evaluator", "candidate").only(*_CLAIMED_FIELDS)
+    # The claim's own queryset, evaluated by Django's get: the reference.
+    return _claimed_trial._build()
 
 
 def _loaded(instance: Model) -> dict[str, Any]:
