@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import os
 import resource
 import select
@@ -90,14 +91,17 @@ SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 # Seconds the sweep keeps killing and reaping escaped processes before giving up.
 SWEEP_SECONDS = 10.0
 
-# Runs inside bubblewrap as the sandboxed command: drops root to the given
-# uid/gid after bwrap has set up the mounts (bwrap as root cannot do it
-# itself without a user namespace, which would map the sandbox back to
-# root), removes the PWD variable bwrap adds, then becomes the real command.
+# Runs inside bubblewrap as the sandboxed command where setpriv or env is
+# missing: drops root to the given uid/gid after bwrap has set up the mounts
+# (bwrap as root cannot do it itself without a user namespace, which would
+# map the sandbox back to root), puts back the PWD the caller gave (bwrap
+# sets it to the working directory: "-" removes it, "=value" sets it, ""
+# keeps bwrap's), then becomes the real command.
 _BWRAP_EXEC = (
     "import os,sys\n"
-    "uid,gid,keep_pwd=sys.argv[1:4]\n"
-    "if keep_pwd=='0':os.environ.pop('PWD',None)\n"
+    "uid,gid,pwd=sys.argv[1:4]\n"
+    "if pwd=='-':os.environ.pop('PWD',None)\n"
+    "elif pwd:os.environ['PWD']=pwd[1:]\n"
     "if uid!='-':os.setgroups([]);os.setgid(int(gid));os.setuid(int(uid))\n"
     "try:os.execvp(sys.argv[4],sys.argv[4:])\n"
     "except OSError as e:sys.stderr.write('sandbox: cannot run %r: %s\\n'%(sys.argv[4],e));os._exit(127)\n"
@@ -315,33 +319,44 @@ def run_sandboxed(
     rlimits = _rlimit_plan(limits, None if drop else os.getuid())
     _become_subreaper()
     before = _run_child_pids()
-    status_read, status_write = os.pipe()
-    with (
-        tempfile.TemporaryFile() as out,
-        tempfile.TemporaryFile() as err,
-        open(status_read, "rb", buffering=0) as status,
-        open(status_write, "wb", buffering=0) as status_sink,
-    ):
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(tempfile.TemporaryFile())
+        err = stack.enter_context(tempfile.TemporaryFile())
+        status, status_sink = _pipe(stack)
+        # A root worker's sandbox (no user namespace) gets its limits from
+        # this process: bubblewrap names its first process in the sandbox
+        # on --info-fd and holds it on --block-fd until the limits are set
+        # (``_limit_and_release``), before it forks or executes anything.
+        # Nothing runs between fork and exec in the worker, so subprocess
+        # starts bubblewrap with vfork instead of copying the worker's
+        # memory map (5 ms a start for a worker of 120 MB), and no program
+        # in the sandbox sets them (one exec less a command).
+        gate = (_pipe(stack), _pipe(stack)) if use_bwrap and drop else None
         popen_kwargs: dict[str, Any]
         if use_bwrap:
-            command, limited = _bwrap_command(
+            command = _bwrap_command(
                 argv,
                 cwd=cwd,
                 env=env,
                 writable=writable_paths,
                 readable=readable_paths,
                 ids=(run_uid, run_gid) if drop else None,
-                # Not inside a user namespace (an unprivileged worker's
-                # sandbox): RLIMIT_NPROC set there would count the
-                # namespace's tasks, not the uid's on the host.
-                rlimits=rlimits if drop else (),
             )
             # bwrap reports {"exit-code": n} only if the command really ran,
             # which tells a broken sandbox from a failing command.
-            command[1:1] = ["--json-status-fd", str(status_write)]
-            popen_kwargs = {"cwd": "/", "env": {}, "pass_fds": (status_write,)}
-            if not limited:
-                # bwrap sets no_new_privs itself; a setuid bwrap must not get it earlier.
+            command[1:1] = ["--json-status-fd", str(status_sink.fileno())]
+            passed = [status_sink.fileno()]
+            if gate is not None:
+                (_, info_sink), (block, _) = gate
+                command[1:1] = ["--info-fd", str(info_sink.fileno()), "--block-fd", str(block.fileno())]
+                passed += [info_sink.fileno(), block.fileno()]
+            popen_kwargs = {"cwd": "/", "env": {}, "pass_fds": tuple(passed)}
+            if gate is None:
+                # An unprivileged worker's sandbox is a user namespace, whose
+                # processes this one may not limit from outside: the limits
+                # are set before bwrap starts (RLIMIT_NPROC then counts the
+                # uid's tasks on the host, not the namespace's). bwrap sets
+                # no_new_privs itself; a setuid bwrap must not get it earlier.
                 popen_kwargs["preexec_fn"] = _preexec(rlimits, no_new_privs=False)
         else:
             command = argv
@@ -371,11 +386,18 @@ def run_sandboxed(
                 raise SandboxError(f"could not start bubblewrap: {exc}") from exc
             err.write(f"sandbox: cannot run {argv[0]!r}: {exc}\n".encode())
             return _result(127, False, out, err, limits, time.monotonic() - started, use_bwrap, 0)
-        # Only the child holds the write end now, so the read below ends at its exit.
+        # Only the child holds the write ends now, so the reads below end at its exit.
         status_sink.close()
         timed_out = False
         try:
-            timed_out = _wait(proc, timeout)
+            if gate is not None:
+                (info, info_sink), (block, release) = gate
+                info_sink.close()
+                block.close()
+                # Until a byte is written to ``release`` the sandbox runs nothing; if the
+                # limits cannot be set, the finally below kills it before ``release`` closes.
+                _limit_and_release(info, release, rlimits, timeout)
+            timed_out = _wait(proc, max(0.0, timeout - (time.monotonic() - started)))
         finally:
             # Also runs on KeyboardInterrupt: never leave the group behind.
             _kill_group(proc.pid)
@@ -396,6 +418,54 @@ def run_sandboxed(
                 raise SandboxError(f"the sandbox was killed by {name} before the command finished: {tail}")
             raise SandboxError(f"bubblewrap could not set up the sandbox: {tail}")
         return result
+
+
+def _pipe(stack: contextlib.ExitStack) -> tuple[IO[bytes], IO[bytes]]:
+    """A pipe's read and write ends as unbuffered files closed with ``stack``."""
+    read, write = os.pipe()
+    return (
+        stack.enter_context(open(read, "rb", buffering=0)),
+        stack.enter_context(open(write, "wb", buffering=0)),
+    )
+
+
+def _limit_and_release(
+    info: IO[bytes], release: IO[bytes], rlimits: Sequence[tuple[int, tuple[int, int]]], timeout: float
+) -> None:
+    """Set ``rlimits`` on bubblewrap's first process in the sandbox, which
+    waits on ``--block-fd`` before it forks the command, and let it go on.
+
+    bubblewrap writes ``{"child-pid": N}`` to ``info`` once it has cloned
+    that process, and closes it. Nothing is written when it failed before
+    (a bad option, say): the sandbox never started and bubblewrap reports
+    why on stderr. The process cannot end or be replaced while it waits on
+    the gate, so its pid names it. SandboxError when a limit cannot be set
+    or bubblewrap says nothing within ``timeout``; the caller then kills
+    the process group (the blocked process is still in it) before the gate
+    closes, so the command never runs without its limits.
+    """
+    deadline = time.monotonic() + timeout
+    report = b""
+    while True:
+        ready, _, _ = select.select([info], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise SandboxError(f"bubblewrap did not start the sandbox within {timeout:g} s")
+        chunk = info.read(4096)
+        if not chunk:
+            break
+        report += chunk
+    if not report:
+        return
+    try:
+        pid = int(json.loads(report)["child-pid"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SandboxError(f"bubblewrap reported no sandbox process: {report[:200]!r}") from exc
+    try:
+        for res, value in rlimits:
+            resource.prlimit(pid, res, value)
+    except OSError as exc:
+        raise SandboxError(f"could not apply limits to the sandbox: {exc}") from exc
+    release.write(b"\0")
 
 
 def _guarded(use_bwrap: bool) -> bool:
@@ -585,19 +655,15 @@ def _bwrap_command(
     writable: list[Path],
     readable: list[Path],
     ids: tuple[int, int] | None,
-    rlimits: Sequence[tuple[int, tuple[int, int]]] = (),
-) -> tuple[list[str], bool]:
-    """The bubblewrap command line, and whether it sets ``rlimits`` itself.
+) -> list[str]:
+    """The bubblewrap command line; the caller adds the descriptors.
 
     ``ids`` is the (uid, gid) a root worker drops to. A root worker's
-    sandbox has no user namespace, so with the system's prlimit, setpriv
-    and env the ``rlimits`` given are set inside it, by prlimit before the
-    command and before the drop, exactly as the child's ``preexec_fn`` set
-    them: no Python code then runs between fork and exec, and the worker
-    starts bubblewrap with vfork instead of copying its whole memory map
-    (5 ms a start here for a worker of 120 MB; --die-with-parent already
-    ties bubblewrap to the worker). Otherwise (no rlimits given, or no such
-    tools) the caller sets the limits in ``preexec_fn``.
+    sandbox has no user namespace, so the drop happens inside it, with the
+    system's setpriv after bwrap has built the mounts. bwrap sets PWD to the
+    working directory; env puts back what the caller gave, and nothing runs
+    for that when the caller's PWD is the working directory (as a trial's
+    is). Where setpriv or env is missing, a Python shim does both.
     """
     drop = ids is not None
     bwrap = _bwrap_path()
@@ -644,43 +710,34 @@ def _bwrap_command(
         command += ["--setenv", key, value]
     command += ["--chdir", str(cwd), "--"]
     uid, gid = (str(ids[0]), str(ids[1])) if ids is not None else ("-", "-")
-    keep_pwd = "1" if "PWD" in env else "0"
+    # What bwrap's PWD (the working directory) must become: "-" none, "=value" the caller's, "" as it is.
+    pwd = "-" if "PWD" not in env else "" if env["PWD"] == str(cwd) else f"={env['PWD']}"
     tools = _exec_tools()
     if tools is not None and "=" not in argv[0]:
         # The same steps with small C programs: a second Python start-up
         # costs more than a whole trivial trial.
-        prlimit, setpriv, env_program = tools
-        limit = [prlimit, *(_prlimit_option(res, value) for res, value in rlimits), "--"] if rlimits else []
+        setpriv, env_program = tools
         drop_to = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if drop else []
-        unset = [] if keep_pwd == "1" else ["-u", "PWD"]
-        return [*command, *limit, *drop_to, env_program, *unset, "--", *argv], bool(rlimits)
-    return [*command, sys.executable, "-I", "-S", "-c", _BWRAP_EXEC, uid, gid, keep_pwd, *argv], False
-
-
-# prlimit(1)'s option for each resource a run limits.
-_PRLIMIT_OPTIONS = {
-    resource.RLIMIT_CPU: "--cpu",
-    resource.RLIMIT_AS: "--as",
-    resource.RLIMIT_FSIZE: "--fsize",
-    resource.RLIMIT_NPROC: "--nproc",
-    resource.RLIMIT_NOFILE: "--nofile",
-    resource.RLIMIT_CORE: "--core",
-}
-
-
-def _prlimit_option(res: int, value: tuple[int, int]) -> str:
-    soft, hard = ("unlimited" if v == resource.RLIM_INFINITY else str(v) for v in value)
-    return f"{_PRLIMIT_OPTIONS[res]}={soft}:{hard}"
+        if pwd == "-":
+            restore = [env_program, "-u", "PWD", "--"]
+        elif pwd or not drop:
+            # Without setpriv, env is what runs the command: exit 127 when it
+            # cannot (bwrap's own exec failure would exit 1).
+            restore = [env_program, "--", *([f"PWD{pwd}"] if pwd else [])]
+        else:
+            restore = []
+        return [*command, *drop_to, *restore, *argv]
+    return [*command, sys.executable, "-I", "-S", "-c", _BWRAP_EXEC, uid, gid, pwd, *argv]
 
 
 @functools.cache
-def _exec_tools() -> tuple[str, str, str] | None:
-    """prlimit, setpriv and env from the system directories (bound in every
-    sandbox), or None to fall back to the Python shim and ``preexec_fn``.
-    An ``env`` exits with 127 and names the program when it cannot run it,
-    like the shim."""
+def _exec_tools() -> tuple[str, str] | None:
+    """setpriv and env from the system directories (bound in every
+    sandbox), or None to fall back to the Python shim. An ``env`` exits
+    with 127 and names the program when it cannot run it, like the shim;
+    so does setpriv."""
     found = []
-    for name in ("prlimit", "setpriv", "env"):
+    for name in ("setpriv", "env"):
         for directory in ("/usr/bin", "/bin"):
             path = os.path.join(directory, name)
             if os.path.isfile(path) and os.access(path, os.X_OK):
@@ -688,7 +745,7 @@ def _exec_tools() -> tuple[str, str, str] | None:
                 break
         else:
             return None
-    return found[0], found[1], found[2]
+    return found[0], found[1]
 
 
 def _covered(path: str, mounts: Sequence[str]) -> bool:

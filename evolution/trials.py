@@ -292,8 +292,11 @@ def _format_argv(template: list[str], values: Mapping[str, str]) -> list[str]:
 
 
 def _trial_env(spec: TrialSpec, *, home: Path) -> dict[str, str]:
-    """The complete environment of a trial process: nothing else is inherited."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(home)}
+    """The complete environment of a trial process, which starts in ``home``:
+    nothing else is inherited. PWD names that folder, as a shell started
+    there sets it (and bubblewrap does: the sandbox then runs no program to
+    put another value back)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(home), "PWD": str(home)}
     env.update({name: os.environ[name] for name in spec.env_allowlist if name in os.environ})
     env.update(spec.extra_env)
     return env

@@ -588,9 +588,9 @@ def test_bwrap_setup_failure_is_a_sandbox_error(
 ) -> None:
     real = sandbox._bwrap_command
 
-    def with_missing_source(*args: object, **kwargs: object) -> tuple[list[str], bool]:
-        command, limited = real(*args, **kwargs)  # type: ignore[arg-type]
-        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]], limited
+    def with_missing_source(*args: object, **kwargs: object) -> list[str]:
+        command = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]]
 
     monkeypatch.setattr(sandbox, "_bwrap_command", with_missing_source)
     with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Can't find source path"):
@@ -647,15 +647,13 @@ def test_bwrap_process_limit_bounds_forks(require_bwrap: None, box: Path) -> Non
     assert int(result.stdout) == 7
 
 
-@pytest.mark.skipif(not ROOT, reason="only a root worker's sandbox (no user namespace) gets its limits from prlimit")
+@pytest.mark.skipif(not ROOT, reason="only a root worker's sandbox (no user namespace) gets its limits from outside")
 def test_bwrap_is_started_without_python_code_between_fork_and_exec(
     require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the system's prlimit, setpriv and env a root worker's limits are
-    set inside the sandbox, so the worker's memory is not copied for each
+    """A root worker sets the limits on the sandbox's first process while
+    bubblewrap holds it, so the worker's memory is not copied for each
     start (no preexec_fn lets subprocess use vfork)."""
-    if sandbox._exec_tools() is None:
-        pytest.skip("prlimit, setpriv or env is missing: the limits are set in preexec_fn")
     seen: list[dict[str, object]] = []
     real = subprocess.Popen
 
@@ -668,6 +666,74 @@ def test_bwrap_is_started_without_python_code_between_fork_and_exec(
     assert result.returncode == 0
     assert json.loads(result.stdout)["CPU"] == [5, 6]
     assert len(seen) == 1 and "preexec_fn" not in seen[0]
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker's sandbox gets its limits from outside")
+@pytest.mark.parametrize("shim", [False, True], ids=["setpriv", "python-shim"])
+def test_bwrap_command_runs_under_the_limits_set_from_outside(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch, shim: bool
+) -> None:
+    """Set on the blocked sandbox process whichever program drops root
+    afterwards, and inherited by everything the command starts."""
+    if shim:
+        monkeypatch.setattr(sandbox, "_exec_tools", lambda: None)
+    code = (
+        "import json, resource, subprocess, sys\n"
+        "print(json.dumps(resource.getrlimit(resource.RLIMIT_NOFILE)))\n"
+        "print(subprocess.run([sys.executable, '-c', 'import resource; print(resource.getrlimit(resource.RLIMIT_AS))'],"
+        " capture_output=True, text=True).stdout.strip())\n"
+    )
+    result = run_code(code, box, use_bwrap=True, limits=Limits(open_files=40, memory_bytes=512 * MiB))
+    assert result.returncode == 0, result.stderr
+    nofile, child_as = result.stdout.decode().splitlines()
+    assert json.loads(nofile) == [40, 40]
+    assert child_as == f"({512 * MiB}, {512 * MiB})"
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker's sandbox gets its limits from outside")
+def test_a_sandbox_whose_limits_cannot_be_set_never_runs_its_command(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = f"rsi-marker-{uuid.uuid4().hex}"
+
+    def refused(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(resource, "prlimit", refused)
+    with pytest.raises(SandboxError, match="could not apply limits to the sandbox"):
+        run_code(f"open('ran', 'w').write('yes')  # {marker}", box, use_bwrap=True)
+    assert not (box / "ran").exists()
+    assert processes_with_marker(marker) == []
+
+
+def test_bwrap_failing_before_it_starts_the_sandbox_is_a_sandbox_error(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = sandbox._bwrap_command
+
+    def with_unknown_option(*args: object, **kwargs: object) -> list[str]:
+        command = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [command[0], "--no-such-option", *command[1:]]
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", with_unknown_option)
+    with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Unknown option"):
+        run_code("pass", box, use_bwrap=True)
+
+
+@pytest.mark.parametrize("shim", [False, True], ids=["env", "python-shim"])
+@pytest.mark.parametrize("pwd", [None, "cwd", "/elsewhere"])
+def test_bwrap_gives_pwd_as_the_caller_does(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch, shim: bool, pwd: str | None
+) -> None:
+    """bubblewrap sets PWD to the working directory; the command sees the
+    caller's PWD, or none when the caller gave none."""
+    if shim:
+        monkeypatch.setattr(sandbox, "_exec_tools", lambda: None)
+    env = {"LANG": "C.UTF-8"}
+    if pwd is not None:
+        env["PWD"] = str(box) if pwd == "cwd" else pwd
+    result = run_code("import json, os; print(json.dumps(dict(os.environ)))", box, use_bwrap=True, env=env)
+    assert json.loads(result.stdout) == env
 
 
 def test_bwrap_reports_death_by_signal(require_bwrap: None, box: Path) -> None:
@@ -770,8 +836,8 @@ def test_bwrap_killed_from_outside_is_named_as_such(
     stand_in.write_text("#!/bin/sh\nkill -KILL $$\n")
     stand_in.chmod(0o755)
 
-    def killed_first(*args: object, **kwargs: object) -> tuple[list[str], bool]:
-        return [str(stand_in)], False
+    def killed_first(*args: object, **kwargs: object) -> list[str]:
+        return [str(stand_in)]
 
     monkeypatch.setattr(sandbox, "_bwrap_command", killed_first)
     with pytest.raises(SandboxError, match="the sandbox was killed by SIGKILL before the command finished"):

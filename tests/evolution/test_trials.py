@@ -410,7 +410,7 @@ def test_environment_is_scrubbed(tmp_path: Path, work_root: Path, monkeypatch: p
     monkeypatch.setenv("RSI_TEST_ALLOWED", "visible")
     monkeypatch.delenv("RSI_TEST_ABSENT", raising=False)
     agent = """
-    print(json.dumps(dict(os.environ)), file=sys.stderr)
+    print(json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}), file=sys.stderr)
     (output / "answer.txt").write_text(str(answer))
     write_trajectory()
     """
@@ -422,8 +422,12 @@ def test_environment_is_scrubbed(tmp_path: Path, work_root: Path, monkeypatch: p
         extra_env={"RSI_SEED": "7"},
     )
     result = run_trial(spec, work_root=work_root)
-    seen = json.loads(result.agent_log)
+    logged = json.loads(result.agent_log)
+    seen = logged["env"]
     assert seen.pop("HOME").endswith("/workspace")
+    # PWD names the folder the agent starts in, whichever sandbox runs it.
+    assert seen.pop("PWD") == logged["cwd"]
+    assert logged["cwd"].endswith("/workspace")
     assert seen == {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
