@@ -95,11 +95,15 @@ def evaluator_digest(
     timeout_seconds: int,
     limits: Mapping[str, Any],
     sandbox_profile: str,
+    agent_network: bool = False,
 ) -> str:
     """Digest of the evaluator as it ran: its files, commands, environment
-    allow-list, limits and the sandbox profile actually used."""
+    allow-list, limits, whether its agent kept the network and the sandbox
+    profile actually used. ``agent_network`` enters only when true, so the
+    digests of evaluators without it are what they were before it existed."""
     return json_digest(
         {
+            **({"agent_network": True} if agent_network else {}),
             "kind": "evaluator/1",
             "files": files_tree,
             "runner": list(runner_argv),

@@ -142,6 +142,9 @@ class Evaluator(models.Model):
     timeout_seconds = models.PositiveIntegerField(default=60)
     # {"cpu_seconds", "memory_bytes", "file_bytes", "processes", "output_bytes"}
     limits = models.JSONField(default=dict, blank=True)
+    # The agent's command keeps the host's network under bubblewrap (an agent
+    # that calls a hosted model); the verifier never has it.
+    agent_network = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -25,7 +25,9 @@ What a run guarantees:
   real uid on the host, so under a shared uid one trial's fork bomb would use
   up the process budget of every other trial running beside it, and one
   trial could signal another's processes.
-- With bubblewrap: no network, a private pid/ipc/uts namespace, a private
+- With bubblewrap: no network (unless the caller passes ``network=True``:
+  then the host's, for an agent that calls a hosted model), a private
+  pid/ipc/uts namespace, a private
   ``/tmp``, and a filesystem holding only the system directories, the Python
   interpreter, the ``readable`` paths (read-only) and the ``writable`` paths.
   The root filesystem is never bound, so the database and keys are not even
@@ -287,8 +289,13 @@ def run_sandboxed(
     writable: Sequence[Path],
     readable: Sequence[Path],
     use_bwrap: bool,
+    network: bool = False,
 ) -> ProcessResult:
     """Run ``argv`` to completion (or ``timeout`` seconds) and clean up after it.
+
+    Under bubblewrap the command has no network unless ``network`` is true;
+    then it shares the host's (everything else stays private). Without
+    bubblewrap it always has the host's network.
 
     Preconditions: absolute paths; ``cwd`` and every ``writable`` path exist;
     ``readable`` paths that do not exist are skipped. Raises ValueError for
@@ -341,6 +348,7 @@ def run_sandboxed(
                 writable=writable_paths,
                 readable=readable_paths,
                 ids=(run_uid, run_gid) if drop else None,
+                network=network,
             )
             # bwrap reports {"exit-code": n} only if the command really ran,
             # which tells a broken sandbox from a failing command.
@@ -655,6 +663,7 @@ def _bwrap_command(
     writable: list[Path],
     readable: list[Path],
     ids: tuple[int, int] | None,
+    network: bool = False,
 ) -> list[str]:
     """The bubblewrap command line; the caller adds the descriptors.
 
@@ -664,6 +673,7 @@ def _bwrap_command(
     working directory; env puts back what the caller gave, and nothing runs
     for that when the caller's PWD is the working directory (as a trial's
     is). Where setpriv or env is missing, a Python shim does both.
+    ``network``: the host's network namespace instead of an empty one.
     """
     drop = ids is not None
     bwrap = _bwrap_path()
@@ -672,9 +682,11 @@ def _bwrap_command(
         # Everything --unshare-all does except the user namespace: as root it
         # would map the sandbox back to root, and the drop to the run's uid below
         # needs to happen in the host's user namespace to count for RLIMIT_NPROC.
-        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        if not network:
+            namespaces.insert(2, "--unshare-net")
     else:
-        namespaces = ["--unshare-all"]
+        namespaces = ["--unshare-all", "--share-net"] if network else ["--unshare-all"]
     command = [bwrap, *namespaces, "--die-with-parent", "--new-session", *system_part]
     command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     fresh_mounts = {"/proc", "/dev", "/tmp"}

@@ -83,7 +83,9 @@ class TrialSpec:
     the runner may not name {private}. ``env_allowlist`` names variables
     copied from the worker's environment when present; ``extra_env`` is
     added on top (e.g. RSI_SEED). ``python`` is the interpreter substituted
-    for {python}.
+    for {python}. ``agent_network``: under bubblewrap the agent's command
+    keeps the host's network (an agent that calls a hosted model); the
+    verifier's never does.
     """
 
     harness_dir: Path
@@ -104,6 +106,7 @@ class TrialSpec:
     # The folders are this trial's own fresh copies: moved into the trial
     # folder instead of copied again (they are gone afterwards).
     move_inputs: bool = False
+    agent_network: bool = False
 
     def __post_init__(self) -> None:
         for name in ("runner_argv", "verifier_argv"):
@@ -125,6 +128,8 @@ class TrialSpec:
             raise ValueError(f"sandbox_mode must be one of {', '.join(SANDBOX_MODES)}")
         if self.trial_index < 0:
             raise ValueError("trial_index must not be negative")
+        if not isinstance(self.agent_network, bool):
+            raise ValueError("agent_network must be true or false")
         try:
             json.dumps(self.private, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -177,7 +182,7 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
     work_root = Path(work_root).absolute()
     work_root.mkdir(parents=True, exist_ok=True)
     trial_dir = Path(tempfile.mkdtemp(prefix="trial-", dir=work_root))
-    result = TrialResult(outcome="error", sandbox_profile=profile)
+    result = TrialResult(outcome="error", sandbox_profile=recorded_profile(profile, agent_network=spec.agent_network))
     try:
         _run(spec, trial_dir, profile, result)
     except SandboxError as exc:
@@ -188,6 +193,13 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
     finally:
         _remove_tree(trial_dir)
     return result
+
+
+def recorded_profile(profile: str, *, agent_network: bool) -> str:
+    """The sandbox profile a trial records: bubblewrap's own name gains
+    ``+agent-network`` when the agent kept the host's network, so a record
+    never reads as isolated from the network when it was not."""
+    return f"{profile}+agent-network" if profile == "bwrap" and agent_network else profile
 
 
 def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) -> None:
@@ -224,6 +236,7 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) ->
         writable=[workspace, output],
         readable=[evaluator, *python_dirs],
         use_bwrap=use_bwrap,
+        network=spec.agent_network,
     )
     result.wall_time = agent.wall_time
     result.agent_log = _tail(agent.stderr, AGENT_LOG_CHARS)

@@ -91,11 +91,13 @@ def make_tiny_experiment(
     name: str | None = None,
     split_lists: Mapping[str, list[str]] | None = None,
     like: Experiment | None = None,
+    agent_network: bool = False,
 ) -> Experiment:
     """An experiment over ``tasks`` tasks whose expected answer is "yes" for
     even task numbers and "no" for odd ones; the default seed harness
     answers "yes" everywhere, so it passes half the tasks. With ``like``, a
-    twin of that experiment (same benchmark, evaluator, seed and splits)."""
+    twin of that experiment (same benchmark, evaluator, seed and splits).
+    ``agent_network``: the evaluator's agent keeps the host's network."""
     number = next(_counter)
     if like is not None:
         # Same benchmark, evaluator and seed harness: records comparable with like's.
@@ -136,6 +138,7 @@ def make_tiny_experiment(
         ],
         env_allowlist=["PATH"],
         timeout_seconds=30,
+        agent_network=agent_network,
     )
     files = harness or {"default.txt": "yes\n"}
     seed_tree = tree_store(entries=[FileEntry(path, "100644", text.encode()) for path, text in files.items()])

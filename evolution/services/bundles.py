@@ -179,6 +179,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             "env_allowlist": evaluator.env_allowlist,
             "timeout_seconds": evaluator.timeout_seconds,
             "limits": evaluator.limits,
+            "agent_network": evaluator.agent_network,
         },
         "surface": {
             "name": experiment.surface.name,
@@ -420,6 +421,9 @@ def _shape(bundle: Mapping[str, Any]) -> list[str]:
             "limits": (dict,),
         },
     )
+    # Bundles written before the setting existed have no agent_network: false.
+    if isinstance(bundle["evaluator"], dict) and not isinstance(bundle["evaluator"].get("agent_network", False), bool):
+        problems.append("evaluator: 'agent_network' is not bool")
     if _fields(problems, "surface", bundle["surface"], {"name": _TEXT, "spec": _TEXT, "digest": _TEXT}):
         try:
             parse_surface(bundle["surface"]["spec"])
@@ -594,6 +598,7 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
             timeout_seconds=evaluator.get("timeout_seconds"),
             limits=evaluator.get("limits", {}),
             sandbox_profile=certified.get("sandbox_profile", ""),
+            agent_network=evaluator.get("agent_network", False) is True,
         )
         if not hmac.compare_digest(str(certified.get("digest")), expected_digest):
             problems.append(
@@ -724,6 +729,7 @@ def _create(bundle: Mapping[str, Any], *, info: Mapping[str, Any], name: str) ->
             env_allowlist=spec["env_allowlist"],
             timeout_seconds=spec["timeout_seconds"],
             limits=spec["limits"],
+            agent_network=spec.get("agent_network", False),
         )
     except ExperimentError as exc:
         raise BundleError(str(exc)) from None

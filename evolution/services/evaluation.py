@@ -298,7 +298,15 @@ _CLAIMED_FIELDS = (
     "evaluation__experiment__evaluator",
     *(
         f"evaluation__experiment__evaluator__{name}"
-        for name in ("files", "runner_argv", "verifier_argv", "env_allowlist", "timeout_seconds", "limits")
+        for name in (
+            "files",
+            "runner_argv",
+            "verifier_argv",
+            "env_allowlist",
+            "timeout_seconds",
+            "limits",
+            "agent_network",
+        )
     ),
 )
 
@@ -375,6 +383,7 @@ def _trial_spec(trial: Trial, root: Path) -> TrialSpec:
         python=settings.RSI_PYTHON,
         # Fresh copies made for this trial alone: moved, not copied a second time.
         move_inputs=True,
+        agent_network=evaluator.agent_network,
     )
 
 

@@ -95,12 +95,16 @@ def evaluator_upsert(
     env_allowlist: Sequence[str] = (),
     timeout_seconds: int = 60,
     limits: Mapping[str, Any] | None = None,
+    agent_network: bool = False,
 ) -> Evaluator:
     """Create an evaluator, or return the identical existing one. A different
     evaluator under an existing name is refused: evaluators are immutable
-    because certified results bind to their digest."""
+    because certified results bind to their digest. ``agent_network``: the
+    agent's command keeps the host's network under bubblewrap."""
     if not runner_argv or not verifier_argv:
         raise ExperimentError("an evaluator needs a runner and a verifier command")
+    if not isinstance(agent_network, bool):
+        raise ExperimentError(f"agent_network must be true or false, not {agent_network!r}")
     values = {
         "files": files,
         "runner_argv": list(runner_argv),
@@ -108,6 +112,7 @@ def evaluator_upsert(
         "env_allowlist": sorted(env_allowlist),
         "timeout_seconds": timeout_seconds,
         "limits": dict(limits or {}),
+        "agent_network": agent_network,
     }
     evaluator, created = Evaluator.objects.get_or_create(name=name, defaults=values)
     if not created:
@@ -132,7 +137,8 @@ def benchmark_from_config(*, config: Mapping[str, Any], tasks: Sequence[TaskInpu
 def evaluator_from_config(*, config: Mapping[str, Any], files: Tree) -> Evaluator:
     """``evaluator_upsert`` of an ``[evaluator]`` table of an example's TOML
     file: ``name``, ``runner_argv``, ``verifier_argv`` and the optional
-    ``env_allowlist``, ``timeout_seconds`` (60) and ``limits``. KeyError when a
+    ``env_allowlist``, ``timeout_seconds`` (60), ``limits`` and
+    ``agent_network`` (false). KeyError when a
     required key is missing. Safe to repeat, like ``evaluator_upsert``."""
     return evaluator_upsert(
         name=config["name"],
@@ -142,6 +148,7 @@ def evaluator_from_config(*, config: Mapping[str, Any], files: Tree) -> Evaluato
         env_allowlist=config.get("env_allowlist", []),
         timeout_seconds=int(config.get("timeout_seconds", 60)),
         limits=config.get("limits", {}),
+        agent_network=config.get("agent_network", False),
     )
 
 

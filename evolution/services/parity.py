@@ -204,6 +204,7 @@ def _direct_run(plan: _Plan, seed: int) -> dict[parity.TrialKey, str]:
                     trial_index=index,
                     sandbox_mode=settings.RSI_SANDBOX,
                     python=settings.RSI_PYTHON,
+                    agent_network=evaluator.agent_network,
                 )
                 outcomes[(task.external_id, index)] = run_trial(spec, work_root=root / "trials").outcome
         return outcomes

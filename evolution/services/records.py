@@ -75,6 +75,7 @@ def _evaluator_digest(evaluator: Evaluator, sandbox_profile: str) -> str:
         timeout_seconds=evaluator.timeout_seconds,
         limits=evaluator.limits,
         sandbox_profile=sandbox_profile,
+        agent_network=evaluator.agent_network,
     )
 
 

@@ -21,9 +21,12 @@ from evolution.services.records import records_verify
 from tests.factories import evaluate_seed_inline, make_tiny_experiment, seed_of
 
 
-def certified_experiment() -> Experiment:
+def certified_experiment(*, agent_network: bool = False) -> Experiment:
     experiment = make_tiny_experiment(
-        tasks=4, k=1, split_lists={"train": ["t00", "t01"], "gate": ["t02"], "sealed": ["t03"]}
+        tasks=4,
+        k=1,
+        split_lists={"train": ["t00", "t01"], "gate": ["t02"], "sealed": ["t03"]},
+        agent_network=agent_network,
     )
     evaluate_seed_inline(experiment, ("train",))
     evaluate_seed_inline(experiment, ("gate", "sealed"))
@@ -190,6 +193,38 @@ def test_import_into_an_empty_database_verifies(tmp_path: Path) -> None:
     # Safe to repeat.
     call_command("import_bundle", str(path), stdout=io.StringIO())
     assert Experiment.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_bundle_written_before_agent_network_existed_still_verifies(tmp_path: Path) -> None:
+    bundle = bundle_read(export(certified_experiment(), tmp_path / "bundle.json.gz"))
+    assert bundle["evaluator"]["agent_network"] is False
+    del bundle["evaluator"]["agent_network"]
+    assert bundle_verify(bundle, key=settings.RSI_RECORDS_KEY) == []
+    bundle["evaluator"]["agent_network"] = "no"
+    assert "evaluator: 'agent_network' is not bool" in bundle_verify(bundle, key=settings.RSI_RECORDS_KEY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_with_the_network_is_bound_into_the_bundle_and_imported(tmp_path: Path) -> None:
+    experiment = certified_experiment(agent_network=True)
+    path = export(experiment, tmp_path / "bundle.json.gz")
+    bundle = bundle_read(path)
+    assert bundle["evaluator"]["agent_network"] is True
+    assert bundle_verify(bundle, key=settings.RSI_RECORDS_KEY) == []
+    # Saying the agent had no network is an edit the records catch.
+    edited = copy.deepcopy(bundle)
+    edited["evaluator"]["agent_network"] = False
+    assert any(
+        "evaluator (commands, files" in problem for problem in bundle_verify(edited, key=settings.RSI_RECORDS_KEY)
+    )
+
+    call_command("flush", interactive=False, verbosity=0)
+    call_command("import_bundle", str(path), stdout=io.StringIO())
+    imported = Experiment.objects.get(uid=experiment.uid)
+    assert imported.evaluator.agent_network is True
+    report = records_verify(experiment=imported)
+    assert report.ok, report.problems
 
 
 def test_structurally_broken_bundle_is_reported_not_raised() -> None:

@@ -10,6 +10,8 @@ from evolution.services.experiments import (
     ExperimentError,
     TaskInput,
     benchmark_upsert,
+    evaluator_from_config,
+    evaluator_upsert,
     split_digests_compute,
     splits_assign,
 )
@@ -134,3 +136,20 @@ def test_the_own_benchmark_cannot_also_be_held_out() -> None:
             heldout=[base.benchmark],
         )
     assert not type(base).objects.filter(name="self held out").exists()
+
+
+def test_an_evaluator_table_may_give_its_agent_the_network() -> None:
+    files = make_tiny_experiment(tasks=2, k=1).evaluator.files
+    config = {"name": "hosted-model", "runner_argv": ["agent"], "verifier_argv": ["verify"]}
+    assert evaluator_from_config(config=config, files=files).agent_network is False
+    with_network = evaluator_from_config(
+        config={**config, "name": "hosted-model-2", "agent_network": True}, files=files
+    )
+    assert with_network.agent_network is True
+    # Evaluators are immutable: the same name with the other setting is refused, not changed.
+    with pytest.raises(ExperimentError, match="exists with different settings"):
+        evaluator_upsert(
+            name="hosted-model", files=files, runner_argv=["agent"], verifier_argv=["verify"], agent_network=True
+        )
+    with pytest.raises(ExperimentError, match="agent_network must be true or false"):
+        evaluator_from_config(config={**config, "name": "hosted-model-3", "agent_network": "yes"}, files=files)

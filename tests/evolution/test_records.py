@@ -464,3 +464,57 @@ def test_verify_record_names_a_record_of_another_place() -> None:
     problems = records.verify_record(moved, key=KEY, experiment_uid=UID.replace("1", "2"), prev=None)
     assert records.RecordCheck.NAMES_RECORD in [p.check for p in problems]
     assert "payload belongs to another experiment" in [str(p) for p in problems]
+
+
+def test_an_agent_with_the_network_is_certified_as_such() -> None:
+    experiment = make_tiny_experiment(tasks=4, k=1, agent_network=True)
+    evaluation = evaluate_seed_inline(experiment)
+    assert evaluation.state == Evaluation.State.CERTIFIED
+    payload = CertifiedResult.objects.get(experiment=experiment).payload
+    profiles = set(evaluation.trials.values_list("sandbox_profile", flat=True))
+    # Under bubblewrap the record names the network the agent kept; without it nothing was isolated anyway.
+    assert profiles in ({"bwrap+agent-network"}, {"none"})
+    assert payload["evaluator"]["sandbox_profile"] == next(iter(profiles))
+    code, out = run_verify(experiment)
+    assert code == 0, out
+
+    # The same evaluator without the network has another digest, which the record would not match.
+    evaluator = experiment.evaluator
+    fields: dict[str, Any] = {
+        "files_tree": evaluator.files_id,
+        "runner_argv": evaluator.runner_argv,
+        "verifier_argv": evaluator.verifier_argv,
+        "env_allowlist": evaluator.env_allowlist,
+        "timeout_seconds": evaluator.timeout_seconds,
+        "limits": evaluator.limits,
+        "sandbox_profile": payload["evaluator"]["sandbox_profile"],
+    }
+    assert payload["evaluator"]["digest"] == digests.evaluator_digest(**fields, agent_network=True)
+    assert payload["evaluator"]["digest"] != digests.evaluator_digest(**fields)
+
+
+def test_an_evaluator_without_the_network_keeps_the_digest_it_had_before_the_setting() -> None:
+    fields: dict[str, Any] = {
+        "files_tree": "a" * 64,
+        "runner_argv": ["run"],
+        "verifier_argv": ["verify"],
+        "env_allowlist": ["PATH"],
+        "timeout_seconds": 30,
+        "limits": {},
+        "sandbox_profile": "bwrap",
+    }
+    # The document every existing record's evaluator digest is over: no agent_network key in it.
+    before = digests.json_digest(
+        {
+            "kind": "evaluator/1",
+            "files": "a" * 64,
+            "runner": ["run"],
+            "verifier": ["verify"],
+            "env_allowlist": ["PATH"],
+            "timeout_seconds": 30,
+            "limits": {},
+            "sandbox_profile": "bwrap",
+        }
+    )
+    assert digests.evaluator_digest(**fields) == before
+    assert digests.evaluator_digest(**fields, agent_network=False) == before

@@ -73,6 +73,7 @@ def run_code(
     timeout: float = 20,
     env: dict[str, str] | None = None,
     readable: list[Path] | None = None,
+    network: bool = False,
 ) -> ProcessResult:
     python = sys.executable if use_bwrap else run_python()
     return run_sandboxed(
@@ -84,6 +85,7 @@ def run_code(
         writable=[box],
         readable=readable or [],
         use_bwrap=use_bwrap,
+        network=network,
     )
 
 
@@ -525,6 +527,53 @@ def test_bwrap_has_no_network(require_bwrap: None, box: Path) -> None:
     # The listener is reachable without the sandbox, so "blocked" inside means no network.
     assert outside.stdout.split()[0] == b"connected"
     assert inside.stdout == b"blocked\nblocked\n"
+
+
+def test_bwrap_with_network_reaches_the_host_and_keeps_the_rest_private(require_bwrap: None, box: Path) -> None:
+    # An agent that calls a hosted model: the host's network, nothing else of the host.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    secret_dir = Path(tempfile.mkdtemp(prefix="rsi-secret-", dir=Path.home()))
+    (secret_dir / "key").write_text("s3cret")
+    code = (
+        "import json, os, socket\n"
+        f"socket.create_connection(('127.0.0.1', {port}), timeout=5).close()\n"
+        "print(json.dumps({'pid': os.getpid(), 'uid': os.getuid(), 'tmp': os.listdir('/tmp'),"
+        f" 'secret': os.path.exists({str(secret_dir / 'key')!r})}}))\n"
+    )
+    marker = Path(tempfile.gettempdir()) / f"rsi-host-tmp-{os.getpid()}"
+    marker.write_text("host")
+    try:
+        result = run_code(code, box, use_bwrap=True, network=True)
+    finally:
+        listener.close()
+        marker.unlink()
+        shutil.rmtree(secret_dir)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["secret"] is False
+    assert seen["tmp"] == ([box.name] if box.parent == marker.parent else [])  # only the bound folder
+    assert seen["pid"] < 10  # its own pid namespace
+    assert seen["uid"] == (sandbox.run_ids()[0] if ROOT else os.getuid())
+
+
+@pytest.mark.parametrize("ids", [None, (1_900_000_001, 1_900_000_001)])
+def test_bwrap_leaves_the_network_namespace_out_only_when_asked(
+    require_bwrap: None, ids: tuple[int, int] | None, box: Path
+) -> None:
+    def namespaces(network: bool) -> list[str]:
+        command = sandbox._bwrap_command(
+            ["/bin/true"], cwd=box, env={}, writable=[box], readable=[], ids=ids, network=network
+        )
+        return [arg for arg in command if arg.startswith(("--unshare", "--share"))]
+
+    if ids is None:  # an unprivileged worker: a user namespace with everything else
+        assert namespaces(False) == ["--unshare-all"]
+        assert namespaces(True) == ["--unshare-all", "--share-net"]
+    else:  # a root worker: every namespace but the user one
+        private = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        assert namespaces(False) == ["--unshare-ipc", "--unshare-pid", "--unshare-net", *private[2:]]
+        assert namespaces(True) == private
 
 
 def test_bwrap_hides_files_outside_bound_paths(require_bwrap: None, box: Path) -> None:

@@ -492,6 +492,54 @@ def test_no_network_under_bwrap(tmp_path: Path, work_root: Path) -> None:
     assert boxed.outcome == "pass"
 
 
+def test_agent_network_reaches_the_host_for_the_agent_only(tmp_path: Path, work_root: Path) -> None:
+    # An agent that calls a hosted model (here a listener on the host) gets the
+    # network only when its evaluator allows it, and the trial says so in its profile.
+    require_bwrap()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    agent = f"""
+    import socket
+    socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+    (output / "answer.txt").write_text(str(answer))
+    write_trajectory()
+    """
+    try:
+        allowed = run_trial(make_spec(tmp_path, agent, mode="required", agent_network=True), work_root=work_root)
+        denied = run_trial(make_spec(tmp_path, agent, mode="required"), work_root=work_root)
+    finally:
+        listener.close()
+    assert allowed.outcome == "pass", (allowed.error, allowed.agent_log)
+    assert allowed.sandbox_profile == "bwrap+agent-network"
+    assert denied.outcome == "error" and denied.error_kind == "agent_crash"
+    assert "ConnectionRefusedError" in denied.agent_log
+    assert denied.sandbox_profile == "bwrap"
+
+
+def test_a_verifier_never_gets_the_network(tmp_path: Path, work_root: Path) -> None:
+    require_bwrap()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    verifier = f"""
+    import json, socket
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    print(json.dumps({{"passed": True, "score": 1.0, "criteria": [], "valid_output": True, "submitted": True}}))
+    """
+    try:
+        result = run_trial(
+            make_spec(tmp_path, verifier=verifier, mode="required", agent_network=True), work_root=work_root
+        )
+    finally:
+        listener.close()
+    assert result.outcome == "error"
+    assert result.error_kind == "verifier_crash"
+
+
+def test_agent_network_must_be_a_boolean(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="agent_network"):
+        make_spec(tmp_path, agent_network="yes")
+
+
 def test_bwrap_hides_host_files_and_keeps_workspace_writable(tmp_path: Path, work_root: Path) -> None:
     require_bwrap()
     secret_dir = Path(tempfile.mkdtemp(prefix="rsi-secret-", dir=Path.home()))
