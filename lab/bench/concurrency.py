@@ -33,9 +33,9 @@ from django.db import connection
 from evolution import selectors
 from evolution.models import CertifiedResult, Evaluation, Experiment, TrajectoryStep, Trial
 from evolution.services import evaluation as evaluation_services
-from lab.bench import BenchResult, benchmark, stopwatch
+from lab.bench import BenchResult, benchmark
 from lab.bench.memory import Periodic, rss_kib
-from lab.bench.orchestration import SPLITS, with_bench_experiment, worker_start
+from lab.bench.orchestration import SPLITS, wait_certified, with_bench_experiment, worker_start
 from lab.processes import WorkerProcess as Worker
 from lab.processes import process_stats
 from rsiweb.settings import pool_size
@@ -100,19 +100,6 @@ class MemorySampler(Periodic):
         below = sum(rss_kib(pid) for worker in self.workers for pid in descendants(worker.pid))
         self.peak = max(self.peak, own + below)
         self.peak_workers = max(self.peak_workers, own)
-
-
-def _wait_certified(evaluation: Evaluation, *, timeout: float, workers: list[Worker]) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = Evaluation.objects.filter(pk=evaluation.pk).values_list("state", flat=True).get()
-        if state == Evaluation.State.CERTIFIED:
-            return
-        dead = [worker for worker in workers if worker.process.poll() is not None]
-        if state == Evaluation.State.FAILED or dead or time.monotonic() > deadline:
-            logs = "\n".join(f"--- {worker.hostname}:\n{worker.log()[-2000:]}" for worker in workers)
-            raise RuntimeError(f"evaluation {evaluation.pk} is {state}\n{logs}")
-        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -224,7 +211,7 @@ def _measure(
 ) -> Pass:
     pids = [worker.pid for worker in trial_workers]
     cpu_before = _cpu(pids)
-    with MemorySampler(workers=trial_workers) as sampler, stopwatch() as elapsed:
+    with MemorySampler(workers=trial_workers) as sampler:
         start = time.time()
         evaluation = evaluation_services.evaluation_start(
             candidate=selectors.experiment_seed(experiment),
@@ -232,14 +219,13 @@ def _measure(
             purpose=Evaluation.Purpose.NOISE,
             repeat=repeat,
         )
-        _wait_certified(evaluation, timeout=600, workers=all_workers)
-        certified = time.time()
+        certified = wait_certified(evaluation, timeout=600, workers=all_workers)
     cpu = _cpu(pids) - cpu_before
     trials = Trial.objects.filter(evaluation=evaluation)
     by_pid = {str(worker.pid): worker.hostname for worker in trial_workers}
     shares = Counter(by_pid.get(owner.split(":")[1], owner) for owner in trials.values_list("lease_owner", flat=True))
     return Pass(
-        seconds=elapsed[0],
+        seconds=certified - start,
         peak_kib=sampler.peak,
         peak_workers_kib=sampler.peak_workers,
         trials=trials.count(),

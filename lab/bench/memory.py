@@ -124,7 +124,7 @@ def memory_benchmark(*, trials: int = 10_000, checkpoint: int = 1_000, batch: in
                         purpose=Evaluation.Purpose.NOISE,
                         repeat=repeat,
                     )
-                    wait_certified(evaluation, timeout=120 + 2 * tasks * k, worker=worker, poll=0.2)
+                    wait_certified(evaluation, timeout=120 + 2 * tasks * k, workers=[worker], poll=0.2)
                 sampler.sample()
         finally:
             worker.stop()
