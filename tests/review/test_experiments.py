@@ -780,3 +780,15 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as) 
     # The grown rounds and candidates are on the pages.
     html = client.get(reverse("review:lineage", args=[pk])).content.decode()
     assert html.count('class="node cat-') == example_world.candidates.count()
+
+
+def test_dashboard_says_when_the_evaluator_gives_its_agent_the_network(client_as) -> None:
+    offline = make_tiny_experiment(tasks=2, k=1)
+    hosted = make_tiny_experiment(tasks=2, k=1, agent_network=True)
+    client = client_as("viewer")
+    texts = {
+        experiment.pk: _text(client.get(reverse("review:experiment", args=[experiment.pk])).content)
+        for experiment in (offline, hosted)
+    }
+    assert "the agent keeps the network" in texts[hosted.pk]
+    assert "the agent keeps the network" not in texts[offline.pk]
