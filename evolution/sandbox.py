@@ -446,11 +446,15 @@ def _limit_and_release(
     bubblewrap writes ``{"child-pid": N}`` to ``info`` once it has cloned
     that process, and closes it. Nothing is written when it failed before
     (a bad option, say): the sandbox never started and bubblewrap reports
-    why on stderr. The process cannot end or be replaced while it waits on
-    the gate, so its pid names it. SandboxError when a limit cannot be set
-    or bubblewrap says nothing within ``timeout``; the caller then kills
-    the process group (the blocked process is still in it) before the gate
-    closes, so the command never runs without its limits.
+    why on stderr. bubblewrap builds the sandbox's mounts before it waits
+    on the gate: when that fails the process ends on its own, before it
+    could run anything, and is gone (ESRCH) by the time its limits are set;
+    bubblewrap's status then tells the caller why. Once the process waits
+    on the gate it cannot end or be replaced, so its pid names it.
+    SandboxError when a limit cannot be set or bubblewrap says nothing
+    within ``timeout``; the caller then kills the process group (the
+    blocked process is still in it) before the gate closes, so the command
+    never runs without its limits.
     """
     deadline = time.monotonic() + timeout
     report = b""
@@ -471,9 +475,12 @@ def _limit_and_release(
     try:
         for res, value in rlimits:
             resource.prlimit(pid, res, value)
+    except ProcessLookupError:
+        return  # it failed to build the sandbox and ran nothing; the gate stays shut
     except OSError as exc:
         raise SandboxError(f"could not apply limits to the sandbox: {exc}") from exc
-    release.write(b"\0")
+    with contextlib.suppress(BrokenPipeError):  # it ended after its limits were set, before the gate
+        release.write(b"\0")
 
 
 def _guarded(use_bwrap: bool) -> bool:

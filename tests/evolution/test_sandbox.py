@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -642,6 +643,31 @@ def test_bwrap_setup_failure_is_a_sandbox_error(
         return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]]
 
     monkeypatch.setattr(sandbox, "_bwrap_command", with_missing_source)
+    with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Can't find source path"):
+        run_code("pass", box, use_bwrap=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root worker sets the limits from outside")
+def test_bwrap_failing_to_build_the_sandbox_before_its_limits_are_set_is_a_setup_error(
+    require_bwrap: None, box: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bubblewrap builds the mounts before it waits on the gate: a failure there
+    # ends its first process, which may be gone before the worker sets its
+    # limits (as in CI once). Made certain here: the limits wait for the end.
+    real_command, real_prlimit = sandbox._bwrap_command, resource.prlimit
+
+    def with_missing_source(*args: object, **kwargs: object) -> list[str]:
+        command = real_command(*args, **kwargs)  # type: ignore[arg-type]
+        return [command[0], "--ro-bind", str(box / "vanished"), "/vanished", *command[1:]]
+
+    def prlimit_once_gone(pid: int, *args: Any) -> Any:
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_prlimit(pid, *args)
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", with_missing_source)
+    monkeypatch.setattr(resource, "prlimit", prlimit_once_gone)
     with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: bwrap: Can't find source path"):
         run_code("pass", box, use_bwrap=True)
 
