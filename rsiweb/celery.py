@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.signals import task_postrun, task_prerun
+from django.db import close_old_connections
 from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rsiweb.settings")
@@ -15,6 +18,27 @@ TRANSPORT_ALIASES["filesystem"] = "rsiweb.broker:Transport"
 app = Celery("rsiweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def close_obsolete_connections(sender: Task | None = None, **_: Any) -> None:
+    """At each edge of a task, what Django does at each edge of a request:
+    close this thread's connections that are broken or older than
+    ``CONN_MAX_AGE`` (all of them when it is 0, the default), so a worker
+    started with ``RSI_DB_CONN_MAX_AGE`` keeps its connection from task to
+    task, and a pooled one goes back to its pool.
+
+    Celery's own fix-up would close them all, always (settings.py turns that
+    off with CELERY_DB_REUSE_MAX): every task of a prefork worker then paid a
+    new PostgreSQL connection, the server's start of a backend and its cold
+    caches included, and a pool of a prefork process was torn down after
+    every task. A task run eagerly, inside its caller, leaves the caller's
+    connections alone, as the fix-up did.
+    """
+    request = getattr(sender, "request", None)
+    if not getattr(request, "is_eager", False):
+        close_old_connections()
 
 
 def queue_everything_to(queue: str | None) -> None:

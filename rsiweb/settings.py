@@ -227,7 +227,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RSI_MAX_BODY_BYTES", 20 * 1024 * 1024)
 _default_sqlite = VAR_DIR / "rsiweb.sqlite3"
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_default_sqlite}")
 try:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("RSI_DB_CONN_MAX_AGE", 0))
+    _conn_max_age = env_int("RSI_DB_CONN_MAX_AGE", 0)
+    # A connection kept between requests or tasks is checked before its first
+    # use in the next one, so a database restart costs a reconnect, not a
+    # failed task.
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=_conn_max_age, conn_health_checks=_conn_max_age > 0)
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
 
@@ -349,6 +353,11 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
+# Celery's Django fix-up closes every database connection before and after
+# each task, whatever CONN_MAX_AGE says, unless it is told to reuse them for
+# this many tasks: never, here. rsiweb/celery.py closes them at a task's
+# edges by Django's own rule instead (close_old_connections).
+CELERY_DB_REUSE_MAX = sys.maxsize // 2
 # Trials wait on a sandboxed subprocess (a model API, in real agents) and
 # use little CPU, so they go to a queue of their own that a worker with a
 # thread pool serves with many slots (``--pool=threads --concurrency=N``),
