@@ -271,25 +271,41 @@ def slots(env: dict[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
-def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str]]]:
-    """The two Celery workers ``run`` starts, by name.
+# How long a prefork worker process keeps its database connection between
+# tasks (RSI_DB_CONN_MAX_AGE) when the environment says nothing: one process
+# holds one connection, and a new one a task costs the database a backend.
+WORKER_CONN_MAX_AGE = "60"
+
+
+def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
+    """The two Celery workers ``run`` starts: name, command line, environment.
 
     The worker of the default queue (proposals, certification, the loop's
     steps, the lease reaper's beat) runs a prefork pool: that work uses the
-    CPU, RSI_WORKER_PROCESSES processes (default 2). The trial worker serves
-    the trial queue with a thread pool of RSI_TRIAL_SLOTS threads (default
-    8): a trial only waits on its sandboxed agent, so a slot costs a thread,
-    not a core (docs/deployment.md says how to size both).
+    CPU, RSI_WORKER_PROCESSES processes (default 2), each keeping its
+    database connection between tasks (RSI_DB_CONN_MAX_AGE, default 60 s
+    here, unless a pool is asked for). The trial worker serves the trial
+    queue with a thread pool of RSI_TRIAL_SLOTS threads (default 8): a
+    trial only waits on its sandboxed agent, so a slot costs a thread, not
+    a core (docs/deployment.md says how to size both).
     """
     celery = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--loglevel=INFO"]
     processes = slots(env, "RSI_WORKER_PROCESSES", 2)
     trial_slots = slots(env, "RSI_TRIAL_SLOTS", 8)
     trial_queue = env.get("RSI_TRIAL_QUEUE") or "trials"
+    prefork_env = dict(env)
+    if not env.get("RSI_DB_CONN_MAX_AGE") and not env.get("RSI_DB_POOL_SIZE"):
+        prefork_env["RSI_DB_CONN_MAX_AGE"] = WORKER_CONN_MAX_AGE
     return [
-        ("worker", [*celery, "--beat", "-Q", "celery", f"--concurrency={processes}", "--hostname=celery@%h"]),
+        (
+            "worker",
+            [*celery, "--beat", "-Q", "celery", f"--concurrency={processes}", "--hostname=celery@%h"],
+            prefork_env,
+        ),
         (
             "trial worker",
             [*celery, "-Q", trial_queue, "--pool=threads", f"--concurrency={trial_slots}", "--hostname=trials@%h"],
+            env,
         ),
     ]
 
@@ -324,8 +340,8 @@ def run() -> int:
         manage("load_example", "--rounds", rounds, env=env)
         manage("ensure_admin", env=env)
         prctl = _libc_prctl()
-        for name, command in workers:
-            children.append((name, start_child(command, env, prctl)))
+        for name, command, worker_env in workers:
+            children.append((name, start_child(command, worker_env, prctl)))
         children.append(("web server", start_child(web_server_command(host, port), env, prctl)))
         # The URL is printed once the server answers on it, not before.
         deadline = time.monotonic() + LISTEN_TIMEOUT_SECONDS

@@ -261,3 +261,24 @@ def test_dev_run_refuses_a_port_that_is_not_one(port: str, tmp_path: Path) -> No
         "e.g. RSI_PORT=<port> python3.11 dev.py run\n"
     )
     assert not (tmp_path / "var").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "prefork_max_age"),
+    [
+        ({}, "60"),
+        ({"RSI_DB_CONN_MAX_AGE": "5"}, "5"),
+        # A pool excludes persistent connections (settings refuse both): left alone.
+        ({"RSI_DB_POOL_SIZE": "4"}, None),
+    ],
+)
+def test_dev_run_keeps_the_prefork_workers_connections_and_leaves_the_trial_worker_as_it_is(
+    given: dict[str, str], prefork_max_age: str | None
+) -> None:
+    workers = {name: (command, env) for name, command, env in _dev_module().worker_commands({"PATH": "/bin", **given})}
+    assert set(workers) == {"worker", "trial worker"}
+    prefork_command, prefork_env = workers["worker"]
+    trial_command, trial_env = workers["trial worker"]
+    assert "--pool=threads" not in prefork_command and "--pool=threads" in trial_command
+    assert prefork_env.get("RSI_DB_CONN_MAX_AGE") == prefork_max_age
+    assert trial_env == {"PATH": "/bin", **given}
