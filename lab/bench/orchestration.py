@@ -30,7 +30,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass
 from datetime import datetime
@@ -225,6 +225,19 @@ def _steps_discard(experiment: Experiment) -> None:
 # --- worker processes ---------------------------------------------------------
 
 
+# A prefork worker's processes keep their connection between tasks, as
+# ``dev.py run`` and docs/deployment.md set them up.
+PREFORK_CONN_MAX_AGE = "60"
+
+
+def prefork_connections(env: Mapping[str, str]) -> dict[str, str]:
+    """What a prefork worker started with ``env`` is given for its database
+    connections: RSI_DB_CONN_MAX_AGE, unless ``env`` sets it or a pool."""
+    if env.get("RSI_DB_CONN_MAX_AGE") or env.get("RSI_DB_POOL_SIZE"):
+        return {}
+    return {"RSI_DB_CONN_MAX_AGE": PREFORK_CONN_MAX_AGE}
+
+
 def worker_start(
     *,
     log_dir: Path,
@@ -243,6 +256,8 @@ def worker_start(
     env["DATABASE_URL"] = database_url_for_subprocess()
     env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
     env.update(extra_env or {})
+    if pool == "prefork":
+        env.update(prefork_connections(env))
     name = hostname or f"bench-{uuid.uuid4().hex[:8]}"
     return worker_spawn(
         env=env,
@@ -501,7 +516,9 @@ def orchestration(*, tasks: int = 60, k: int = 7, parallel: int = 2) -> BenchRes
                 f"trials: {tasks * k} ({tasks} tasks of the bundled example x k={k}), its agent.py and verify.py; "
                 f"{parallel} parallel processes on each side",
                 f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
-                f"sandbox: {', '.join(profiles)}",
+                f"sandbox: {', '.join(profiles)}; a worker process keeps its database connection "
+                f"{({**os.environ, **prefork_connections(os.environ)}).get('RSI_DB_CONN_MAX_AGE', '0')} s "
+                "between tasks (RSI_DB_CONN_MAX_AGE)",
                 f"direct:   {direct_seconds:8.2f} s  ({1000 * direct_seconds / (tasks * k):.1f} ms per trial x "
                 f"{parallel}), {direct_passes} passed; mean of {before:.2f} s before and {after:.2f} s after",
                 f"platform: {platform_seconds:8.2f} s  ({1000 * platform_seconds / (tasks * k):.1f} ms per trial x "
