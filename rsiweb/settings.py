@@ -354,9 +354,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
 # Celery's Django fix-up closes every database connection before and after
-# each task, whatever CONN_MAX_AGE says, unless it is told to reuse them for
-# this many tasks: never, here. rsiweb/celery.py closes them at a task's
-# edges by Django's own rule instead (close_old_connections).
+# each task, whatever CONN_MAX_AGE says, except that it lets them live for
+# CELERY_DB_REUSE_MAX tasks at a time: set past reach, so the fix-up never
+# closes them, and rsiweb/celery.py closes them at a task's edges by
+# Django's own rule instead (close_old_connections).
 CELERY_DB_REUSE_MAX = sys.maxsize // 2
 # Trials wait on a sandboxed subprocess (a model API, in real agents) and
 # use little CPU, so they go to a queue of their own that a worker with a
