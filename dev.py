@@ -284,18 +284,24 @@ def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str], dict[str,
     steps, the lease reaper's beat) runs a prefork pool: that work uses the
     CPU, RSI_WORKER_PROCESSES processes (default 2), each keeping its
     database connection between tasks (RSI_DB_CONN_MAX_AGE, default 60 s
-    here, unless a pool is asked for). The trial worker serves the trial
-    queue with a thread pool of RSI_TRIAL_SLOTS threads (default 8): a
-    trial only waits on its sandboxed agent, so a slot costs a thread, not
-    a core (docs/deployment.md says how to size both).
+    here). The trial worker serves the trial queue with a thread pool of
+    RSI_TRIAL_SLOTS threads (default 8): a trial only waits on its
+    sandboxed agent, so a slot costs a thread, not a core; on PostgreSQL
+    its threads share a pool of connections (RSI_DB_POOL_SIZE).
+    Either default applies only when the environment sets neither
+    variable (docs/deployment.md says how to size all of it).
     """
     celery = [str(PYTHON), "-m", "celery", "-A", "rsiweb", "worker", "--loglevel=INFO"]
     processes = slots(env, "RSI_WORKER_PROCESSES", 2)
     trial_slots = slots(env, "RSI_TRIAL_SLOTS", 8)
     trial_queue = env.get("RSI_TRIAL_QUEUE") or "trials"
-    prefork_env = dict(env)
+    prefork_env, trial_env = dict(env), dict(env)
     if not env.get("RSI_DB_CONN_MAX_AGE") and not env.get("RSI_DB_POOL_SIZE"):
         prefork_env["RSI_DB_CONN_MAX_AGE"] = WORKER_CONN_MAX_AGE
+        if env.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+            # The slots share a pool (rsiweb.settings.pool_size's size), as
+            # docs/deployment.md says, instead of a new connection twice a trial.
+            trial_env["RSI_DB_POOL_SIZE"] = str(max(4, min(trial_slots, 4 + trial_slots // 8)))
     return [
         (
             "worker",
@@ -305,7 +311,7 @@ def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str], dict[str,
         (
             "trial worker",
             [*celery, "-Q", trial_queue, "--pool=threads", f"--concurrency={trial_slots}", "--hostname=trials@%h"],
-            env,
+            trial_env,
         ),
     ]
 

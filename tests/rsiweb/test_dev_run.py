@@ -264,16 +264,18 @@ def test_dev_run_refuses_a_port_that_is_not_one(port: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    ("given", "prefork_max_age"),
+    ("given", "prefork_max_age", "trial_pool"),
     [
-        ({}, "60"),
-        ({"RSI_DB_CONN_MAX_AGE": "5"}, "5"),
-        # A pool excludes persistent connections (settings refuse both): left alone.
-        ({"RSI_DB_POOL_SIZE": "4"}, None),
+        ({}, "60", None),
+        ({"DATABASE_URL": "postgres://u@db:5432/rsi"}, "60", "5"),
+        ({"DATABASE_URL": "postgresql://u@db/rsi", "RSI_TRIAL_SLOTS": "64"}, "60", "12"),
+        ({"DATABASE_URL": "postgres://u@db/rsi", "RSI_DB_CONN_MAX_AGE": "5"}, "5", None),
+        # A pool excludes persistent connections (settings refuse both): left as given.
+        ({"DATABASE_URL": "postgres://u@db/rsi", "RSI_DB_POOL_SIZE": "6"}, None, "6"),
     ],
 )
-def test_dev_run_keeps_the_prefork_workers_connections_and_leaves_the_trial_worker_as_it_is(
-    given: dict[str, str], prefork_max_age: str | None
+def test_dev_run_gives_the_prefork_worker_kept_connections_and_the_trial_worker_a_pool_on_postgresql(
+    given: dict[str, str], prefork_max_age: str | None, trial_pool: str | None
 ) -> None:
     workers = {name: (command, env) for name, command, env in _dev_module().worker_commands({"PATH": "/bin", **given})}
     assert set(workers) == {"worker", "trial worker"}
@@ -281,4 +283,15 @@ def test_dev_run_keeps_the_prefork_workers_connections_and_leaves_the_trial_work
     trial_command, trial_env = workers["trial worker"]
     assert "--pool=threads" not in prefork_command and "--pool=threads" in trial_command
     assert prefork_env.get("RSI_DB_CONN_MAX_AGE") == prefork_max_age
-    assert trial_env == {"PATH": "/bin", **given}
+    assert prefork_env.get("RSI_DB_POOL_SIZE") == given.get("RSI_DB_POOL_SIZE")
+    assert trial_env.get("RSI_DB_POOL_SIZE") == trial_pool
+    assert trial_env.get("RSI_DB_CONN_MAX_AGE") == given.get("RSI_DB_CONN_MAX_AGE")
+
+
+@pytest.mark.parametrize("slots", [1, 2, 8, 31, 32, 64, 100, 1000])
+def test_dev_run_sizes_the_trial_workers_pool_as_the_settings_do(slots: int) -> None:
+    from rsiweb.settings import pool_size
+
+    env = {"DATABASE_URL": "postgres://u@db/rsi", "RSI_TRIAL_SLOTS": str(slots)}
+    trial_env = {name: env for name, _, env in _dev_module().worker_commands(env)}["trial worker"]
+    assert trial_env["RSI_DB_POOL_SIZE"] == str(pool_size(slots))
