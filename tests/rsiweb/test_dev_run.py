@@ -293,5 +293,5 @@ def test_dev_run_sizes_the_trial_workers_pool_as_the_settings_do(slots: int) -> 
     from rsiweb.settings import pool_size
 
     env = {"DATABASE_URL": "postgres://u@db/rsi", "RSI_TRIAL_SLOTS": str(slots)}
-    trial_env = {name: env for name, _, env in _dev_module().worker_commands(env)}["trial worker"]
+    trial_env = {name: worker_env for name, _, worker_env in _dev_module().worker_commands(env)}["trial worker"]
     assert trial_env["RSI_DB_POOL_SIZE"] == str(pool_size(slots))
