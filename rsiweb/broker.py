@@ -1,4 +1,6 @@
-"""The embedded (server-less) broker: Kombu's file-system transport, made safe.
+"""Kombu's transports as rsiweb uses them.
+
+The embedded (server-less) broker: Kombu's file-system transport, made safe.
 
 Kombu's transport writes a message file in place, so a consumer can pick up
 a file whose writer is still writing (or was killed mid-write), and one
@@ -11,6 +13,9 @@ published in the same millisecond came out in random order; here the name
 starts with a zero-padded nanosecond stamp that strictly increases within a
 process, so one publisher's messages are consumed in the order it sent them.
 Registered for ``filesystem://`` in rsiweb.celery.
+
+Redis: Kombu's transport with one client a channel. Registered for
+``redis://`` and ``rediss://`` in rsiweb.celery.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
 from typing import Any
 
 from kombu.exceptions import ChannelError
-from kombu.transport import filesystem
+from kombu.transport import filesystem, redis
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
@@ -90,3 +97,39 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+
+class RedisChannel(redis.Channel):
+    """Kombu's Redis channel, with one client for all its commands.
+
+    Kombu builds a new redis-py client for every command it sends outside
+    the event loop: each publish, each delivery's entry in the unacked
+    index and each acknowledgement. A client is a few hundred microseconds
+    of Python (its table of reply parsers), paid on the worker's consumer
+    thread, where it delays every trial slot's next message. A redis-py
+    client is safe to share between threads (each command takes a
+    connection from the pool), so this channel keeps one for the life of
+    its pool; after a fork Kombu drops the pool, and a new client is made
+    for the new one.
+    """
+
+    _shared_client: Any = None
+    # Kombu's own, which its type stubs leave out.
+    pool: Any
+    _create_client: Callable[..., Any]
+    _after_fork: Callable[[], None]
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        shared = self._shared_client
+        pool = self.pool
+        if shared is None or shared.connection_pool is not pool:
+            shared = self._shared_client = self._create_client()
+        yield shared
+
+
+class RedisTransport(redis.Transport):
+    Channel = RedisChannel

@@ -12,8 +12,10 @@ from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rsiweb.settings")
 
-# filesystem:// is served by our safer subclass (see rsiweb/broker.py).
+# filesystem:// is served by our safer subclass, redis:// by one that
+# shares its client (see rsiweb/broker.py).
 TRANSPORT_ALIASES["filesystem"] = "rsiweb.broker:Transport"
+TRANSPORT_ALIASES["redis"] = TRANSPORT_ALIASES["rediss"] = "rsiweb.broker:RedisTransport"
 
 app = Celery("rsiweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -1,4 +1,5 @@
-"""The embedded broker survives half-written and corrupt message files."""
+"""The embedded broker survives half-written and corrupt message files;
+the Redis transport sends every command through one client."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
-from rsiweb.broker import Transport
+from rsiweb.broker import RedisChannel, RedisTransport, Transport
 
 
 def connection(folder: Path) -> Connection:
@@ -81,3 +82,82 @@ def test_a_message_being_written_is_invisible(tmp_path: Path) -> None:
             queue.get(timeout=0.2)
         queue.close()
     assert (folder / f".1_x.{name}.msg.tmp").exists()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/15", "rediss://127.0.0.1:6380/15"])
+def test_redis_urls_use_the_transport_with_one_client(url: str) -> None:
+    import rsiweb.celery  # noqa: F401  (registers the aliases)
+
+    # Resolving the transport connects to nothing.
+    assert isinstance(Connection(url).transport, RedisTransport)
+
+
+def _count_clients(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The clients the channels build, in order."""
+    built: list[object] = []
+    create = RedisChannel._create_client
+
+    def counting(self: RedisChannel, asynchronous: bool = False) -> object:
+        client = create(self, asynchronous)
+        if not asynchronous:
+            built.append(client)
+        return client
+
+    monkeypatch.setattr(RedisChannel, "_create_client", counting)
+    return built
+
+
+def test_redis_publishes_delivers_and_acks_through_one_client(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import redis
+
+    import rsiweb.celery  # noqa: F401
+
+    built = _count_clients(monkeypatch)
+    name = f"jobs-{uuid.uuid4().hex[:8]}"
+    with Connection(redis_url) as conn:
+        queue = conn.SimpleQueue(name)
+        for number in range(50):
+            queue.put({"n": number})
+        received = []
+        for _ in range(50):
+            message = queue.get(timeout=2)
+            message.ack()
+            received.append(message.payload["n"])
+        channel = queue.channel
+        assert isinstance(channel, RedisChannel)
+        # Kombu's own channel built a client for each of these 150 commands.
+        assert len(built) == 1
+        assert received == list(range(50))
+        # The acks went through the shared client: nothing is left unacknowledged.
+        server = redis.Redis.from_url(redis_url)
+        assert server.zcard(channel.unacked_index_key) == 0
+        assert server.hlen(channel.unacked_key) == 0
+        assert server.llen(name) == 0
+        queue.close()
+
+
+def test_redis_builds_a_new_client_for_the_pool_made_after_a_fork(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rsiweb.celery  # noqa: F401
+
+    built = _count_clients(monkeypatch)
+    name = f"jobs-{uuid.uuid4().hex[:8]}"
+    with Connection(redis_url) as conn:
+        queue = conn.SimpleQueue(name)
+        queue.put({"n": 1})
+        channel = queue.channel
+        assert isinstance(channel, RedisChannel)
+        old_pool = channel.pool
+        # What Kombu does in a forked child: the parent's connections are dropped.
+        channel._after_fork()
+        queue.put({"n": 2})
+        message = queue.get(timeout=2)
+        message.ack()
+        assert message.payload == {"n": 1}
+        assert queue.get(timeout=2).payload == {"n": 2}
+        assert len(built) == 2
+        assert built[0].connection_pool is old_pool  # type: ignore[attr-defined]
+        assert built[1].connection_pool is channel.pool  # type: ignore[attr-defined]
+        assert channel.pool is not old_pool
+        queue.close()
