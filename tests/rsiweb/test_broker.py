@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -24,6 +25,18 @@ def connection(folder: Path) -> Connection:
     )
 
 
+def round_trip(queue: Any, count: int, *, timeout: float) -> list[int]:
+    """Put ``count`` numbered messages on ``queue``, then get and ack them: their numbers, in order."""
+    for number in range(count):
+        queue.put({"n": number})
+    received = []
+    for _ in range(count):
+        message = queue.get(timeout=timeout)
+        message.ack()
+        received.append(message.payload["n"])
+    return received
+
+
 def test_filesystem_urls_use_the_safe_transport(tmp_path: Path) -> None:
     import rsiweb.celery  # noqa: F401  (registers the alias)
 
@@ -38,14 +51,7 @@ def test_messages_round_trip_in_order(tmp_path: Path) -> None:
     with connection(tmp_path / "queue") as conn:
         queue = conn.SimpleQueue(name)
         # Many puts fall in the same millisecond, which Kombu's own names could not order.
-        for number in range(200):
-            queue.put({"n": number})
-        received = []
-        for _ in range(200):
-            message = queue.get(timeout=1)
-            message.ack()
-            received.append(message.payload["n"])
-        assert received == list(range(200))
+        assert round_trip(queue, 200, timeout=1) == list(range(200))
         queue.close()
     assert [p.name for p in (tmp_path / "queue").iterdir() if p.name.endswith(".msg")] == []
 
@@ -116,13 +122,7 @@ def test_redis_publishes_delivers_and_acks_through_one_client(redis_url: str, mo
     name = f"jobs-{uuid.uuid4().hex[:8]}"
     with Connection(redis_url) as conn:
         queue = conn.SimpleQueue(name)
-        for number in range(50):
-            queue.put({"n": number})
-        received = []
-        for _ in range(50):
-            message = queue.get(timeout=2)
-            message.ack()
-            received.append(message.payload["n"])
+        received = round_trip(queue, 50, timeout=2)
         channel = queue.channel
         assert isinstance(channel, RedisChannel)
         # Kombu's own channel built 202 here: about one a command.
