@@ -275,7 +275,7 @@ def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     return _claimed_trial.get(trial_id)
 
 
-# What running and finishing a trial reads (``_trial_spec``, ``trial_finish``): the
+# What running and finishing a trial reads (``trial_spec``, ``trial_finish``): the
 # claim's query compiles and reads a third of the columns of the whole rows, a
 # large share of a thread-pool worker's own CPU a trial. Other fields load on use.
 _CLAIMED_FIELDS = (
@@ -352,7 +352,11 @@ def _tree_materialize_cached(digest: str, dest: Path) -> None:
     materialize(entries, dest)
 
 
-def _trial_spec(trial: Trial, root: Path) -> TrialSpec:
+def trial_spec(trial: Trial, root: Path) -> TrialSpec:
+    """What ``run_trial`` needs for ``trial``: its candidate's harness, its
+    task's files and its evaluator's written under ``root`` (fresh folders,
+    moved into the trial's sandbox), and how to run and check it. Loads
+    through the relations ``trial`` holds (a claimed trial holds them all)."""
     evaluator = trial.evaluation.experiment.evaluator
     harness_dir = root / "harness"
     task_dir = root / "task"
@@ -463,7 +467,7 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
         # Traversable (not listable) so an unprivileged trial user reaches its workspace.
         root.chmod(0o711)
         try:
-            spec = _trial_spec(trial, root / "inputs")
+            spec = trial_spec(trial, root / "inputs")
             if in_pool_thread and not connection.in_atomic_block:
                 # A thread-pool slot gives its database connection back while
                 # its agent runs (seconds to minutes): dozens of waiting trials

@@ -15,12 +15,24 @@ below it (the sandboxes, agents and verifiers of the slots) from /proc.
 Then the same trials again with the slots split over two trial workers
 under different hostnames (two hosts sharing one broker and database), and
 the share each one ran.
+
+Last, the floor: the first pass's trials run again through
+``evolution.trials.run_trial`` alone, the function a slot calls, in as many
+threads of this process as there were slots, with no Celery, claim, finish
+or stored trajectory. What the sandboxed commands take by themselves on
+this machine, at its speed of the moment, is then printed beside what the
+platform took, once with every thread starting at once (as the slots fill
+from a full queue) and once with the starts spread over one agent's time
+(no two threads' commands starting together).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import queue
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -33,6 +45,7 @@ from django.db import connection
 from evolution import selectors
 from evolution.models import CertifiedResult, Evaluation, Experiment, TrajectoryStep, Trial
 from evolution.services import evaluation as evaluation_services
+from evolution.trials import TrialSpec, run_trial
 from lab.bench import BenchResult, benchmark
 from lab.bench.memory import Periodic, rss_kib
 from lab.bench.orchestration import SPLITS, wait_certified, with_bench_experiment, worker_start
@@ -139,6 +152,7 @@ def _cpu(worker_pids: list[int]) -> CpuSeconds:
 class Pass:
     """One measured pass: its wall time, memory and how the trials went."""
 
+    evaluation_id: int
     seconds: float
     peak_kib: int
     peak_workers_kib: int
@@ -225,6 +239,7 @@ def _measure(
     by_pid = {str(worker.pid): worker.hostname for worker in trial_workers}
     shares = Counter(by_pid.get(owner.split(":")[1], owner) for owner in trials.values_list("lease_owner", flat=True))
     return Pass(
+        evaluation_id=evaluation.pk,
         seconds=certified - start,
         peak_kib=sampler.peak,
         peak_workers_kib=sampler.peak_workers,
@@ -246,6 +261,53 @@ def _measure(
             certified,
         ),
     )
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The trials' commands alone (``_floor``): wall time, errors, CPU."""
+
+    seconds: float
+    errors: int
+    cpu: CpuSeconds
+
+
+def _floor(evaluation_id: int, slots: int, scratch: Path, *, spread: float) -> Floor:
+    """Run the trials of an evaluation again through ``run_trial`` in
+    ``slots`` threads of this process, taking them from a queue in order.
+    Thread ``i`` starts ``i * spread / slots`` seconds after the first. Each
+    trial's inputs are written by the worker's own ``trial_spec`` before
+    the clock starts."""
+    work: queue.SimpleQueue[tuple[TrialSpec, Path]] = queue.SimpleQueue()
+    trials = Trial.objects.filter(evaluation_id=evaluation_id).select_related(
+        "task", "evaluation__experiment__evaluator", "candidate"
+    )
+    for trial in trials.order_by("pk"):
+        root = Path(tempfile.mkdtemp(prefix=f"floor-{trial.pk}-", dir=scratch))
+        work.put((evaluation_services.trial_spec(trial, root / "inputs"), root))
+    errors: list[str] = []
+
+    def slot(delay: float) -> None:
+        time.sleep(delay)
+        while True:
+            try:
+                spec, root = work.get_nowait()
+            except queue.Empty:
+                return
+            result = run_trial(spec, work_root=root)
+            if result.outcome == "error":
+                errors.append(result.error)
+            shutil.rmtree(root, ignore_errors=True)
+
+    threads = [threading.Thread(target=slot, args=(number * spread / slots,)) for number in range(slots)]
+    cpu_before = _cpu([os.getpid()])
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - start
+    return Floor(seconds=seconds, errors=len(errors), cpu=_cpu([os.getpid()]) - cpu_before)
 
 
 def _trial_worker_env(slots: int) -> dict[str, str]:
@@ -294,6 +356,9 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
         one = _run_with([slots], experiment, scratch, repeat=0)
         two = _run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1)
+        together = _floor(one.evaluation_id, slots, scratch, spread=0.0)
+        spread = _floor(one.evaluation_id, slots, scratch, spread=agent_seconds)
+        best = min(together.seconds, spread.seconds)
         ratio = one.seconds / ideal
         per = 1000 / (tasks * k)
         mib = 1024.0
@@ -333,6 +398,18 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                     "to the certified record"
                     for name, p in (("one worker", one), ("two workers", two))
                 ),
+                f"the floor, the same {tasks * k} trials through run_trial alone in {slots} threads of this "
+                f"process (no Celery, claim, finish or stored trajectory): {together.seconds:.2f} s "
+                f"({together.seconds / ideal:.3f} x ideal) starting together, {spread.seconds:.2f} s "
+                f"({spread.seconds / ideal:.3f} x ideal) with the starts spread over {agent_seconds:g} s; "
+                f"{together.errors + spread.errors} errors",
+                *(
+                    f"  CPU a trial ({name}): this process {per * f.cpu.workers:.1f} ms, the commands "
+                    f"{per * f.cpu.commands:.1f} ms; the machine {per * f.cpu.total:.1f} ms"
+                    for name, f in (("together", together), ("spread", spread))
+                ),
+                f"the platform's share: one trial worker took {one.seconds - best:.2f} s "
+                f"({(one.seconds - best) / ideal:.3f} x ideal) more than the faster floor",
             ],
             checks={
                 "every trial certified once, no errors": (
@@ -341,6 +418,7 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                 "every trajectory stored": one.steps == two.steps == tasks * k * (CALLS + 1),
                 "memory under 1.5 GiB": one.peak_kib < 1.5 * mib * mib,
                 "both hosts ran trials": len(two.shares) == 2 and min(two.shares.values()) > 0,
+                "the floor's trials ran without errors": together.errors == spread.errors == 0,
             },
         )
 

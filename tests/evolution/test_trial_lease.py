@@ -37,14 +37,14 @@ def _run_with_slow_inputs(monkeypatch: pytest.MonkeyPatch) -> tuple[Trial, list[
     evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     trial_id = evaluation.trials.order_by("pk").values_list("pk", flat=True)[0]
     duplicate_claims: list[object] = []
-    write_inputs = evaluation_services._trial_spec
+    write_inputs = evaluation_services.trial_spec
 
     def slow_trial_spec(trial: Trial, root: Path) -> object:
         time.sleep(SLOW_INPUTS_SECONDS)
         duplicate_claims.append(evaluation_services.trial_claim(trial_id=trial.pk, owner="duplicate"))
         return write_inputs(trial, root)
 
-    monkeypatch.setattr(evaluation_services, "_trial_spec", slow_trial_spec)
+    monkeypatch.setattr(evaluation_services, "trial_spec", slow_trial_spec)
     finished = evaluation_services.trial_execute(trial_id=trial_id, owner="first")
     assert finished, "the first owner's result was discarded"
     return Trial.objects.get(pk=trial_id), duplicate_claims
