@@ -110,7 +110,14 @@ def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_tw
     assert ", 0 errors, 0 retried, 1 certified record, 320 trajectory steps stored" in result.lines[2]
     shares = re.findall(r"bench-host-[ab]-\d+ (\d+) ", result.lines[5])
     assert len(shares) == 2 and sum(map(int, shares)) == 64, result.lines[5]
-    assert re.search(r"\d+\.\d trials in flight on average from the slots' first filling", result.lines[-1])
+    timelines = [line for line in result.lines if line.startswith("time (")]
+    assert len(timelines) == 2, result.lines
+    assert all(re.search(r"\d+\.\d trials in flight on average from the slots' first filling", t) for t in timelines)
+    # The floor: the same 64 trials again through run_trial alone, twice, without an error.
+    floor = next(line for line in result.lines if line.startswith("the floor, the same 64 trials"))
+    assert re.search(r"\d+\.\d\d s \(\d\.\d{3} x ideal\) starting together, .* spread over 2 s; 0 errors$", floor)
+    assert result.checks["the floor's trials ran without errors"]
+    assert re.match(r"the platform's share: one trial worker took -?\d+\.\d\d s", result.lines[-1])
 
 
 def test_the_concurrency_timeline_tells_idle_slots_spread_over_the_run_from_those_at_its_end() -> None:
