@@ -239,7 +239,8 @@ except ValueError as exc:
 def pool_size(slots: int) -> int:
     """The database pool a trial worker of ``slots`` threads needs: a slot
     holds a connection only while it claims, writes its inputs out and
-    finishes (tens of milliseconds of a trial of seconds or minutes)."""
+    finishes (tens of milliseconds of a trial of seconds or minutes), and
+    the worker's one lease-renewal thread only while it renews."""
     return max(4, min(slots, 4 + slots // 8))
 
 

@@ -402,6 +402,86 @@ def lease_renew(*, trial: Trial, owner: str) -> bool:
     )
 
 
+class _LeaseRenewals:
+    """The leases a process holds, renewed by one thread.
+
+    One thread for every trial of a thread-pool worker instead of one a
+    trial: a new thread waits for the GIL before it can say it has started
+    and again to be joined (4.4 and 2.4 ms a trial among 64 busy slots,
+    docs/performance.md, sixteenth round). The thread gives its database
+    connection back after each round of renewals, so a worker whose trials
+    run longer than a third of the lease does not keep one connection open
+    a trial while its agents wait. A renewal that hangs delays the others
+    by as long; the lease is three renewals long.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # In a forked child the parent's thread does not exist, and the lock
+        # may have been taken by it at the fork: start over.
+        self._changed = threading.Condition()
+        self._due: dict[object, tuple[Trial, str, float]] = {}
+        self._thread: threading.Thread | None = None
+        # When the thread will next look, if it waits (None: until told).
+        self._wake_at: float | None = None
+
+    def hold(self, trial: Trial, owner: str) -> object:
+        """Renew ``trial``'s lease for ``owner`` every third of its length
+        from now until ``release``; returns what to release."""
+        token = object()
+        due = time.monotonic() + _renewal_interval()
+        with self._changed:
+            self._due[token] = (trial, owner, due)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-renewals", daemon=True)
+                self._thread.start()
+            elif self._wake_at is None or due < self._wake_at:
+                self._changed.notify()
+        return token
+
+    def release(self, token: object) -> None:
+        with self._changed:
+            self._due.pop(token, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [(token, trial, owner) for token, (trial, owner, at) in self._due.items() if at <= now]
+                if not due:
+                    self._wake_at = min((at for _trial, _owner, at in self._due.values()), default=None)
+                    self._changed.wait(None if self._wake_at is None else self._wake_at - now)
+                    self._wake_at = now  # awake: a new lease is seen at the next look
+                    continue
+            for token, trial, owner in due:
+                try:
+                    kept = lease_renew(trial=trial, owner=owner)
+                except Exception:
+                    # The database restarting, say: a missed renewal only risks
+                    # a duplicate attempt, which is safe, so keep renewing on a
+                    # new connection rather than give the claim up for good.
+                    logger.warning("trial %s: lease renewal failed; retrying", trial.pk, exc_info=True)
+                    kept = True
+                with self._changed:
+                    if token not in self._due:
+                        continue  # released meanwhile
+                    if kept:
+                        self._due[token] = (trial, owner, time.monotonic() + _renewal_interval())
+                    else:
+                        del self._due[token]  # the claim was lost: nothing left to renew
+            connection.close()
+
+
+def _renewal_interval() -> float:
+    return max(0.2, settings.RSI_TRIAL_LEASE_SECONDS / 3)
+
+
+_lease_renewals = _LeaseRenewals()
+
+
 @contextmanager
 def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
     """Renew the trial's lease every third of its length while its worker holds it.
@@ -414,36 +494,16 @@ def _lease_heartbeat(trial: Trial, owner: str) -> Iterator[None]:
     caller already holds the row, and a second connection would only wait
     for it, so no renewal runs there.
     """
-    interval = max(0.2, settings.RSI_TRIAL_LEASE_SECONDS / 3)
-    stop = threading.Event()
-
-    def beat() -> None:
-        try:
-            while not stop.wait(interval):
-                try:
-                    if not lease_renew(trial=trial, owner=owner):
-                        return
-                except Exception:
-                    # The database restarting, say: a missed renewal only risks
-                    # a duplicate attempt, which is safe, so keep beating on a
-                    # new connection rather than give the claim up for good.
-                    logger.warning("trial %s: lease renewal failed; retrying", trial.pk, exc_info=True)
-                    connection.close()
-        finally:
-            connection.close()
-
     # is_in_memory_db exists on the SQLite backend alone, which the vendor test guards.
     in_memory = connection.vendor == "sqlite" and connection.is_in_memory_db()  # type: ignore[attr-defined]
-    renew = not connection.in_atomic_block and not in_memory
-    thread = threading.Thread(target=beat, name=f"lease-{trial.pk}", daemon=True) if renew else None
-    if thread is not None:
-        thread.start()
+    if connection.in_atomic_block or in_memory:
+        yield
+        return
+    token = _lease_renewals.hold(trial, owner)
     try:
         yield
     finally:
-        stop.set()
-        if thread is not None:
-            thread.join()
+        _lease_renewals.release(token)
 
 
 def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:

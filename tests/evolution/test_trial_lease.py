@@ -119,3 +119,92 @@ def test_two_workers_claiming_one_pending_trial_at_once_give_it_to_one(postgres:
     assert claims["second"] is None, "a second worker claimed a trial the first had just claimed"
     trial = Trial.objects.get(pk=trial_id)
     assert (trial.lease_owner, trial.attempt, trial.state) == ("first", 1, Trial.State.RUNNING)
+
+
+def _trials_running_slowly(
+    monkeypatch: pytest.MonkeyPatch, count: int, seconds: float
+) -> tuple[list[threading.Thread], list[float], threading.Event]:
+    """Start ``count`` trials in threads of their own (as a thread-pool
+    worker's slots run them), each agent taking ``seconds``; returns the
+    threads, the times at which a lease renewal returned, and an event set
+    while the (first) agent runs."""
+    experiment = make_tiny_experiment(tasks=count, k=1)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    trial_ids = list(evaluation.trials.order_by("pk").values_list("pk", flat=True))
+    run = evaluation_services.run_trial
+    renew = evaluation_services.lease_renew
+    renewed: list[float] = []
+    agent_running = threading.Event()
+
+    def slow_run(spec: object, *, work_root: Path) -> object:
+        agent_running.set()
+        time.sleep(seconds)
+        agent_running.clear()
+        return run(spec, work_root=work_root)  # type: ignore[arg-type]
+
+    def counted_renew(*, trial: Trial, owner: str) -> bool:
+        try:
+            return renew(trial=trial, owner=owner)
+        finally:
+            renewed.append(time.monotonic())
+
+    monkeypatch.setattr(evaluation_services, "run_trial", slow_run)
+    monkeypatch.setattr(evaluation_services, "lease_renew", counted_renew)
+
+    def slot(trial_id: int) -> None:
+        try:
+            assert evaluation_services.trial_execute(trial_id=trial_id, owner=f"slot-{trial_id}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=slot, args=(trial_id,)) for trial_id in trial_ids]
+    for thread in threads:
+        thread.start()
+    return threads, renewed, agent_running
+
+
+def _other_sessions() -> int:
+    """Sessions of this database other than this thread's (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_renewing_a_lease_keeps_no_database_connection_while_the_agent_runs(
+    postgres: None, monkeypatch, settings
+) -> None:
+    """A slot gives its connection back while its agent runs (minutes, for a
+    real agent), and so must the renewals: one connection a trial held from
+    its first renewal to its end would exhaust a worker's pool."""
+    settings.RSI_TRIAL_LEASE_SECONDS = LEASE_SECONDS
+    interval = LEASE_SECONDS / 3
+    threads, renewed, agent_running = _trials_running_slowly(monkeypatch, count=1, seconds=6 * interval)
+    between_renewals: list[int] = []
+    while threads[0].is_alive():
+        # While the agent runs, between a renewal and the next (one a third of
+        # the lease), once the backend of a closed connection has had time to end.
+        if agent_running.is_set() and renewed and 0.35 * interval < time.monotonic() - renewed[-1] < 0.8 * interval:
+            sessions = _other_sessions()
+            if agent_running.is_set():  # the slot has not begun its finish meanwhile
+                between_renewals.append(sessions)
+        time.sleep(0.02)
+    threads[0].join()
+    assert len(renewed) >= 3, renewed
+    assert between_renewals, "no moment between two renewals was observed"
+    assert max(between_renewals) == 0, f"database sessions open between renewals: {between_renewals}"
+    trial = Trial.objects.get(evaluation__candidate__experiment__name__startswith="tiny")
+    assert trial.state == Trial.State.DONE
+
+
+def test_a_worker_renews_the_leases_of_all_its_trials_in_one_thread(monkeypatch, settings) -> None:
+    settings.RSI_TRIAL_LEASE_SECONDS = LEASE_SECONDS
+    threads, renewed, _agent_running = _trials_running_slowly(monkeypatch, count=4, seconds=1.5)
+    wait_until(lambda: len(renewed) >= 4, timeout=30, what="the leases to be renewed")
+    renewing = [thread for thread in threading.enumerate() if thread.name.startswith("lease")]
+    for thread in threads:
+        thread.join(60)
+    assert len(renewing) == 1, [thread.name for thread in renewing]
+    assert not any(thread.is_alive() for thread in threads)
+    assert set(Trial.objects.values_list("state", flat=True)) == {Trial.State.DONE}
