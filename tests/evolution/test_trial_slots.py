@@ -106,6 +106,38 @@ def test_a_thread_pool_worker_holds_more_trials_at_once_than_pool_processes_and_
     assert len(owners) >= slots - 2, owners
 
 
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_trials_that_outlive_a_third_of_their_lease_finish_in_more_slots_than_database_connections(
+    postgres: None, start_worker: Any, redis_url: str
+) -> None:
+    """A trial worker's slots share a pool of fewer connections than slots,
+    and real agents run far longer than a third of the lease, when the lease
+    is first renewed. A renewal must give its connection back: when each
+    trial's renewals kept one to the trial's end, the renewals held the whole
+    pool, the finishes waited for it until the pool's timeout, and the
+    evaluation never ended (seen: 6 of 12 trials still running after 240 s,
+    33 PoolTimeout errors in the worker's log)."""
+    slots, pool = 6, 4
+    experiment = make_tiny_experiment(tasks=6, k=2)
+    # A lease of 2 s, renewed every 0.67 s: an agent of 3 s is renewed four times.
+    _with_agent(experiment, "import time\ntime.sleep(3)\n")
+    lease = {"RSI_TRIAL_LEASE_SECONDS": "2", "RSI_DB_POOL_SIZE": str(pool), "RSI_DB_POOL_TIMEOUT": "15"}
+    default = start_worker(broker_url=redis_url, concurrency=1, queues="celery")
+    trials = start_worker(broker_url=redis_url, concurrency=slots, pool="threads", queues="trials", extra_env=lease)
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    wait_until(lambda: _certified(evaluation), timeout=90, what="certification",
+               diagnose=lambda: _report(evaluation, default, trials))  # fmt: skip
+    assert evaluation.state == Evaluation.State.CERTIFIED, _report(evaluation, default, trials)
+    rows = list(Trial.objects.filter(evaluation=evaluation).values_list("attempt", "state"))
+    assert sorted(rows) == [(1, Trial.State.DONE)] * 12, rows
+    intervals = list(Trial.objects.filter(evaluation=evaluation).values_list("started_at", "finished_at"))
+    assert _max_overlap(intervals) > pool, "the slots never held more trials than the pool has connections"
+    assert "PoolTimeout" not in trials.log()
+
+
 @pytest.mark.django_db
 def test_a_trial_is_held_back_at_its_experiments_limit_and_claimed_once_a_slot_frees(settings: Any) -> None:
     experiment = make_tiny_experiment(tasks=2, k=1)
