@@ -20,6 +20,7 @@ from django.db import OperationalError, connection, transaction
 
 from evolution.models import Trial
 from evolution.services import evaluation as evaluation_services
+from evolution.trials import run_trial
 from tests.conftest import wait_until
 from tests.factories import make_tiny_experiment, seed_of
 
@@ -131,7 +132,6 @@ def _trials_running_slowly(
     experiment = make_tiny_experiment(tasks=count, k=1)
     evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     trial_ids = list(evaluation.trials.order_by("pk").values_list("pk", flat=True))
-    run = evaluation_services.run_trial
     renew = evaluation_services.lease_renew
     renewed: list[float] = []
     agent_running = threading.Event()
@@ -140,7 +140,7 @@ def _trials_running_slowly(
         agent_running.set()
         time.sleep(seconds)
         agent_running.clear()
-        return run(spec, work_root=work_root)  # type: ignore[arg-type]
+        return run_trial(spec, work_root=work_root)  # type: ignore[arg-type]
 
     def counted_renew(*, trial: Trial, owner: str) -> bool:
         try:
