@@ -464,6 +464,7 @@ class _LeaseRenewals:
                     # a duplicate attempt, which is safe, so keep renewing on a
                     # new connection rather than give the claim up for good.
                     logger.warning("trial %s: lease renewal failed; retrying", trial.pk, exc_info=True)
+                    _connection_dropped()
                     kept = True
                 with self._changed:
                     if token not in self._due:
@@ -472,11 +473,20 @@ class _LeaseRenewals:
                         self._due[token] = (trial, owner, time.monotonic() + _renewal_interval())
                     else:
                         del self._due[token]  # the claim was lost: nothing left to renew
-            connection.close()
+            _connection_dropped()
 
 
 def _renewal_interval() -> float:
     return max(0.2, settings.RSI_TRIAL_LEASE_SECONDS / 3)
+
+
+def _connection_dropped() -> None:
+    """Close this thread's connection, whatever state it is in: the renewals
+    go on with a new one."""
+    try:
+        connection.close()
+    except Exception:
+        logger.warning("lease renewals: closing the database connection failed", exc_info=True)
 
 
 _lease_renewals = _LeaseRenewals()
