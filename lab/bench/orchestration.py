@@ -44,11 +44,14 @@ from evolution import sandbox, selectors
 from evolution.models import (
     Annotation,
     Benchmark,
+    Candidate,
     CertifiedResult,
     Evaluation,
     Evaluator,
     Experiment,
+    SplitMembership,
     Surface,
+    Task,
     Trajectory,
     TrajectoryStep,
     Trial,
@@ -457,11 +460,31 @@ def _discarded_after(
 ) -> BenchResult:
     """``body(experiment, scratch_dir)``, then the experiment and the folder removed whatever happens."""
     scratch = Path(tempfile.mkdtemp(prefix=f"rsi-bench-{label}-"))
+    vacuum_churned()
     try:
         return body(experiment, scratch)
     finally:
         experiment_discard(experiment)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+# What a benchmark's experiment fills and its removal empties, run after run.
+_CHURNED = (Trial, Trajectory, TrajectoryStep, Evaluation, CertifiedResult, Candidate, Task, SplitMembership)
+
+
+def vacuum_churned() -> None:
+    """On PostgreSQL, ``VACUUM (ANALYZE)`` the tables benchmark runs fill and
+    empty, so that a run's figures do not depend on the dead rows the runs
+    before it left. Where the server's autovacuum is off, they pile up: on
+    2026-12-03, after about twenty runs, a trial worker spent 17 to 19 ms of
+    CPU a trial instead of 12 to 13 and `concurrency` read 1.26 to 1.31;
+    after one VACUUM, 1.19 to 1.21 (docs/performance.md, sixteenth round).
+    Skipped inside a transaction, where VACUUM cannot run (tests)."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM (ANALYZE) {', '.join(quote(model._meta.db_table) for model in _CHURNED)}")
 
 
 def with_example_experiment(label: str, tasks: int, body: Callable[[Experiment, Path], BenchResult]) -> BenchResult:
