@@ -2,6 +2,10 @@
 
 Writes go through ``evolution.services``; reads through ``evolution.selectors``.
 See ../shared/CONCEPTS.md for the words used here.
+
+A foreign key that leads a composite index or unique constraint of its table
+has ``db_index=False``: the composite one serves its lookups and cascades, and
+each index is written on every insert (tests/evolution/test_indexes.py).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ class TreeEntry(models.Model):
         EXECUTABLE = "100755", "executable"
         SYMLINK = "120000", "symlink"
 
-    tree = models.ForeignKey(Tree, on_delete=models.CASCADE, related_name="entries")
+    tree = models.ForeignKey(Tree, on_delete=models.CASCADE, related_name="entries", db_index=False)
     path = models.CharField(max_length=1024)
     mode = models.CharField(max_length=6, choices=Mode.choices, default=Mode.FILE)
     blob = models.ForeignKey(Blob, on_delete=models.PROTECT, related_name="+")
@@ -104,7 +108,7 @@ class Benchmark(models.Model):
 class Task(models.Model):
     """One benchmark task. ``expected`` is private: only the verifier sees it."""
 
-    benchmark = models.ForeignKey(Benchmark, on_delete=models.CASCADE, related_name="tasks")
+    benchmark = models.ForeignKey(Benchmark, on_delete=models.CASCADE, related_name="tasks", db_index=False)
     external_id = models.CharField(max_length=200)
     instruction = models.TextField()
     # Public input files copied into the trial workspace (may be empty).
@@ -256,7 +260,9 @@ class Experiment(models.Model):
 
 
 class SplitMembership(models.Model):
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="split_memberships")
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, related_name="split_memberships", db_index=False
+    )
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="split_memberships")
     split = models.CharField(max_length=10, choices=SplitName.choices)
 
@@ -364,7 +370,7 @@ class Candidate(models.Model):
         State.REJECTED_GATE: frozenset({State.EVALUATING}),
     }
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="candidates")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="candidates", db_index=False)
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="candidates")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     tree = models.ForeignKey(Tree, on_delete=models.PROTECT, related_name="candidates")
@@ -402,7 +408,7 @@ class Candidate(models.Model):
 
 
 class AtomicEdit(models.Model):
-    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="edits")
+    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="edits", db_index=False)
     index = models.PositiveSmallIntegerField()
     component = models.CharField(max_length=20, choices=ComponentKind.choices)
     hypothesis = models.TextField()
@@ -446,7 +452,7 @@ class Evaluation(models.Model):
         # never certified, so no certifier, reaper or certified view picks them up.
         EXTERNAL = "external"
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="evaluations")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="evaluations", db_index=False)
     candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="evaluations")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="evaluations")
     purpose = models.CharField(max_length=10, choices=Purpose.choices, default=Purpose.CANDIDATE)
@@ -506,8 +512,8 @@ class Trial(models.Model):
         SANDBOX = "sandbox"  # the sandbox could not be set up
         INFRA = "infra"
 
-    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="trials")
-    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="trials")
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="trials", db_index=False)
+    candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="trials", db_index=False)
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="trials")
     split = models.CharField(max_length=10, choices=SplitName.choices)
     index = models.PositiveSmallIntegerField()
@@ -553,7 +559,7 @@ class EvaluationSplitStats(models.Model):
     at certification (the trials no longer change then), so screens sum a
     few rows per candidate instead of scanning every trial."""
 
-    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="split_stats")
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="split_stats", db_index=False)
     candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="+")
     split = models.CharField(max_length=10, choices=SplitName.choices)
     trials = models.PositiveIntegerField()
@@ -590,7 +596,7 @@ class Trajectory(models.Model):
 
 
 class TrajectoryStep(models.Model):
-    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.PositiveIntegerField()
     timestamp = models.CharField(max_length=64, blank=True)
     source = models.CharField(max_length=20)  # system, user, agent
@@ -622,7 +628,7 @@ class ParityCheck(models.Model):
         PASS = "pass"
         FAIL = "fail"
 
-    evaluator = models.ForeignKey(Evaluator, on_delete=models.CASCADE, related_name="parity_checks")
+    evaluator = models.ForeignKey(Evaluator, on_delete=models.CASCADE, related_name="parity_checks", db_index=False)
     # The evaluator's configuration when checked: a later change makes the check stale.
     evaluator_digest = models.CharField(max_length=64)
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="parity_checks")
@@ -664,7 +670,9 @@ class CertifiedResult(models.Model):
     DELETE on PostgreSQL).
     """
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="certified_results")
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.PROTECT, related_name="certified_results", db_index=False
+    )
     seq = models.PositiveIntegerField()
     evaluation = models.OneToOneField(Evaluation, on_delete=models.PROTECT, related_name="certified_result")
     candidate = models.ForeignKey(Candidate, on_delete=models.PROTECT, related_name="certified_results")
@@ -710,7 +718,9 @@ class CertifiedDecision(models.Model):
         GATE = "gate"
         REVIEW = "review"
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.PROTECT, related_name="certified_decisions")
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.PROTECT, related_name="certified_decisions", db_index=False
+    )
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=10, choices=Kind.choices)
     candidate = models.ForeignKey(Candidate, on_delete=models.PROTECT, related_name="certified_decisions")
@@ -744,7 +754,7 @@ class CertifiedDecision(models.Model):
 
 
 class GateDecision(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gate_decisions")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gate_decisions", db_index=False)
     candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="gate_decisions")
     current = models.ForeignKey(Candidate, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     round = models.PositiveIntegerField()
@@ -773,7 +783,7 @@ class GateDecision(models.Model):
 class LedgerEntry(models.Model):
     """One atomic edit of a validly measured candidate, with the candidate's dS/dC."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ledger")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ledger", db_index=False)
     edit = models.OneToOneField(AtomicEdit, on_delete=models.CASCADE, related_name="ledger_entry")
     candidate = models.ForeignKey(Candidate, on_delete=models.CASCADE, related_name="ledger_entries")
     round = models.PositiveIntegerField()
@@ -861,7 +871,7 @@ class AnnotationLabel(models.Model):
     """A failure label: the default taxonomy (experiment null) or a team's own."""
 
     experiment = models.ForeignKey(
-        Experiment, null=True, blank=True, on_delete=models.CASCADE, related_name="annotation_labels"
+        Experiment, null=True, blank=True, on_delete=models.CASCADE, related_name="annotation_labels", db_index=False
     )
     slug = models.SlugField(max_length=60)
     name = models.CharField(max_length=120)
@@ -880,7 +890,7 @@ class AnnotationLabel(models.Model):
 class Annotation(models.Model):
     """A person's label on a failed trial. Never changes certified results."""
 
-    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="annotations")
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="annotations", db_index=False)
     author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     label = models.ForeignKey(AnnotationLabel, on_delete=models.PROTECT, related_name="annotations")
     note = models.TextField(blank=True)

@@ -16,7 +16,7 @@ class ViewedFile(models.Model):
     applies, so a changed file shows as not viewed again.
     """
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
     path = models.CharField(max_length=1024)
     old_digest = models.CharField(max_length=64, blank=True)  # blank: the file is new
     new_digest = models.CharField(max_length=64, blank=True)  # blank: the file was deleted
