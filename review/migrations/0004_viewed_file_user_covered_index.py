@@ -1,8 +1,5 @@
-"""Foreign keys that lead a composite index or unique constraint of their
-table lose their own single-column index: the composite one serves every
-lookup and cascade by that key, and each index is one more to write on every
-insert and on every update of an indexed column (a trial's claim and finish
-change its indexed ``state``). Only the indexes are dropped; see
+"""A viewed file's ``user`` loses its own index: ``viewed_file_unique`` leads
+with the user. As evolution's migration 0018 does for its foreign keys, with
 ``evolution.migration_ops.DropForeignKeyIndex``.
 """
 
