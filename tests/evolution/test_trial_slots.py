@@ -24,6 +24,7 @@ from evolution.models import CertifiedResult, Evaluation, Experiment, ModelEndpo
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import evaluator_upsert
 from tests.conftest import wait_until
+from tests.evolution.test_trials import trial_python
 from tests.factories import TINY_AGENT, make_tiny_experiment, seed_of, tiny_evaluator_tree
 
 
@@ -264,8 +265,15 @@ def test_a_model_endpoints_limit_holds_across_two_worker_processes(
     experiment = make_tiny_experiment(tasks=9, k=2)
     _with_agent(experiment, CALLING_AGENT, env_allowlist=["PATH", "RSI_STUB_URL"])
     Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
-    # The agent calls the network: no bubblewrap (it would take the network away).
-    env = {"RSI_SANDBOX": "off", "RSI_STUB_URL": counting_endpoint.url, "RSI_TRIAL_DEFER_SECONDS": "0.2"}
+    # The agent calls the network: no bubblewrap (it would take the network away). A root
+    # worker then runs it as a uid of its own, which must reach the interpreter: not one
+    # inside a 0700 checkout (a clone in `mktemp -d`, say).
+    env = {
+        "RSI_SANDBOX": "off",
+        "RSI_PYTHON": trial_python(),
+        "RSI_STUB_URL": counting_endpoint.url,
+        "RSI_TRIAL_DEFER_SECONDS": "0.2",
+    }
     default = start_worker(broker_url=redis_url, concurrency=1, queues="celery", extra_env=env)
     hosts = [
         start_worker(broker_url=redis_url, concurrency=6, pool="threads", queues="trials", extra_env=env, hostname=h)
