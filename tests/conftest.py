@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,7 +29,42 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("RSI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
+# Fixtures through which a test reaches the database of the pass (pytest-django
+# blocks every other test's queries; a worker subprocess is given the test
+# database's URL).
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+        "postgres",
+        "start_worker",
+    }
+)
+
+
+def reaches_database(fixturenames: Iterable[str], markers: Iterable[str]) -> bool:
+    """Whether a test with these fixtures (the whole closure, as pytest lists
+    them) and markers can see which database the pass runs on."""
+    return "django_db" in set(markers) or not DATABASE_FIXTURES.isdisjoint(fixturenames)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("RSI_DATABASE_TESTS_ONLY") == "1":
+        # CI's PostgreSQL pass: a test that never reaches the database runs the
+        # same on both passes, so it runs on the SQLite pass alone, except the
+        # minutes-long tests, which that pass leaves to this one.
+        kept: list[pytest.Item] = []
+        deselected: list[pytest.Item] = []
+        for item in items:
+            markers = [marker.name for marker in item.iter_markers()]
+            keep = "slow" in markers or reaches_database(getattr(item, "fixturenames", ()), markers)
+            (kept if keep else deselected).append(item)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
     skips = {
         "slow": ("RSI_SKIP_SLOW", "this pass leaves the minutes-long tests to the other pass"),
         "browser": ("RSI_SKIP_BROWSER", "this pass leaves the browser journey to the other pass"),
