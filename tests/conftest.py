@@ -30,12 +30,13 @@ REDIS_URL = os.environ.get("RSI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 # Fixtures through which a test reaches the database of the pass (pytest-django
-# blocks every other test's queries; a worker subprocess is given the test
-# database's URL).
+# blocks every other test's queries; django_db_setup's users build worlds in
+# it; a worker subprocess is given the test database's URL).
 DATABASE_FIXTURES = frozenset(
     {
         "db",
         "transactional_db",
+        "django_db_setup",
         "django_db_reset_sequences",
         "django_db_serialized_rollback",
         "live_server",

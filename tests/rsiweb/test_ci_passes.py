@@ -14,6 +14,7 @@ from tests.conftest import reaches_database
         (["transactional_db"], []),
         (["live_server", "page"], ["browser"]),
         (["postgres"], []),
+        (["django_db_setup", "django_db_blocker"], []),
         (["start_worker", "tmp_path"], []),
         (["tmp_path"], ["django_db"]),
     ],
