@@ -316,6 +316,14 @@ def worker_commands(env: dict[str, str]) -> list[tuple[str, list[str], dict[str,
     ]
 
 
+def example_rounds(env: dict[str, str]) -> int:
+    """How many rounds of the example a first start runs (RSI_EXAMPLE_ROUNDS, default 3; 0 for none)."""
+    raw = env.get("RSI_EXAMPLE_ROUNDS", "") or "3"
+    if not raw.isdigit():
+        raise ValueError(f"RSI_EXAMPLE_ROUNDS={raw!r} must be a whole number (0 runs no round)")
+    return int(raw)
+
+
 def run() -> int:
     env = dict(os.environ)
     host = env.get("RSI_HOST", "127.0.0.1")
@@ -325,6 +333,7 @@ def run() -> int:
     problem = port_problem(host, port)
     try:
         workers = worker_commands(env)
+        example_rounds(env)
     except ValueError as exc:
         say(str(exc))
         return 2
@@ -339,11 +348,10 @@ def run() -> int:
     try:
         ensure_venv("requirements.txt")
         manage("migrate", "--no-input", env=env)
-        rounds = env.get("RSI_EXAMPLE_ROUNDS", "3")
-        if rounds != "0":
-            say(f"loading the example; on first start it also runs {rounds} rounds of it (about a minute) so the")
-            say("screens open on real candidates, diffs, flags and trajectories (RSI_EXAMPLE_ROUNDS=0 skips this)")
-        manage("load_example", "--rounds", rounds, env=env)
+        # The example's rounds are left to the workers started below, so the
+        # screens are served at once and show the rounds moving; a run a
+        # stopped start left unfinished is continued the same way.
+        manage("load_example", "--rounds", str(example_rounds(env)), "--through-workers", env=env)
         manage("ensure_admin", env=env)
         prctl = _libc_prctl()
         for name, command, worker_env in workers:
@@ -372,6 +380,10 @@ def run() -> int:
             time.sleep(0.5)
     except Stop as stop:
         stopped_by = str(stop)
+    except subprocess.CalledProcessError as exc:
+        # The step's own output, above, says why; a second traceback here would only bury it.
+        say(f"could not start: {' '.join(str(a) for a in exc.cmd[1:])} exited with status {exc.returncode}")
+        return 1
     finally:
         killed = stop_children(children)
     if stopped_by:

@@ -1,4 +1,4 @@
-"""Load the bundled offline example (benchmark, evaluator, surface, experiment). Idempotent."""
+"""Load the bundled offline example (benchmark, evaluator, surface, experiment), and run it. Idempotent."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from evolution.example.setup import EXPERIMENT_NAME, example_experiment_create, example_run_create, example_run_drive
-from evolution.models import Experiment
+from evolution.loop.enqueue import enqueue_advance
+from evolution.models import Experiment, Run
+
+ACTIVE = (Run.Status.PENDING, Run.Status.RUNNING)
 
 
 class Command(BaseCommand):
@@ -20,8 +23,14 @@ class Command(BaseCommand):
             "--rounds",
             type=int,
             default=0,
-            help="also run the example for this many rounds of the rrsi recipe, in this process "
-            "(skipped when the experiment already has a run)",
+            help="also run the example for this many rounds of the rrsi recipe; a run of the example that was "
+            "interrupted is continued instead, and one that has ended is left as it is",
+        )
+        parser.add_argument(
+            "--through-workers",
+            action="store_true",
+            help="with --rounds: start (or continue) the run and leave its rounds to the Celery workers, which take "
+            "its messages from the broker when they start; without it the rounds run in this process",
         )
         parser.add_argument("--candidates", type=int, default=3, help="candidates per round with --rounds")
         parser.add_argument("--k", type=int, default=1, help="trials per task with --rounds")
@@ -42,12 +51,31 @@ class Command(BaseCommand):
             )
         if options["rounds"] <= 0:
             return
-        if experiment.runs.exists():
-            self.stdout.write("it already has a run; not running it again")
+        through_workers = options["through_workers"]
+        where = "through the workers" if through_workers else "in this process"
+        # The example's own run is its first; later runs are a person's, started from the screens.
+        run = experiment.runs.order_by("pk").first()
+        if run is None:
+            rounds = options["rounds"]
+            run = example_run_create(
+                experiment=experiment, rounds=rounds, candidates=options["candidates"], k=options["k"]
+            )
+            self.stdout.write(f"started the example's run {run.pk}: {rounds} round(s) {where}")
+        elif run.status in ACTIVE:
+            # Interrupted midway (the previous start was stopped): every step resumes from the database.
+            self.stdout.write(
+                f"continuing the example's run {run.pk}, interrupted at round {max(run.current_round, 1)} of "
+                f"{run.rounds}, {where}"
+            )
+            if through_workers:
+                enqueue_advance(run.pk)
+        else:
+            reason = f" ({run.stop_reason})" if run.stop_reason else ""
+            hint = "; resume it from the dashboard" if run.status == Run.Status.PAUSED else ""
+            self.stdout.write(f"the example's run {run.pk} is {run.get_status_display().lower()}{reason}{hint}")
             return
-        rounds = options["rounds"]
-        run = example_run_create(experiment=experiment, rounds=rounds, candidates=options["candidates"], k=options["k"])
-        self.stdout.write(f"running the example for {rounds} round(s) in this process (run {run.pk})...")
+        if through_workers:
+            return
         run = example_run_drive(run, on_round=lambda number, total: self.stdout.write(f"  round {number} of {total}"))
         states = Counter(experiment.candidates.values_list("state", flat=True))
         self.stdout.write(
