@@ -1,4 +1,4 @@
-"""Benchmark metrics over trial records (CONCEPTS.md section 2).
+"""Benchmark metrics over trial records (docs/concepts.md, section 2).
 
 Pure functions and dataclasses, no ORM, so they are tested without a database
 and every function is safe to call repeatedly on the same input.

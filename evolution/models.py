@@ -1,7 +1,7 @@
 """The domain of harness evolution: fields, constraints and choices only.
 
 Writes go through ``evolution.services``; reads through ``evolution.selectors``.
-See ../shared/CONCEPTS.md for the words used here.
+See docs/concepts.md for the words used here.
 
 A foreign key that leads a composite index or unique constraint of its table
 has ``db_index=False``: the composite one serves its lookups and cascades, and
@@ -793,7 +793,7 @@ class LedgerEntry(models.Model):
     # Relative change in tokens per trial; null when the harness compared with reported no cost (a rise from 0
     # has no finite relative change).
     delta_cost = models.FloatField(null=True, blank=True)
-    # Adopted as the next harness (CONCEPTS.md 4 B).
+    # Adopted as the next harness (docs/concepts.md, rule B).
     accepted = models.BooleanField()
     # Passed every rule of the gate. True and not accepted: admissible but a sibling with a higher S was chosen,
     # which does not refute the hypothesis; false: a rule rejected it (refuted).

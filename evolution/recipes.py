@@ -1,4 +1,4 @@
-"""Recipes: declarative, versioned descriptions of one method (CONCEPTS.md 1, 4, 5).
+"""Recipes: declarative, versioned descriptions of one method (docs/concepts.md, sections 1, 4, 5).
 
 Pure functions and frozen dataclasses, no ORM. A recipe is a YAML or JSON
 document; ``parse_recipe`` validates it and fills every default, and
@@ -19,8 +19,8 @@ Rules of the document:
   blocks are merged key by key with the recipe's (a ``params`` mapping given
   in the recipe replaces the preset's whole); ``name``, ``version`` and
   ``description`` are never inherited.
-- Each regularization switch of CONCEPTS.md 4 is a block with ``enabled``:
-  ``edit_budget`` (A), ``ledger`` (B), ``stall`` (C), ``critique`` (D),
+- Each regularization switch (docs/concepts.md, section 4) is a block with
+  ``enabled``: ``edit_budget`` (A), ``ledger`` (B), ``stall`` (C), ``critique`` (D),
   ``noise`` (E), ``admissibility`` (F, with the guards), ``pruning`` (G). A
   disabled block's other values are still validated and kept, except that a
   disabled ``critique`` or ``pruning`` normalizes to the ``none`` operator
@@ -231,7 +231,7 @@ class AdmissibilitySpec:
     c1: float
     score_unit: str
     score_unit_size: float
-    lambda_S: float  # names as in CONCEPTS.md
+    lambda_S: float  # names as in docs/concepts.md
     lambda_C: float
     lambda_N: float
     valid_output_drop: float | None

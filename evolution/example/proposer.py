@@ -1009,7 +1009,7 @@ def propose(view: ProposerView) -> Proposal:
     family = _draw_family(view, rng)
     size = limit if view.slot == 0 else rng.randint(1, limit)
 
-    # Refuted: a rule of the gate rejected it. Admissible but not chosen refutes nothing (CONCEPTS.md 4 B).
+    # Refuted: a rule of the gate rejected it. Admissible but not chosen refutes nothing (docs/concepts.md, rule B).
     refuted = {_norm_hypothesis(e.hypothesis) for e in view.ledger if e.refuted}
     allowed = set(params.get("edits", EDITS_BY_NAME))
     unknown = sorted(allowed - set(EDITS_BY_NAME))

@@ -1,4 +1,4 @@
-"""The evolution loop (CONCEPTS.md section 3), one module a job.
+"""The evolution loop (docs/concepts.md, section 3), one module a job.
 
 - ``lifecycle``: create, pause, resume and cancel a run; the recipe a run follows.
 - ``steps``: the database-driven state machine; ``run_advance`` does one step (lock, load, call, write).
@@ -6,7 +6,7 @@
 - ``enqueue``: the Celery messages a step sends after its transaction commits.
 - ``measure``: the only place S, cost and valid rate are computed (pure).
 - ``decision``: the round's decision, from measured candidates to a typed ``RoundDecision`` (pure).
-- ``regularization``: the math of CONCEPTS.md section 4 the decision uses (pure).
+- ``regularization``: the math of docs/concepts.md, section 4, that the decision uses (pure).
 - ``state``: ``RunState``, the only code that knows the keys of ``Run.state``.
 
 This package's ``__init__`` imports nothing: the pure modules can be imported without the ORM ones.

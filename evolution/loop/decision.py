@@ -113,9 +113,10 @@ def round_decide(
     ``current`` is the harness the candidates are compared with and ``best_score`` S_best before the round;
     ``candidates`` the round's measured candidates, each with the component kinds its edits touch, and
     ``edits`` each candidate's atomic edits (for the ledger). ``gate`` gives one verdict per candidate (the
-    regularized gate of CONCEPTS.md 4 E and F, or the unregularized baseline) and ``regularization.choose`` picks
-    among the admissible ones: highest S, then lower cost, then lower id. ``accept`` is the recipe's
-    ``gate.accept``: "chosen" accepts only the chosen candidate, "admissible" every admissible one.
+    regularized gate of rules E and F in docs/concepts.md, or the unregularized baseline) and
+    ``regularization.choose`` picks among the admissible ones: highest S, then lower cost, then lower id.
+    ``accept`` is the recipe's ``gate.accept``: "chosen" accepts only the chosen candidate, "admissible" every
+    admissible one.
     ``ledger_so_far`` holds the ledger of earlier rounds (for pruning and the measured kinds).
     ``best_floor_score`` is the best gate-split S so far when the recipe puts the floor on the gate split
     alone (passed to the gate only then, so a registered gate need not know it).

@@ -136,7 +136,7 @@ def mean_tokens(candidate: Candidate, splits: Sequence[str]) -> float | None:
 
 def structural_kinds_had(experiment: Experiment) -> list[str]:
     """The structural kinds some accepted harness of the experiment has had (the seed's included), by the files
-    of their trees: N_new counts only kinds beyond these (CONCEPTS.md 4 F), sorted."""
+    of their trees: N_new counts only kinds beyond these (docs/concepts.md, rule F), sorted."""
     spec = parse_surface(experiment.surface.spec)
     harnesses = Q(tree__candidates__experiment=experiment, tree__candidates__state=Candidate.State.ACCEPTED)
     if experiment.seed_candidate_id is not None:

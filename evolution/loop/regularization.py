@@ -1,4 +1,4 @@
-"""The regularization math of CONCEPTS.md section 4: edit budget, stall
+"""The regularization math of docs/concepts.md, section 4: edit budget, stall
 detection, noise band, the admissibility gate, the final choice and pruning.
 
 Pure functions and frozen dataclasses, no ORM: every function depends only on
@@ -405,7 +405,7 @@ class GateParams:
     admissibility: bool = True
     c0: float = 0.0
     c1: float = 0.25
-    lambda_S: float = 0.0  # names as in CONCEPTS.md
+    lambda_S: float = 0.0  # names as in docs/concepts.md
     lambda_C: float = 1.0
     lambda_N: float = 0.25
     valid_output_drop: float | None = 0.03
@@ -445,8 +445,8 @@ def new_structural_kinds(components: Iterable[str], accepted_structural_kinds: I
     touch) that the candidate introduces for the first time: kinds no accepted
     harness has had (``accepted_structural_kinds``: the kinds present in the
     seed and every accepted harness, and those accepted edits added), sorted.
-    Its length is N_new (CONCEPTS.md 4 F): editing a memory file when an
-    accepted harness already has memory earns nothing."""
+    Its length is N_new (docs/concepts.md, rule F): editing a memory file
+    when an accepted harness already has memory earns nothing."""
     return sorted((set(components) & STRUCTURAL_KINDS) - set(accepted_structural_kinds))
 
 
@@ -460,8 +460,8 @@ def regularized_gate(
     accepted_structural_kinds: Iterable[str] = frozenset(),
     best_floor_score: float | None = None,
 ) -> list[GateVerdict]:
-    """Verdicts of the regularized gate (CONCEPTS.md 4 E and F), one per
-    candidate in input order.
+    """Verdicts of the regularized gate (docs/concepts.md, rules E and F), one
+    per candidate in input order.
 
     The floor compares S on the evolve splits with S_best (the seed text). With ``best_floor_score``
     (``noise.floor: gate``, RSIHub's choice) it compares each candidate's ``floor_score``, S on the gate

@@ -1,4 +1,4 @@
-"""The default failure taxonomy (CONCEPTS section 7) as shared annotation labels.
+"""The default failure taxonomy (docs/concepts.md, section 7) as shared annotation labels.
 
 Shared labels have ``experiment = NULL``; teams add their own per experiment.
 Forward is idempotent (update_or_create by slug). Reverse removes the

@@ -1,9 +1,9 @@
 """A ledger row says whether its candidate was admissible, apart from whether it was accepted.
 
 "Accepted" means adopted as the next harness; a candidate that passed every rule but lost to a sibling with a
-higher S is admissible, not refuted (CONCEPTS.md 4 B). Rows written before this read the gate decision of their
-candidate: accepted rows are admissible, and so is a row whose candidate's gate decision in that run gave an
-admissible rule.
+higher S is admissible, not refuted (docs/concepts.md, rule B). Rows written before this read the gate decision
+of their candidate: accepted rows are admissible, and so is a row whose candidate's gate decision in that run gave
+an admissible rule.
 """
 
 from django.db import migrations, models

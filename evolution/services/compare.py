@@ -1,4 +1,4 @@
-"""Compare recipes across proposer seeds: the story of CONCEPTS.md told with several seeds, not one.
+"""Compare recipes across proposer seeds: the published effect (docs/concepts.md) told with several seeds.
 
 ``recipes_compare`` runs every recipe from the same start (a twin of the experiment per run: same benchmark,
 evaluator, surface, seed harness and splits, so no run borrows another's parents) once per proposer seed,

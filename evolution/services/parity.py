@@ -1,8 +1,8 @@
 """Parity: an evaluator's commands run directly and through the platform, compared.
 
-The protocol (CONCEPTS.md, trust properties): per iteration, run every trial
-directly (A), then through the platform (P), then directly again (B), with the
-same trial seeds; ``evolution.parity`` compares the outcomes. Iteration i uses
+The protocol (docs/concepts.md, section 6, trust properties): per iteration,
+run every trial directly (A), then through the platform (P), then directly
+again (B), with the same trial seeds; ``evolution.parity`` compares the outcomes. Iteration i uses
 the evaluation seed the platform gives repeat i (the experiment's seed + i).
 
 *Direct* is the evaluator's runner and verifier on the candidate's files, the

@@ -221,8 +221,8 @@ def test_hypotheses_the_ledger_refutes_are_not_proposed_again() -> None:
 
 
 def test_an_admissible_hypothesis_that_was_not_chosen_is_not_refuted() -> None:
-    """CONCEPTS.md 4 B: a candidate that passed every rule but lost to a sibling is admissible, not refuted, so
-    its hypotheses may be proposed again (before, every ledger row not accepted counted as refuted)."""
+    """Rule B of docs/concepts.md: a candidate that passed every rule but lost to a sibling is admissible, not
+    refuted, so its hypotheses may be proposed again (before, every ledger row not accepted counted as refuted)."""
     first = propose(make_view(edit_budget=4))
     ledger = [
         LedgerView(round=1, component=e.component, hypothesis=e.hypothesis, delta_score=0.05, delta_cost=0.0,

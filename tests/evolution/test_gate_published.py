@@ -1,4 +1,4 @@
-"""The gate as CONCEPTS.md and the seed text publish it (issue 18, item 1).
+"""The gate as published (docs/concepts.md, rules B, C and F; the seed text) (issue 18, item 1).
 
 - N_new counts the structural kinds a candidate introduces for the first time: kinds no accepted harness has
   had, the seed's included; padding an existing memory file earns no bonus.
