@@ -54,6 +54,7 @@ experiment = Experiment.objects.filter(name="example-routing").first()
 run = experiment.runs.order_by("pk").first() if experiment else None
 print(json.dumps(None if run is None else {
     "run": run.pk, "status": run.status, "round": run.current_round, "rounds": run.rounds,
+    "stop_reason": run.stop_reason, "error": run.error[-500:],
     "certified": {str(n): CertifiedResult.objects.filter(candidate__run=run, candidate__round=n).count()
                   for n in range(1, run.rounds + 1)},
 }))
@@ -227,6 +228,8 @@ class Start:
             state = self.run_state()
             if state is not None and done(state):  # type: ignore[operator]
                 return time.monotonic() - self.began, state
+            if state is not None and state["status"] in ("failed", "cancelled", "paused"):
+                raise self.fail(f"{what}: the example's run is {state['status']} ({state})")
             if time.monotonic() > deadline:
                 raise self.fail(f"{what}: not within {timeout:.0f} s (the run: {state})")
             time.sleep(POLL_SECONDS)
@@ -359,6 +362,8 @@ def main(argv: list[str]) -> int:
         say(f"{args.commit!r} is not a commit of {ROOT}")
         return 2
     sha = commit.stdout.strip()
+    # A stopped check (CI's time limit, Ctrl-C) still stops what it started: the handlers below run.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(folder)], check=True)
     subprocess.run(["git", "checkout", "--quiet", sha], cwd=folder, check=True)
     say(f"cloned {sha[:12]} into {folder}; running python3.11 dev.py run there as a newcomer would")
