@@ -15,6 +15,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,6 +76,28 @@ def ensure_venv(requirements: str) -> None:
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "-r", str(ROOT / requirements)], check=True)
     (VENV / f".installed-{requirements}").write_text(_requirements_digest(requirements))
+
+
+def ensure_bubblewrap(env: dict[str, str]) -> None:
+    """As root, install Debian's bubblewrap when it is missing, so trials run in their sandbox.
+
+    Without it a root worker runs each trial as an unprivileged uid on the
+    host, and that uid cannot reach an interpreter in a private folder
+    (pyenv's under /root, a clone under a 0700 folder): every trial of the
+    example would fail. Not root, or no apt-get: nothing to do here (a
+    trial then runs as this user, or the sandbox's own error says why it
+    cannot). ``RSI_SANDBOX=off`` asks for no sandbox, so none is installed.
+    """
+    if os.geteuid() != 0 or env.get("RSI_SANDBOX") == "off" or shutil.which("bwrap") or not shutil.which("apt-get"):
+        return
+    say("running as root without bubblewrap (the trial sandbox): installing it with apt-get")
+    apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "bubblewrap"]):
+        done = subprocess.run(command, env=apt_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            say(f"could not install bubblewrap ({' '.join(command)}: {done.stderr.strip()[-300:]}); trials run")
+            say("without it, and fail where their uid cannot reach the interpreter (docs/security.md)")
+            return
 
 
 def manage(*args: str, env: dict[str, str] | None = None) -> None:
@@ -347,6 +370,7 @@ def run() -> int:
     stopped_by = ""
     try:
         ensure_venv("requirements.txt")
+        ensure_bubblewrap(env)
         manage("migrate", "--no-input", env=env)
         # The example's rounds are left to the workers started below, so the
         # screens are served at once and show the rounds moving; a run a

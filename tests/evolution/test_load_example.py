@@ -7,7 +7,7 @@ import io
 import pytest
 from django.core.management import call_command
 
-from evolution.models import Benchmark, Blob, Candidate, Experiment, Task, Tree
+from evolution.models import Benchmark, Blob, Candidate, CertifiedResult, Experiment, Run, Task, Tree, Trial
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import component_for, in_surface, parse_surface
 from tests.factories import seed_of
@@ -60,3 +60,40 @@ def test_example_evaluator_files_are_not_in_the_harness() -> None:
     evaluator_paths = {entry.path for entry in tree_entries(tree=experiment.evaluator.files)}
     assert {"agent.py", "verify.py"} <= evaluator_paths
     assert not harness_paths & evaluator_paths
+
+
+def load_rounds(*, through_workers: bool) -> str:
+    out = io.StringIO()
+    call_command("load_example", rounds=1, candidates=1, through_workers=through_workers, stdout=out)
+    return out.getvalue()
+
+
+def test_through_workers_starts_the_run_and_runs_nothing_in_this_process() -> None:
+    output = load_rounds(through_workers=True)
+
+    run = Run.objects.get(experiment__name="example-routing")
+    assert f"started the example's run {run.pk}: 1 round(s) through the workers" in output
+    assert (run.status, run.rounds) == (Run.Status.RUNNING, 1)
+    # Serving comes first: no trial ran and nothing was certified before the command returned.
+    assert not Trial.objects.filter(evaluation__run=run).exclude(state=Trial.State.PENDING).exists()
+    assert not CertifiedResult.objects.exists()
+
+
+def test_an_interrupted_example_run_is_continued_then_left_alone_once_finished() -> None:
+    load_rounds(through_workers=True)
+    run = Run.objects.get(experiment__name="example-routing")
+
+    # The start that launched it was stopped before any worker took it: the next load continues it.
+    continued = load_rounds(through_workers=False)
+    assert f"continuing the example's run {run.pk}, interrupted at round 1 of 1, in this process" in continued
+    assert "not running it again" not in continued
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED
+    assert CertifiedResult.objects.filter(experiment=run.experiment).exists()
+    records = CertifiedResult.objects.count()
+
+    again = load_rounds(through_workers=True)
+    assert f"the example's run {run.pk} is finished" in again
+    assert "continuing" not in again and "started" not in again
+    assert Run.objects.filter(experiment=run.experiment).count() == 1
+    assert CertifiedResult.objects.count() == records
