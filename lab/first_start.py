@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,10 @@ for line in failed:
     print("  " + line)
 sys.exit(1 if failed else 0)
 """
+
+
+# Whether the example's run, as RUN_STATE reads it, has reached what a check waits for.
+Done = Callable[[dict[str, object]], bool]
 
 
 class Failed(Exception):
@@ -219,14 +224,14 @@ class Start:
         state: dict[str, object] | None = json.loads(shell.stdout.strip().splitlines()[-1])
         return state
 
-    def wait_for(self, what: str, done: object, timeout: float) -> tuple[float, dict[str, object]]:
+    def wait_for(self, what: str, done: Done, timeout: float) -> tuple[float, dict[str, object]]:
         """Poll the run's state until ``done(state)``; seconds from the start, and the state."""
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
                 raise self.fail(f"dev.py run exited with status {self.process.returncode} while waiting for {what}")
             state = self.run_state()
-            if state is not None and done(state):  # type: ignore[operator]
+            if state is not None and done(state):
                 return time.monotonic() - self.began, state
             if state is not None and state["status"] in ("failed", "cancelled", "paused"):
                 raise self.fail(f"{what}: the example's run is {state['status']} ({state})")
@@ -255,7 +260,7 @@ class Start:
             raise self.fail("the output holds a traceback")
 
 
-def round_certified(number: int) -> object:
+def round_certified(number: int) -> Done:
     def done(state: dict[str, object]) -> bool:
         certified = state["certified"]
         assert isinstance(certified, dict)
