@@ -106,7 +106,7 @@ class RedisChannel(redis.Channel):
     the event loop: each publish, each delivery's entry in the unacked
     index and each acknowledgement. An acknowledgement's pipeline took
     1.26 ms on a new client against 0.42 ms on one used again
-    (docs/performance.md, fifteenth round), paid on the worker's consumer
+    (in the git history of docs/performance.md), paid on the worker's consumer
     thread, where it delays every trial slot's next message. A redis-py
     client is safe to share between threads (each command takes a
     connection from the pool), so this channel keeps one for the life of

@@ -408,7 +408,7 @@ class _LeaseRenewals:
     One thread for every trial of a thread-pool worker instead of one a
     trial: a new thread waits for the GIL before it can say it has started
     and again to be joined (4.4 and 2.4 ms a trial among 64 busy slots,
-    docs/performance.md, sixteenth round). The thread gives its database
+    in the git history of docs/performance.md). The thread gives its database
     connection back after each round of renewals, so a worker whose trials
     run longer than a third of the lease does not keep one connection open
     a trial while its agents wait. A renewal that hangs delays the others

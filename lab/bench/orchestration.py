@@ -478,7 +478,7 @@ def vacuum_churned() -> None:
     before it left. Where the server's autovacuum is off, they pile up: on
     2026-12-03, after about twenty runs, a trial worker spent 17 to 19 ms of
     CPU a trial instead of 12 to 13 and `concurrency` read 1.26 to 1.31;
-    after one VACUUM, 1.19 to 1.21 (docs/performance.md, sixteenth round).
+    after one VACUUM, 1.19 to 1.21 (measured on 2026-12-03; the history of docs/performance.md in git).
     Skipped inside a transaction, where VACUUM cannot run (tests)."""
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return
