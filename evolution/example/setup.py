@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 from django.db import transaction
 
-from evolution.models import Experiment, Run
+from evolution.models import Experiment, ModelEndpoint, Run
 from evolution.recipes import Recipe, load_preset, parse_recipe, recipe_to_dict
 from evolution.services.experiments import (
     TaskInput,
@@ -25,6 +26,8 @@ from evolution.services.snapshots import tree_import_directory
 
 EXAMPLE_DIR = Path(__file__).resolve().parent
 EXPERIMENT_NAME = "example-routing"
+# The agent a trial runs, by the file that names its evaluator.
+AGENTS = {"scripted": "evaluator.toml", "llm": "evaluator-llm.toml"}
 
 
 def read_tasks(path: Path) -> list[TaskInput]:
@@ -50,15 +53,20 @@ def read_tasks(path: Path) -> list[TaskInput]:
     return tasks
 
 
-def example_experiment_create(*, name: str, task_limit: int | None = None) -> Experiment:
+def example_experiment_create(*, name: str, task_limit: int | None = None, agent: str = "scripted") -> Experiment:
     """Create the example's benchmark, evaluator, surface and an experiment named ``name`` with its seed harness.
 
     With ``task_limit``, only the first tasks, as a benchmark of its own name (never mixed with the full one), so
-    a run takes seconds. Benchmark, evaluator and surface are reused when identical (their services are
-    idempotent); the experiment name must be new. All or nothing.
+    a run takes seconds. ``agent`` "llm" makes the evaluator's runner the real model's agent
+    (``evaluator-llm.toml``: ``llm_agent.py`` against RSI_LLM_BASE_URL), with the endpoint's in-flight limit;
+    "scripted" (the default) the offline policy. Benchmark, evaluator and surface are reused when identical
+    (their services are idempotent); the experiment name must be new. All or nothing.
     """
+    if agent not in AGENTS:
+        raise ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}")
     config = tomllib.loads((EXAMPLE_DIR / "evaluator.toml").read_text())
-    bench, evaluator_config = config["benchmark"], config["evaluator"]
+    agent_config = tomllib.loads((EXAMPLE_DIR / AGENTS[agent]).read_text())
+    bench, evaluator_config = config["benchmark"], agent_config["evaluator"]
     tasks = read_tasks(EXAMPLE_DIR / bench["tasks"])
     if task_limit is not None:
         tasks = tasks[:task_limit]
@@ -66,7 +74,7 @@ def example_experiment_create(*, name: str, task_limit: int | None = None) -> Ex
     seed_dir = EXAMPLE_DIR / bench["seed_harness"]
     harness_config = tomllib.loads((seed_dir / "config.toml").read_text())
     with transaction.atomic():
-        return experiment_create(
+        experiment = experiment_create(
             name=name,
             description=bench.get("description", ""),
             benchmark=benchmark_from_config(config=bench, tasks=tasks),
@@ -80,28 +88,57 @@ def example_experiment_create(*, name: str, task_limit: int | None = None) -> Ex
             split_seed=int(config["splits"]["seed"]),
             split_ratios=config["splits"]["ratios"],
             trials_per_task=int(config["trials"]["k"]),
-            run_settings={"model": harness_config.get("model", ""), "seed": 0},
+            run_settings={"model": model_of(agent, harness_config), "seed": 0},
         )
+        if "endpoint" in agent_config:
+            endpoint, _ = ModelEndpoint.objects.get_or_create(
+                name=agent_config["endpoint"]["name"],
+                defaults={"max_in_flight": int(agent_config["endpoint"]["max_in_flight"])},
+            )
+            Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
+            experiment.endpoint = endpoint
+        return experiment
 
 
-def example_recipe(*, rounds: int, candidates: int, k: int) -> Recipe:
-    """The rrsi recipe with the example proposer, sized for a first look:
-    the proposer's leaky, costly and generic edits give every rule work."""
+def model_of(agent: str, harness_config: dict[str, object]) -> str:
+    """The model a trial's agent uses: the harness's offline policy, or the endpoint's model."""
+    if agent == "llm":
+        return os.environ.get("RSI_LLM_MODEL", "") or "(RSI_LLM_MODEL)"
+    return str(harness_config.get("model", ""))
+
+
+def example_recipe(*, rounds: int, candidates: int, k: int, proposer: str = "example") -> Recipe:
+    """The rrsi recipe sized for a first look. With the example proposer (the default), its leaky, costly and
+    generic edits give every rule work; with ``proposer="llm"`` the model proposes and the model's critic
+    reviews beside nothing else (LLM_PARAMS: answers kept short, a CPU's minutes allowed), and the seed's noise
+    band is measured from two single-trial repeats, so a run on a slice takes minutes."""
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=rounds, candidates_per_round=candidates)
-    weights = {"generic": 0.4, "leaky": 0.5, "cost": 0.1}
-    data["proposal"] = {"operator": "example", "params": {"family_weights": weights}}
+    if proposer == "llm":
+        data["proposal"] = {"operator": "llm", "params": dict(LLM_PARAMS)}
+        data["critique"] = {**data["critique"], "operator": "llm", "params": dict(LLM_PARAMS)}
+        data["noise"] = {**data["noise"], "repeats": 2, "trials_per_task": k}
+    else:
+        weights = {"generic": 0.4, "leaky": 0.5, "cost": 0.1}
+        data["proposal"] = {"operator": "example", "params": {"family_weights": weights}}
     data["evaluation"] = {**data["evaluation"], "trials_per_task": k}
     data["edit_budget"] = {**data["edit_budget"], "T": 6}
     return parse_recipe(data)
 
 
-def example_run_create(*, experiment: Experiment, rounds: int, candidates: int, k: int) -> Run:
+# The LLM operators' params in the example's LLM recipe: a small model on a CPU answers slowly.
+LLM_PARAMS = {"timeout_seconds": 600, "max_tokens": 700, "max_retries": 2}
+
+
+def example_run_create(
+    *, experiment: Experiment, rounds: int, candidates: int, k: int, proposer: str = "example"
+) -> Run:
     """A run of ``example_recipe`` on ``experiment``, not started (``example_run_drive`` drives it)."""
     import evolution.proposers  # noqa: F401  (registers the example proposer)
     from evolution.loop import lifecycle
 
-    return lifecycle.run_create(experiment=experiment, recipe=example_recipe(rounds=rounds, candidates=candidates, k=k))
+    recipe = example_recipe(rounds=rounds, candidates=candidates, k=k, proposer=proposer)
+    return lifecycle.run_create(experiment=experiment, recipe=recipe)
 
 
 def example_run_drive(run: Run, *, on_round: Callable[[int, int], None] | None = None) -> Run:

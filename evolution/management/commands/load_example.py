@@ -5,20 +5,43 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution.example.setup import EXPERIMENT_NAME, example_experiment_create, example_run_create, example_run_drive
+from evolution.example.setup import (
+    AGENTS,
+    EXPERIMENT_NAME,
+    example_experiment_create,
+    example_run_create,
+    example_run_drive,
+)
 from evolution.loop.enqueue import enqueue_advance
 from evolution.models import Experiment, Run
 
 ACTIVE = (Run.Status.PENDING, Run.Status.RUNNING)
+# The slice a real model's run takes on a CPU in minutes (docs/llm.md).
+LLM_TASKS = 6
 
 
 class Command(BaseCommand):
     help = "Create the offline example: benchmark, evaluator, surface and an experiment with its seed harness."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--name", default=EXPERIMENT_NAME, help="experiment name")
+        parser.add_argument(
+            "--agent",
+            choices=sorted(AGENTS),
+            default="scripted",
+            help="the trials' agent: the offline scripted policy (default), or a real model at RSI_LLM_BASE_URL "
+            "(llm_agent.py), which the model's proposer and critic then evolve (docs/llm.md)",
+        )
+        parser.add_argument(
+            "--name", default=None, help=f"experiment name (default {EXPERIMENT_NAME!r}, with --agent llm '-llm' added)"
+        )
+        parser.add_argument(
+            "--tasks",
+            type=int,
+            default=None,
+            help=f"only the first N tasks, as a benchmark of their own (default: all; with --agent llm {LLM_TASKS})",
+        )
         parser.add_argument(
             "--rounds",
             type=int,
@@ -32,17 +55,25 @@ class Command(BaseCommand):
             help="with --rounds: start (or continue) the run and leave its rounds to the Celery workers, which take "
             "its messages from the broker when they start; without it the rounds run in this process",
         )
-        parser.add_argument("--candidates", type=int, default=3, help="candidates per round with --rounds")
+        parser.add_argument(
+            "--candidates", type=int, default=None, help="candidates per round with --rounds (default 3; llm 2)"
+        )
         parser.add_argument("--k", type=int, default=1, help="trials per task with --rounds")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        name = options["name"]
+        agent = options["agent"]
+        llm = agent == "llm"
+        name = options["name"] or (f"{EXPERIMENT_NAME}-llm" if llm else EXPERIMENT_NAME)
+        tasks = options["tasks"] if options["tasks"] is not None else (LLM_TASKS if llm else None)
+        candidates = options["candidates"] or (2 if llm else 3)
+        if (tasks is not None and tasks < 1) or candidates < 1 or options["k"] < 1:
+            raise CommandError("--tasks, --candidates and --k must be at least 1")
         experiment = Experiment.objects.filter(name=name).first()
         if experiment is not None:
             rest = "" if options["rounds"] > 0 else "; nothing to do"
             self.stdout.write(f"example experiment {name!r} exists (id {experiment.pk}){rest}")
         else:
-            experiment = example_experiment_create(name=name)
+            experiment = example_experiment_create(name=name, task_limit=tasks, agent=agent)
             counts = Counter(experiment.split_memberships.values_list("split", flat=True))
             self.stdout.write(
                 f"loaded example experiment {name!r} (id {experiment.pk}): {experiment.benchmark.tasks.count()} tasks "
@@ -58,7 +89,11 @@ class Command(BaseCommand):
         if run is None:
             rounds = options["rounds"]
             run = example_run_create(
-                experiment=experiment, rounds=rounds, candidates=options["candidates"], k=options["k"]
+                experiment=experiment,
+                rounds=rounds,
+                candidates=candidates,
+                k=options["k"],
+                proposer="llm" if llm else "example",
             )
             self.stdout.write(f"started the example's run {run.pk}: {rounds} round(s) {where}")
         elif run.status in ACTIVE:
