@@ -12,10 +12,14 @@ The checks run before, or while, the parser does the expensive part:
   text (strings skipped), before ``json.loads`` would recurse once per
   level: Python's parser raises RecursionError about 950 levels down,
   which no caller expected (a 500, a traceback).
-- YAML: the text's size, then depth and the number of nodes *after* alias
-  expansion, counted as the composer builds the node graph (each node's
+- YAML: the text's size, then depth, the number of nodes and the bytes of
+  its scalars *after* alias expansion (the last within the same size limit
+  as the text), counted as the composer builds the node graph (each node's
   expanded size is computed once), so "billion laughs" is refused while
   it is still a few hundred nodes, before anything walks the expansion.
+- Integers, in JSON and YAML: over Python's digit limit for converting
+  text to int (``sys.get_int_max_str_digits()``, 4,300) they are refused
+  like any other limit instead of raising a bare ValueError.
 - JSONL: the same JSON limits per line, and a limit on the lines.
 - gzip: decompressed in a stream that stops at the size limit, and at a
   ratio of the compressed size (past a floor), instead of decompressing
@@ -32,6 +36,7 @@ import gzip
 import io
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -171,7 +176,23 @@ def json_loads(text: str | bytes, *, what: str = "JSON document", setting: str |
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
     check_json_depth(text, what=what)
-    return json.loads(text, **options)
+    try:
+        return json.loads(text, **options)
+    except ValueError as exc:
+        if isinstance(exc, json.JSONDecodeError) or not _is_int_digits_error(exc):
+            raise
+        raise _too_many_digits(what) from None
+
+
+def _is_int_digits_error(exc: ValueError) -> bool:
+    """Whether ``exc`` is int()'s refusal of text over ``sys.get_int_max_str_digits()``."""
+    return "integer string conversion" in str(exc)
+
+
+def _too_many_digits(what: str) -> InputLimitError:
+    return InputLimitError(
+        f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits (Python's int_max_str_digits)"
+    )
 
 
 class JSONLineError(ValueError):
@@ -214,22 +235,27 @@ class LimitedSafeLoader(yaml.SafeLoader):
     the composer builds nodes.
 
     An alias returns the node its anchor names, so the node graph stays small
-    while the data it stands for is exponential: a node's expanded size is
-    one plus its children's, computed once per node as it is composed, and a
-    node over ``RSI_MAX_YAML_NODES`` (or one whose depth, with what an alias
-    brings under it, is over ``RSI_MAX_INPUT_DEPTH``) stops composition. An
-    alias to a node still being composed (a recursive structure) is refused.
-    The composer recurses once per level, so depth is refused before Python's
-    own limit is reached.
+    while the data it stands for is exponential: a node's expanded size (its
+    nodes, and the UTF-8 bytes of its scalars) is the sum of its children's,
+    computed once per node as it is composed, and a node over
+    ``RSI_MAX_YAML_NODES``, over the byte limit ``bytes_setting`` (when
+    given), or whose depth with what an alias brings under it is over
+    ``RSI_MAX_INPUT_DEPTH`` stops composition. Counting nodes alone let a
+    few aliases of one long string expand a 61 KB recipe to 225 MB. An alias
+    to a node still being composed (a recursive structure) is refused. The
+    composer recurses once per level, so depth is refused before Python's own
+    limit is reached. An integer over Python's digit limit is refused too.
     """
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, *, bytes_setting: str | None = None) -> None:
         super().__init__(stream)
         self._max_depth = limit("RSI_MAX_INPUT_DEPTH")
         self._max_nodes = limit("RSI_MAX_YAML_NODES")
+        self._bytes_setting = bytes_setting
+        self._max_bytes = limit(bytes_setting) if bytes_setting is not None else None
         self._level = 0
-        # id(node) -> (expanded size, height); nodes stay alive in the graph while composing.
-        self._measured: dict[int, tuple[int, int]] = {}
+        # id(node) -> (expanded nodes, expanded scalar bytes, height); nodes stay alive in the graph while composing.
+        self._measured: dict[int, tuple[int, int, int]] = {}
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._level += 1
@@ -243,10 +269,15 @@ class LimitedSafeLoader(yaml.SafeLoader):
                 if target is not None and id(target) not in self._measured:
                     raise InputLimitError("YAML holds an alias to a node that contains it (a recursive structure)")
             node = super().compose_node(parent, index)
-            size, height = self._measure(node)
+            size, scalar_bytes, height = self._measure(node)
             if size > self._max_nodes:
                 raise InputLimitError(
                     f"YAML expands to more than {self._max_nodes} nodes with its aliases (RSI_MAX_YAML_NODES)"
+                )
+            if self._max_bytes is not None and scalar_bytes > self._max_bytes:
+                raise InputLimitError(
+                    f"YAML expands to more than {_size(self._max_bytes)} of text with its aliases "
+                    f"({self._bytes_setting})"
                 )
             if self._level - 1 + height > self._max_depth:
                 raise InputLimitError(
@@ -256,25 +287,40 @@ class LimitedSafeLoader(yaml.SafeLoader):
         finally:
             self._level -= 1
 
-    def _measure(self, node: Any) -> tuple[int, int]:
+    def _measure(self, node: Any) -> tuple[int, int, int]:
         known = self._measured.get(id(node))
         if known is not None:
             return known
         if isinstance(node, yaml.ScalarNode):
             children: list[Any] = []
+            scalar_bytes = len(node.value.encode("utf-8", "surrogatepass"))
         elif isinstance(node, yaml.SequenceNode):
             children = list(node.value)
+            scalar_bytes = 0
         else:
             children = [child for pair in node.value for child in pair]
+            scalar_bytes = 0
         size, height = 1, 1
         for child in children:
             measured = self._measured.get(id(child))
             if measured is None:  # cannot happen: every child went through compose_node
                 raise InputLimitError("YAML holds a node composed outside the limits")
             size += measured[0]
-            height = max(height, measured[1] + 1)
-        self._measured[id(node)] = (size, height)
-        return size, height
+            scalar_bytes += measured[1]
+            height = max(height, measured[2] + 1)
+        self._measured[id(node)] = (size, scalar_bytes, height)
+        return size, scalar_bytes, height
+
+    def construct_limited_int(self, node: Any) -> int:
+        try:
+            return int(super().construct_yaml_int(node))
+        except ValueError as exc:
+            if _is_int_digits_error(exc):
+                raise _too_many_digits("YAML") from None
+            raise
+
+
+LimitedSafeLoader.add_constructor("tag:yaml.org,2002:int", LimitedSafeLoader.construct_limited_int)
 
 
 def yaml_load(
@@ -282,9 +328,10 @@ def yaml_load(
 ) -> Any:
     """The plain data of one YAML document, after refusing text over the size
     limit ``setting``; composition is limited by ``loader`` (a
-    LimitedSafeLoader). Raises InputLimitError or yaml.YAMLError."""
+    LimitedSafeLoader), its scalars' text after alias expansion by
+    ``setting`` too. Raises InputLimitError or yaml.YAMLError."""
     check_size(text, setting=setting, what=what)
-    instance = loader(text)
+    instance = loader(text, bytes_setting=setting)
     try:
         return instance.get_single_data()
     finally:

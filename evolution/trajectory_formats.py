@@ -48,6 +48,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from evolution import limits
+
 FORMATS = ("atif", "mini-swe-agent", "openai")
 SOURCES = ("system", "user", "agent")
 AGENT_ONLY = ("model_name", "reasoning_content", "tool_calls", "metrics")
@@ -563,8 +565,12 @@ def _arguments(raw: Any, path: str, errors: list[str]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
+        # The string is a JSON document of its own, so it gets the input limits the file it came in got.
         try:
-            parsed = json.loads(raw)
+            parsed = limits.json_loads(raw, what="its JSON text")
+        except limits.InputLimitError as exc:
+            errors.append(f"{path}: {exc}")
+            return {}
         except json.JSONDecodeError:
             return {"input": raw}  # Models do emit invalid JSON arguments; keep them verbatim.
         return parsed if isinstance(parsed, dict) else {"input": parsed}

@@ -12,3 +12,11 @@ def billion_laughs(top: str = "lol") -> str:
     for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
         lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
     return "\n".join(lines) + "\n"
+
+
+def long_laughs(length: int = 22_000, first: int = 100, second: int = 97) -> str:
+    """Few nodes, many bytes: one string of ``length`` characters, a list of
+    ``first`` aliases of it and a list of ``second`` aliases of that list,
+    so ``length * first * second`` characters once expanded (213 MB by
+    default, in a 23 KB text of 9,904 nodes: under the node limit)."""
+    return f"s: &s {'x' * length}\nl: &l [{', '.join(['*s'] * first)}]\nm: [{', '.join(['*l'] * second)}]\n"

@@ -266,3 +266,37 @@ def test_a_number_out_of_range_is_a_400_in_a_body_a_batch_and_a_form(trials: dic
     assert response.status_code == 400
     assert response.json() == {"document": ["Value must be valid JSON."]}
     assert not Trajectory.objects.filter(trial=trials["train"]).exists()
+
+
+def deep_arguments_document(levels: int) -> list[dict[str, Any]]:
+    """OpenAI messages whose one tool call's ``arguments`` string holds JSON ``levels`` deep."""
+    arguments = '{"a": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+
+
+def test_deep_json_in_a_tool_calls_arguments_is_a_400_naming_the_field_in_a_body_and_a_batch(
+    trials: dict[str, Trial],
+) -> None:
+    """The arguments string is JSON of its own: it was decoded without the
+    depth limit (900 levels stored, or a 500 past Python's recursion)."""
+    client = client_for("operator")
+    error = (
+        "messages[1].tool_calls[0].function.arguments: its JSON text is nested more than 100 levels deep "
+        "(RSI_MAX_INPUT_DEPTH)"
+    )
+    for levels in (101, 900, 5000):
+        response = client.post(url(trials["train"]), {"document": deep_arguments_document(levels)}, format="json")
+        assert (response.status_code, response.json()) == (400, {"document": [error]})
+        items = [{"trial": trials["train"].pk, "document": deep_arguments_document(levels)}]
+        response = client.post(BATCH, {"trajectories": items}, format="json")
+        assert (response.status_code, response.json()) == (400, {"trajectories": {"0": {"document": [error]}}})
+    assert not Trajectory.objects.filter(trial=trials["train"]).exists()
+    response = client.post(url(trials["train"]), {"document": deep_arguments_document(100)}, format="json")
+    assert response.status_code == 201, response.content
+    step = Trajectory.objects.get(trial=trials["train"]).steps.get(step_id=2)
+    assert step.tool_calls[0]["arguments"] == json.loads('{"a": ' + "[" * 99 + "]" * 99 + "}")

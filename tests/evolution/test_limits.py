@@ -15,7 +15,7 @@ from evolution import limits
 from evolution.recipes import RecipeError, parse_recipe
 from evolution.surfaces import SurfaceSpecError, parse_surface
 from tests.conftest import REPO_ROOT
-from tests.hostile import billion_laughs
+from tests.hostile import billion_laughs, long_laughs
 
 DEPTH = "nested more than 100 levels deep (RSI_MAX_INPUT_DEPTH)"
 
@@ -173,6 +173,68 @@ def test_a_recipe_with_a_billion_laughs_is_a_recipe_error_and_a_small_expansion_
     with pytest.raises(RecipeError) as deep:
         parse_recipe("{" + '"a": {' * 200 + "}" * 201)
     assert str(deep.value) == f"recipe is {DEPTH}"
+
+
+def test_yaml_aliases_of_long_strings_are_refused_by_the_bytes_they_expand_to() -> None:
+    """Under the node limit, a few aliases of one long string expanded a
+    61 KB recipe to 225 MB: the scalars' bytes after expansion are held to
+    the size limit of the text, refused while composing."""
+    text = long_laughs()
+    assert len(text) < 25_000
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(limits.InputLimitError) as refused:
+            limits.yaml_load(text, setting="RSI_MAX_RECIPE_BYTES", what="recipe")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(refused.value) == "YAML expands to more than 256 KiB of text with its aliases (RSI_MAX_RECIPE_BYTES)"
+    assert time.perf_counter() - started < 1.0
+    assert peak < 2_000_000
+    # The bound is exact: the keys s, l and m, then 20 + 5 * 20 + 2 * 5 * 20 bytes of scalars = 323 bytes.
+    small = long_laughs(length=20, first=5, second=2)
+    assert len(small) == 66
+    with override_settings(RSI_MAX_SURFACE_BYTES=323):
+        assert limits.yaml_load(small, setting="RSI_MAX_SURFACE_BYTES", what="s")["m"] == [["x" * 20] * 5] * 2
+    with override_settings(RSI_MAX_SURFACE_BYTES=322), pytest.raises(limits.InputLimitError) as over:
+        limits.yaml_load(small, setting="RSI_MAX_SURFACE_BYTES", what="s")
+    assert str(over.value) == "YAML expands to more than 322 bytes of text with its aliases (RSI_MAX_SURFACE_BYTES)"
+
+
+def test_a_recipe_whose_aliases_expand_past_its_size_limit_is_a_recipe_error() -> None:
+    params = "\n".join("    " + line for line in long_laughs(length=2_000, first=10, second=100).splitlines())
+    recipe = f"name: long\nbase: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n{params}\n"
+    with pytest.raises(RecipeError) as refused:
+        parse_recipe(recipe)
+    assert str(refused.value) == "YAML expands to more than 256 KiB of text with its aliases (RSI_MAX_RECIPE_BYTES)"
+    with override_settings(RSI_MAX_RECIPE_BYTES=4 * 1024 * 1024):
+        assert len(parse_recipe(recipe).parent_selection.params["m"]) == 100
+
+
+def test_an_integer_over_pythons_digit_limit_is_refused_in_json_and_yaml() -> None:
+    """int() of more than 4,300 digits raises a bare ValueError, which the
+    commands did not expect (a traceback): it is refused like a limit."""
+    digits = "9" * 5000
+    with pytest.raises(limits.InputLimitError) as json_refused:
+        limits.json_loads(f'{{"a": [-{digits}]}}', what="the file")
+    assert str(json_refused.value) == (
+        "the file holds an integer of more than 4300 digits (Python's int_max_str_digits)"
+    )
+    with pytest.raises(limits.InputLimitError) as yaml_refused:
+        limits.yaml_load(f"a: {digits}\n", setting="RSI_MAX_RECIPE_BYTES", what="recipe")
+    assert str(yaml_refused.value) == "YAML holds an integer of more than 4300 digits (Python's int_max_str_digits)"
+    with pytest.raises(RecipeError) as recipe_refused:
+        parse_recipe(f"name: big\nbase: rrsi\nparent_selection:\n  params:\n    n: {digits}\n")
+    assert str(recipe_refused.value) == "YAML holds an integer of more than 4300 digits (Python's int_max_str_digits)"
+    with pytest.raises(SurfaceSpecError) as surface_refused:
+        parse_surface(f"include: [a]\nn: {digits}\n")
+    assert "holds an integer of more than 4300 digits" in str(surface_refused.value)
+    # At the limit both still read, and a long float is not an integer.
+    assert limits.json_loads("[" + "9" * 4300 + ", 1." + digits + "]")[0] == int("9" * 4300)
+    assert limits.yaml_load("a: " + "9" * 4300 + "\n", setting="RSI_MAX_RECIPE_BYTES", what="r") == {
+        "a": int("9" * 4300)
+    }
 
 
 def test_a_surface_is_refused_over_its_size_pattern_count_and_pattern_length() -> None:

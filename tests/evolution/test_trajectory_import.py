@@ -301,6 +301,43 @@ def test_command_unusable_input_exits_2(trial: Trial, tmp_path: Path) -> None:
     assert command("--trial", str(trial.pk), str(binary))[0] == 2
 
 
+def test_command_deep_tool_call_arguments_exit_1_naming_the_field_with_nothing_imported(
+    trial: Trial, tmp_path: Path
+) -> None:
+    """900 levels inside an ``arguments`` string were stored (and past
+    Python's recursion, a traceback) despite the 100-level limit."""
+    command("--trial", str(trial.pk), str(OPENAI))
+    arguments = '{"a": ' + "[" * 900 + "]" * 900 + "}"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    deep = tmp_path / "deep.json"
+    deep.write_text(json.dumps([{"role": "assistant", "content": "", "tool_calls": [call]}]))
+    code, _, err = command("--trial", str(trial.pk), str(deep))
+    assert code == 1
+    assert (
+        f"{deep}: messages[0].tool_calls[0].function.arguments: its JSON text is nested more than 100 levels deep "
+        "(RSI_MAX_INPUT_DEPTH)"
+    ) in err
+    assert "nothing was imported" in err and "Traceback" not in err
+    assert Trajectory.objects.get(trial=trial).step_count == 4
+
+
+def test_command_an_integer_of_5000_digits_exits_2_in_one_line(trial: Trial, tmp_path: Path) -> None:
+    command("--trial", str(trial.pk), str(OPENAI))
+    big = tmp_path / "big.json"
+    big.write_text('[{"role": "user", "content": "hi", "n": ' + "7" * 5000 + "}]")
+    code, _, err = command("--trial", str(trial.pk), str(big))
+    assert (code, err) == (
+        2,
+        f"{big} holds an integer of more than 4300 digits (Python's int_max_str_digits); nothing was imported",
+    )
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"n": ' + "7" * 5000 + "}"}}
+    big.write_text(json.dumps([{"role": "assistant", "content": "", "tool_calls": [call]}]))
+    code, _, err = command("--trial", str(trial.pk), str(big))
+    assert code == 1
+    assert "messages[0].tool_calls[0].function.arguments: its JSON text holds an integer of more than 4300" in err
+    assert Trajectory.objects.get(trial=trial).step_count == 4
+
+
 def test_nul_characters_are_replaced_so_any_database_can_store_them(trial: Trial) -> None:
     document = [{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "ok", "x\x00": "y\x00"}]
     trajectory_import(trial=trial, document=document)

@@ -28,7 +28,7 @@ from evolution.models import Benchmark, Evaluation, Experiment, Recipe, Run, Tas
 from tests.conftest import REPO_ROOT, database_url_for_subprocess
 from tests.evolution.test_workspaces import commit_generation, git
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
-from tests.hostile import DEEP, billion_laughs
+from tests.hostile import DEEP, billion_laughs, long_laughs
 
 CAP = 1024 * 1024 * 1024
 DEPTH = "nested more than 100 levels deep (RSI_MAX_INPUT_DEPTH)"
@@ -152,6 +152,38 @@ def test_run_experiment_refuses_a_billion_laughs_recipe_and_a_deep_one_and_store
     result = manage("run_experiment", str(experiment.pk), "--recipe", str(deep), database=True)
     assert_refused(result, f"recipe is {DEPTH}")
     assert (Run.objects.count(), Recipe.objects.count()) == (0, recipes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_experiment_refuses_a_5000_digit_integer_and_aliases_of_long_strings_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 37: int() of 5,000 digits raised a bare ValueError (a traceback);
+    a recipe under the node limit expanded to megabytes of strings."""
+    experiment = make_tiny_experiment(tasks=2, k=1)
+    head = "name: big\nbase: rrsi\nparent_selection:\n  operator: latest_accepted\n  params:\n"
+    digits = write(tmp_path / "digits.yaml", head + "    n: " + "9" * 5000 + "\n")
+    params = "\n".join("    " + line for line in long_laughs(length=2_000, first=10, second=100).splitlines())
+    long = write(tmp_path / "long.yaml", head + params + "\n")
+    recipes = Recipe.objects.count()
+    result = manage("run_experiment", str(experiment.pk), "--recipe", str(digits), database=True)
+    assert_refused(result, "YAML holds an integer of more than 4300 digits (Python's int_max_str_digits)")
+    result = manage("run_experiment", str(experiment.pk), "--recipe", str(long), database=True)
+    assert_refused(result, "YAML expands to more than 256 KiB of text with its aliases (RSI_MAX_RECIPE_BYTES)")
+    assert (Run.objects.count(), Recipe.objects.count()) == (0, recipes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_trajectory_refuses_a_5000_digit_integer_and_keeps_the_trajectory(tmp_path: Path) -> None:
+    experiment = make_tiny_experiment(tasks=1, k=1, split_lists={"train": ["t00"]})
+    trial = evaluate_seed_inline(experiment, splits=("train",)).trials.get()
+    before = list(Trajectory.objects.values_list("pk", "trial_id", "step_count"))
+    big = write(tmp_path / "big.json", '[{"role": "user", "content": "hi", "n": ' + "7" * 5000 + "}]")
+    result = manage("import_trajectory", "--trial", str(trial.pk), str(big), database=True)
+    assert_refused(
+        result, f"{big} holds an integer of more than 4300 digits (Python's int_max_str_digits); nothing was imported"
+    )
+    assert list(Trajectory.objects.values_list("pk", "trial_id", "step_count")) == before
 
 
 @pytest.mark.django_db(transaction=True)
