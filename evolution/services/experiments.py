@@ -12,6 +12,7 @@ from evolution import digests, splits
 from evolution.models import (
     Benchmark,
     Candidate,
+    CertifiedResult,
     Evaluator,
     Experiment,
     SplitMembership,
@@ -28,6 +29,10 @@ from evolution.trees import FileEntry, normalize_path
 
 class ExperimentError(ValueError):
     pass
+
+
+class SplitsFrozenError(ExperimentError):
+    """Results bind the experiment's split digests: they cannot change."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,43 @@ def split_digests_compute(*, experiment: Experiment) -> dict[str, str]:
     )
 
 
+def split_digests_frozen(*, experiment: Experiment) -> bool:
+    """Whether results bind the experiment's split digests: a certified
+    record, or a trial of an evaluation run here. External results (imported
+    workspaces and Harbor jobs) do not: nothing certifies them, and an
+    experiment made by imports alone grows as later imports add tasks."""
+    return (
+        CertifiedResult.objects.filter(experiment=experiment).exists()
+        or Trial.objects.filter(evaluation__experiment=experiment, evaluation__external=False).exists()
+    )
+
+
+@transaction.atomic
+def split_digests_store(*, experiment: Experiment) -> dict[str, str]:
+    """Store the digest of each split's task set as the memberships are now
+    (on the row and on ``experiment``), and return them.
+
+    Every write of ``split_digests`` after an experiment is created goes
+    through here, so none can rewrite a frozen digest: once results bind them
+    (``split_digests_frozen``) a change is refused with SplitsFrozenError and
+    nothing is written (the caller's transaction rolls back its own changes).
+    Safe to repeat: unchanged digests are stored as they are.
+    """
+    locked = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
+    computed = split_digests_compute(experiment=locked)
+    if computed != locked.split_digests and split_digests_frozen(experiment=locked):
+        changed = sorted(
+            s for s in {*computed, *locked.split_digests} if computed.get(s) != locked.split_digests.get(s)
+        )
+        raise SplitsFrozenError(
+            f"experiment {locked.name!r}: results exist, so the task set of split(s) {', '.join(changed)} "
+            "cannot change (its digest is frozen)"
+        )
+    Experiment.objects.filter(pk=locked.pk).update(split_digests=computed)
+    experiment.split_digests = computed
+    return computed
+
+
 def split_digests_of(members: Iterable[tuple[str, str, str, str]]) -> dict[str, str]:
     """Digest of every split's task set from (split, benchmark, task id, task
     digest) rows. A task is named by its id, a held-out one (from another
@@ -233,8 +275,8 @@ def splits_assign(
 
     experiment.split_seed = seed if lists is None and seed is not None else experiment.split_seed
     experiment.split_ratios = dict(ratios) if lists is None and ratios is not None else experiment.split_ratios
-    experiment.split_digests = split_digests_compute(experiment=experiment)
-    experiment.save(update_fields=["split_seed", "split_ratios", "split_digests"])
+    experiment.save(update_fields=["split_seed", "split_ratios"])
+    split_digests_store(experiment=experiment)
     for name in ("split_seed", "split_ratios", "split_digests"):
         setattr(caller_copy, name, getattr(experiment, name))
     digests: dict[str, str] = experiment.split_digests

@@ -37,7 +37,7 @@ from evolution.models import (
     SplitName,
     Task,
 )
-from evolution.services.experiments import split_digests_compute, surface_create
+from evolution.services.experiments import SplitsFrozenError, split_digests_store, surface_create
 from evolution.services.external import MAX_RESULTS, ExternalResultsError, external_results_ingest
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry, SnapshotError, read_git
@@ -459,8 +459,11 @@ def workspace_import(*, path: Path, name: str | None = None) -> ImportReport:
                 "proposals_rejected": rejected,
             },
         }
-        experiment.split_digests = split_digests_compute(experiment=experiment)
-        experiment.save(update_fields=["run_settings", "split_digests", "seed_candidate"])
+        experiment.save(update_fields=["run_settings", "seed_candidate"])
+        try:
+            split_digests_store(experiment=experiment)
+        except SplitsFrozenError as exc:  # results run here bind the task sets: roll the import back
+            raise WorkspaceError(str(exc)) from None
     return ImportReport(
         experiment=experiment,
         created=created,

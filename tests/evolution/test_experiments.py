@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from evolution.models import Candidate, Evaluation, SplitMembership
+from evolution.models import Candidate, Evaluation, Experiment, SplitMembership, SplitName, Task
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
     ExperimentError,
+    SplitsFrozenError,
     TaskInput,
     benchmark_upsert,
     evaluator_from_config,
     evaluator_upsert,
     split_digests_compute,
+    split_digests_store,
     splits_assign,
 )
 from tests.factories import make_tiny_experiment, seed_id, seed_of
@@ -50,6 +52,39 @@ def test_splits_cannot_change_once_results_exist() -> None:
         splits_assign(experiment=experiment, seed=99, ratios={"train": 1.0})
     after = list(SplitMembership.objects.filter(experiment=experiment).values_list("task_id", "split"))
     assert after == before
+
+
+def _task_added_to_train(experiment: Experiment) -> Task:
+    task = Task.objects.create(benchmark=experiment.benchmark, external_id="added", instruction="x", expected={})
+    SplitMembership.objects.create(experiment=experiment, task=task, split=SplitName.TRAIN)
+    return task
+
+
+def test_frozen_split_digests_are_never_rewritten() -> None:
+    experiment = make_tiny_experiment(tasks=4)
+    evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    frozen = dict(experiment.split_digests)
+    _task_added_to_train(experiment)
+    with pytest.raises(SplitsFrozenError) as error:
+        split_digests_store(experiment=experiment)
+    assert str(error.value) == (
+        f"experiment {experiment.name!r}: results exist, so the task set of split(s) train cannot change "
+        "(its digest is frozen)"
+    )
+    assert Experiment.objects.get(pk=experiment.pk).split_digests == frozen
+    assert experiment.split_digests == frozen
+    assert split_digests_compute(experiment=experiment)["train"] != frozen["train"]
+
+
+def test_split_digests_follow_the_tasks_until_results_exist() -> None:
+    experiment = make_tiny_experiment(tasks=4)
+    before = dict(experiment.split_digests)
+    _task_added_to_train(experiment)
+    stored = split_digests_store(experiment=experiment)
+    assert stored == split_digests_compute(experiment=experiment)
+    assert (stored["gate"], stored["sealed"]) == (before["gate"], before["sealed"])
+    assert stored["train"] != before["train"]
+    assert Experiment.objects.get(pk=experiment.pk).split_digests == stored
 
 
 def test_benchmark_upsert_is_idempotent_and_refuses_silent_changes() -> None:
