@@ -28,6 +28,7 @@ from evolution.services.external import (
     external_results_ingest,
 )
 from evolution.services.harbor_jobs import (
+    HarborExperimentRefused,
     HarborJobError,
     HarborJobRefused,
     harbor_job_from_documents,
@@ -158,6 +159,10 @@ class HarborJobView(APIView):
             201: HarborJobOutput,
             200: OpenApiResponse(HarborJobOutput, description="the job was imported before; nothing added"),
             400: OpenApiResponse(OpenApiTypes.OBJECT, description="not a valid Harbor job; nothing was written"),
+            409: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="the experiment named was not made by Harbor job imports; nothing was written",
+            ),
             401: OpenApiResponse(OpenApiTypes.OBJECT, description="not authenticated"),
             403: OpenApiResponse(OpenApiTypes.OBJECT, description="needs the operator permission"),
         },
@@ -175,6 +180,8 @@ class HarborJobView(APIView):
                 label="api upload",
             )
             report = harbor_job_store(job=job, experiment=values.get("experiment"))
+        except HarborExperimentRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         except (HarborJobError, HarborJobRefused) as exc:
             raise ValidationError({"detail": str(exc)}) from exc
         body = HarborJobOutput(

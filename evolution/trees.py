@@ -21,7 +21,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from evolution.digests import blob_digest
 
@@ -194,15 +194,67 @@ def _special_kind(mode: int) -> str:
     return "special file"
 
 
+def _open_nofollow(name: bytes | str, *, dir_fd: int | None = None) -> tuple[BinaryIO, os.stat_result]:
+    """Open a file for reading without following a symlink (O_NOFOLLOW: one
+    swapped in after a scan fails with ELOOP) and without blocking on a fifo
+    (O_NONBLOCK); the open file and its fstat. OSError as ``os.open`` raises it."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    handle = os.fdopen(fd, "rb")
+    return handle, os.fstat(fd)
+
+
+def _not_followed(error: OSError, where: str, mode: int) -> SnapshotError:
+    if stat.S_ISLNK(mode):
+        return SnapshotError(f"{where}: a symbolic link (links are not followed)")
+    return SnapshotError(f"{where}: cannot open ({error.strerror})")
+
+
+def open_inside(root: Path, relative: str) -> BinaryIO:
+    """Open the regular file at ``relative`` (a path ``normalize_path``
+    takes: no ``..``, not absolute) under the folder ``root``, following no
+    symbolic link below ``root``: each folder on the way is opened with
+    O_NOFOLLOW relative to the one before, so a link swapped in meanwhile is
+    refused as well, and the file as ``read_directory`` opens one.
+
+    SnapshotError naming ``relative`` for a link or anything that is not a
+    folder or a regular file; FileNotFoundError when a part is missing. The
+    caller closes the file. Reads nothing.
+    """
+    parts = normalize_path(relative).split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for depth, part in enumerate(parts[:-1]):
+            where = "/".join(parts[: depth + 1])
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise _not_followed(exc, where, os.lstat(part, dir_fd=fd).st_mode) from None
+            os.close(fd)
+            fd = child
+        try:
+            handle, info = _open_nofollow(parts[-1], dir_fd=fd)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _not_followed(exc, relative, os.lstat(parts[-1], dir_fd=fd).st_mode) from None
+        if not stat.S_ISREG(info.st_mode):
+            handle.close()
+            raise SnapshotError(f"{relative}: a {_special_kind(info.st_mode)}, not a regular file")
+        return handle
+    finally:
+        os.close(fd)
+
+
 def _read_regular(full: bytes, path: str, max_file_bytes: int) -> tuple[bytes, bool]:
     """Read a regular file without following a symlink swapped in after the
     scan, and without blocking on a fifo swapped in; returns (data, executable)."""
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        handle, info = _open_nofollow(full)
     except OSError as exc:
         raise SnapshotError(f"{path}: cannot open ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
+    with handle:
         if not stat.S_ISREG(info.st_mode):
             raise SnapshotError(f"{path}: changed into a {_special_kind(info.st_mode)} while being read")
         # One byte more than allowed tells a file that grew since the scan.

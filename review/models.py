@@ -34,6 +34,10 @@ class ViewedFile(models.Model):
 class LoginFailure(models.Model):
     """One failed login, counted against an account and against a client address.
 
+    Recorded before the password is checked and deleted again if the login
+    succeeds (review.throttle.login_attempt_reserve), so a row may also be an
+    attempt whose password is being checked right now.
+
     In the database rather than a per-process cache so that every web process
     (and every web machine) sees the same count: a throttle that each of
     eight processes keeps on its own lets eight times as many guesses through.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,13 @@ from django.utils.text import slugify
 
 from evolution import limits
 from evolution.models import Benchmark, Candidate, Evaluation, Evaluator, Experiment, SplitMembership, SplitName, Task
-from evolution.services.experiments import split_digests_compute, surface_create
+from evolution.services.experiments import SplitsFrozenError, split_digests_store, surface_create
 from evolution.services.external import MAX_RESULTS, ExternalResultsError, external_results_ingest
 from evolution.services.snapshots import tree_store
 from evolution.services.trajectories import trajectory_store
 from evolution.services.workspaces import PLACEHOLDER_CODE, SURFACE_SPEC
 from evolution.trajectory_formats import TrajectoryFormatError, join_continuations, parse
-from evolution.trees import MODE_FILE, FileEntry
+from evolution.trees import MODE_FILE, FileEntry, SnapshotError, open_inside
 
 FORMAT = "harbor-job"
 MAX_ERROR_CHARS = 2_000
@@ -45,7 +46,13 @@ class HarborJobError(ValueError):
 
 
 class HarborJobRefused(HarborJobError):
-    """Over an input limit (evolution.limits): refused before any work."""
+    """Over an input limit (evolution.limits), or a symbolic link in the job
+    folder: refused before any work."""
+
+
+class HarborExperimentRefused(HarborJobRefused):
+    """The experiment named exists and was not made by Harbor job imports
+    alone: a job may not add to it (nor rewrite its frozen split digests)."""
 
 
 @dataclass
@@ -80,11 +87,16 @@ class HarborImportReport:
     notes: list[str]
 
 
-def _json(path: Path, *, what: str, setting: str = "RSI_MAX_TASKS_FILE_BYTES") -> Any:
-    """A JSON file read within the input limits (size first, then depth)."""
+def _json(job: Path, what: str, *, setting: str = "RSI_MAX_TASKS_FILE_BYTES") -> Any:
+    """The JSON file at ``what`` (a path under the job folder ``job``) read
+    within the input limits (size first, then depth), following no symbolic
+    link: a link, or a folder on the way that is one, is refused, so nothing
+    outside the job folder is read (``open_inside``, as snapshots read)."""
     try:
-        return limits.json_loads(limits.read_bytes(path, setting=setting, what=what), what=what)
-    except limits.InputLimitError as exc:
+        with open_inside(job, what) as stream:
+            data = limits.read_bytes(stream, setting=setting, what=what)
+        return limits.json_loads(data, what=what)
+    except (limits.InputLimitError, SnapshotError) as exc:
         raise HarborJobRefused(str(exc)) from None
     except OSError as exc:
         raise HarborJobError(f"{what}: cannot read ({exc.strerror})") from None
@@ -115,21 +127,20 @@ def _reward(where: str, rewards: Any) -> float | None:
 
 def _trial(folder: Path) -> HarborTrial:
     """One trial folder: its result.json and, when there, agent/trajectory.json."""
+    job = folder.parent
     where = f"{folder.name}/result.json"
-    result = _json(folder / "result.json", what=where)
-    trajectory_path = folder / "agent" / "trajectory.json"
+    result = _json(job, where)
     document = None
-    if trajectory_path.is_file():
+    # lexists, not is_file: a link is there to be refused, not skipped or followed.
+    if os.path.lexists(folder / "agent" / "trajectory.json"):
         what = f"{folder.name}/agent/trajectory.json"
-        document = _json(trajectory_path, setting="RSI_MAX_TRAJECTORY_BYTES", what=what)
+        document = _json(job, what, setting="RSI_MAX_TRAJECTORY_BYTES")
         if isinstance(document, dict) and document.get("continued_trajectory_ref"):
             # Harbor's terminus-2 continues a long run in trajectory.cont-N.json beside it.
             def fetch(ref: str) -> Any:
-                if not (folder / "agent" / ref).is_file():
+                if not os.path.lexists(folder / "agent" / ref):
                     raise KeyError(ref)
-                return _json(
-                    folder / "agent" / ref, setting="RSI_MAX_TRAJECTORY_BYTES", what=f"{folder.name}/agent/{ref}"
-                )
+                return _json(job, f"{folder.name}/agent/{ref}", setting="RSI_MAX_TRAJECTORY_BYTES")
 
             try:
                 document = join_continuations(document, fetch, name=what)[0]
@@ -200,16 +211,21 @@ def harbor_job_read(path: Path) -> HarborJob:
     """Read and check a Harbor job folder, writing nothing.
 
     Every trial's reward must equal the one the job's result.json lists for
-    it. Raises HarborJobError naming the file, HarborJobRefused over a limit.
+    it. No symbolic link is followed: a link where a file or a trial folder
+    is read refuses the job, so nothing outside the folder is read. Raises
+    HarborJobError naming the file, HarborJobRefused over a limit or on a link.
     """
     path = Path(path)
-    if not (path / "result.json").is_file() or not (path / "config.json").is_file():
+    if not os.path.lexists(path / "result.json") or not os.path.lexists(path / "config.json"):
         raise HarborJobError(f"{path}: no config.json and result.json (is this a Harbor job folder?)")
-    config = _json(path / "config.json", what="config.json")
-    result = _json(path / "result.json", what="result.json")
+    config = _json(path, "config.json")
+    result = _json(path, "result.json")
     if not isinstance(config, dict) or not isinstance(result, dict) or "stats" not in result:
         raise HarborJobError(f"{path}: config.json and result.json must be Harbor's JobConfig and JobResult objects")
-    folders = sorted(child for child in path.iterdir() if child.is_dir() and (child / "result.json").is_file())
+    for child in path.iterdir():
+        if child.is_symlink() and child.is_dir():
+            raise HarborJobRefused(f"{child.name}: a symbolic link (links are not followed)")
+    folders = sorted(child for child in path.iterdir() if child.is_dir() and os.path.lexists(child / "result.json"))
     _check_trial_count(len(folders))
     if not folders:
         raise HarborJobError(f"{path}: no trial folder with a result.json")
@@ -269,9 +285,28 @@ def _job(path: Path, config: dict[str, Any], result: dict[str, Any], trials: lis
     )
 
 
+def _made_by_harbor_imports(experiment: Experiment) -> bool:
+    """Whether Harbor job imports alone made the experiment: one created it,
+    and it holds no candidate but imported ones and no evaluation but
+    external ones (an earlier version let a job into an experiment the loop
+    made, and marked that experiment as imported)."""
+    origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
+    return (
+        isinstance(origin, dict)
+        and origin.get("format") == FORMAT
+        and not Candidate.objects.filter(experiment=experiment).exclude(origin=Candidate.Origin.IMPORTED).exists()
+        and not Evaluation.objects.filter(experiment=experiment, external=False).exists()
+    )
+
+
 def _experiment_for(name: str, job: HarborJob) -> tuple[Experiment, bool]:
     experiment = Experiment.objects.select_for_update(no_key=True).filter(name=name).first()
     if experiment is not None:
+        if not _made_by_harbor_imports(experiment):
+            raise HarborExperimentRefused(
+                f"experiment {name!r} was not made by Harbor job imports: a job may only create an experiment "
+                "or add to one that Harbor imports made; import into another experiment name"
+            )
         return experiment, False
     slug = slugify(f"harbor-{name}")[:100].strip("-")
     if Benchmark.objects.filter(name=slug).exists() or Evaluator.objects.filter(name=slug).exists():
@@ -296,18 +331,10 @@ def _experiment_for(name: str, job: HarborJob) -> tuple[Experiment, bool]:
 
 
 def _tasks_add(experiment: Experiment, job: HarborJob) -> None:
-    """Add the job's tasks to an experiment made by Harbor imports; another
-    experiment must have them already (its benchmark is its own)."""
+    """Add the job's tasks that are new to the train split of an experiment
+    Harbor imports made (``_experiment_for`` refuses any other)."""
     known = set(SplitMembership.objects.filter(experiment=experiment).values_list("task__external_id", flat=True))
     missing = sorted({trial.task for trial in job.trials} - known)
-    if not missing:
-        return
-    origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
-    if not isinstance(origin, dict) or origin.get("format") != FORMAT:
-        raise HarborJobError(
-            f"experiment {experiment.name!r} has no task(s) {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''}; import into a new --experiment instead"
-        )
     for task_id in missing:
         task, _ = Task.objects.get_or_create(
             benchmark=experiment.benchmark,
@@ -364,8 +391,11 @@ def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> Harbor
             **experiment_row.run_settings,
             "imported_from": {**origin, "format": origin.get("format", FORMAT), "jobs": jobs},
         }
-        experiment_row.split_digests = split_digests_compute(experiment=experiment_row)
-        experiment_row.save(update_fields=["run_settings", "split_digests", "seed_candidate"])
+        experiment_row.save(update_fields=["run_settings", "seed_candidate"])
+        try:
+            split_digests_store(experiment=experiment_row)
+        except SplitsFrozenError as exc:  # _experiment_for refused such an experiment already
+            raise HarborExperimentRefused(str(exc)) from None
     return HarborImportReport(experiment_row, candidate, evaluation, created, notes)
 
 

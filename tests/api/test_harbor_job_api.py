@@ -11,8 +11,9 @@ from django.contrib.auth.models import Group, User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from evolution.models import Candidate, Experiment, Trajectory, Trial
+from evolution.models import Candidate, Evaluation, Experiment, Task, Trajectory, Trial
 from review.access import roles_ensure
+from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -80,3 +81,27 @@ def test_harbor_job_api_refuses_a_contradiction_in_one_line_and_writes_nothing()
 def test_harbor_job_api_needs_an_operator() -> None:
     assert APIClient().post(URL, job_body(), format="json").status_code == 401
     assert Experiment.objects.count() == 0
+
+
+def test_harbor_job_api_refuses_an_experiment_the_loop_made_with_409_and_writes_nothing() -> None:
+    experiment = make_tiny_experiment(tasks=6, k=1)
+    evaluate_seed_inline(experiment)
+    body = job_body()
+    body["experiment"] = experiment.name
+    for trial in body["trials"]:  # tasks the experiment has, so none is missing
+        trial["result"]["task_name"] = trial["result"]["task_name"].replace("task-", "t0")
+    counts = (Task.objects.count(), Candidate.objects.count(), Evaluation.objects.count(), Trial.objects.count())
+    response = operator().post(URL, body, format="json")
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": f"experiment {experiment.name!r} was not made by Harbor job imports: a job may only create an "
+        "experiment or add to one that Harbor imports made; import into another experiment name"
+    }
+    assert (
+        Task.objects.count(),
+        Candidate.objects.count(),
+        Evaluation.objects.count(),
+        Trial.objects.count(),
+    ) == counts
+    after = Experiment.objects.get(pk=experiment.pk)
+    assert (after.split_digests, after.run_settings) == (experiment.split_digests, experiment.run_settings)

@@ -14,8 +14,11 @@ from django.core.management.base import CommandError
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from evolution.models import Candidate, Evaluation, Experiment, Trajectory, Trial
+from evolution.models import Blob, Candidate, Evaluation, Experiment, Task, Trajectory, Trial
+from evolution.services.experiments import split_digests_compute
+from evolution.services.records import records_verify
 from review.access import roles_ensure
+from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harbor"
 CARELESS = FIXTURES / "adder-careless"
@@ -168,3 +171,106 @@ def test_harbor_trial_trajectory_continued_in_another_file_is_joined(tmp_path: P
     assert trajectory.step_count == 13
     assert trajectory.extra["continuation_files"] == ["trajectory.cont-1.json"]
     assert Trial.objects.get(task__external_id="task-0").steps == 13
+
+
+def job_with_tasks(tmp_path: Path, job: Path, names: dict[str, str]) -> Path:
+    """A copy of the Harbor job ``job`` whose trials name other tasks (old task name -> new)."""
+    copy = shutil.copytree(job, tmp_path / f"{job.name}-renamed")
+    for trial in copy.glob("*/result.json"):
+        data = json.loads(trial.read_text())
+        data["task_name"] = names.get(data["task_name"], data["task_name"])
+        trial.write_text(json.dumps(data))
+    return copy
+
+
+def experiment_state(experiment: Experiment) -> tuple[object, ...]:
+    experiment.refresh_from_db()
+    counts = (Task.objects.count(), Candidate.objects.count(), Evaluation.objects.count(), Trial.objects.count())
+    return (
+        *counts,
+        experiment.split_digests,
+        experiment.run_settings,
+        sorted(experiment.split_memberships.values_list("task__external_id", "split")),
+    )
+
+
+LOOP_REFUSED = (
+    "experiment {name!r} was not made by Harbor job imports: a job may only create an experiment or add to one "
+    "that Harbor imports made; import into another experiment name; nothing was imported"
+)
+
+
+@pytest.mark.django_db
+def test_harbor_job_into_an_experiment_the_loop_made_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    experiment = make_tiny_experiment(tasks=6, k=1)
+    evaluate_seed_inline(experiment)
+    # The job's trials name tasks the experiment has, so no task is missing.
+    job = job_with_tasks(tmp_path, CARELESS, {f"task-{i}": f"t0{i}" for i in range(5)})
+    before = experiment_state(experiment)
+    with pytest.raises(CommandError) as error:
+        call_command("import_harbor_job", str(job), "--experiment", experiment.name)
+    assert (error.value.returncode, str(error.value)) == (2, LOOP_REFUSED.format(name=experiment.name))
+    assert experiment_state(experiment) == before
+    assert records_verify(experiment=experiment).problems == []
+
+
+@pytest.mark.django_db
+def test_harbor_job_cannot_add_a_task_to_a_loop_experiment_marked_imported(tmp_path: Path) -> None:
+    # What a first job left behind before imports were refused: the loop's experiment marked as imported.
+    experiment = make_tiny_experiment(tasks=6, k=1)
+    evaluate_seed_inline(experiment)
+    experiment.run_settings = {**experiment.run_settings, "imported_from": {"format": "harbor-job", "jobs": {}}}
+    experiment.save(update_fields=["run_settings"])
+    job = job_with_tasks(tmp_path, CARELESS, {"task-4": "t\u202e99"})
+    before = experiment_state(experiment)
+    # The mark itself may differ from the certified run settings; no task set may, before or after.
+    problems = records_verify(experiment=experiment).problems
+    assert [p for p in problems if "task set" in p] == []
+    with pytest.raises(CommandError) as error:
+        call_command("import_harbor_job", str(job), "--experiment", experiment.name)
+    assert (error.value.returncode, str(error.value)) == (2, LOOP_REFUSED.format(name=experiment.name))
+    assert experiment_state(experiment) == before
+    assert not Task.objects.filter(external_id="t\u202e99").exists()
+    assert records_verify(experiment=experiment).problems == problems
+
+
+@pytest.mark.django_db
+def test_a_later_harbor_job_adds_its_new_tasks_to_an_experiment_harbor_imports_made(tmp_path: Path) -> None:
+    call_command("import_harbor_job", str(CARELESS), "--experiment", "adders")
+    call_command(
+        "import_harbor_job", str(job_with_tasks(tmp_path, CAREFUL, {"task-4": "task-5"})), "--experiment", "adders"
+    )
+    experiment = Experiment.objects.get(name="adders")
+    tasks = sorted(experiment.benchmark.tasks.values_list("external_id", flat=True))
+    assert tasks == ["task-0", "task-1", "task-2", "task-3", "task-4", "task-5"]
+    assert experiment.split_digests == split_digests_compute(experiment=experiment)
+    assert list(experiment.split_digests) == ["train"]
+
+
+@pytest.mark.parametrize(
+    "linked",
+    [
+        "config.json",
+        "result.json",
+        "task-3__HE3qUYS",
+        "task-3__HE3qUYS/result.json",
+        "task-3__HE3qUYS/agent",
+        "task-3__HE3qUYS/agent/trajectory.json",
+    ],
+)
+@pytest.mark.django_db
+def test_a_symbolic_link_in_a_harbor_job_folder_is_refused_and_nothing_is_read(tmp_path: Path, linked: str) -> None:
+    job = shutil.copytree(CARELESS, tmp_path / "job")
+    # The file (or folder) moves elsewhere on this machine; a link to it takes its place.
+    elsewhere = tmp_path / "elsewhere" / linked
+    elsewhere.parent.mkdir(parents=True)
+    (job / linked).rename(elsewhere)
+    (job / linked).symlink_to(elsewhere)
+    blobs = Blob.objects.count()
+    with pytest.raises(CommandError) as error:
+        call_command("import_harbor_job", str(job))
+    assert (error.value.returncode, str(error.value)) == (
+        2,
+        f"{linked}: a symbolic link (links are not followed); nothing was imported",
+    )
+    assert (Experiment.objects.count(), Candidate.objects.count(), Blob.objects.count()) == (0, 0, blobs)

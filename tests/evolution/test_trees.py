@@ -22,6 +22,7 @@ from evolution.trees import (
     diff_stat,
     materialize,
     normalize_path,
+    open_inside,
     read_directory,
     read_git,
     validate_entries,
@@ -656,3 +657,30 @@ def test_diff_stat_counts_lines_per_file() -> None:
         DiffStat(path="bin", old_path=None, status="modified", added=0, removed=0, binary=True),
         DiffStat(path="r2", old_path="r1", status="renamed", added=0, removed=0, binary=False),
     ]
+
+
+def test_open_inside_reads_only_regular_files_reached_without_links(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "file.json").write_text("{}")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "file.json").write_text("secret")
+    (root / "a" / "up").symlink_to(tmp_path / "outside")
+    (root / "a" / "linked.json").symlink_to(tmp_path / "outside" / "file.json")
+    os.mkfifo(root / "a" / "pipe")
+    with open_inside(root, "a/b/file.json") as stream:
+        assert stream.read() == b"{}"
+    refused = {}
+    for relative in ("a/up/file.json", "a/linked.json", "a/pipe", "a/b/file.json/x", "../outside/file.json"):
+        with pytest.raises(SnapshotError) as error:
+            open_inside(root, relative)
+        refused[relative] = str(error.value)
+    assert refused == {
+        "a/up/file.json": "a/up: a symbolic link (links are not followed)",
+        "a/linked.json": "a/linked.json: a symbolic link (links are not followed)",
+        "a/pipe": "a/pipe: a fifo, not a regular file",
+        "a/b/file.json/x": "a/b/file.json: cannot open (Not a directory)",
+        "../outside/file.json": "../outside/file.json: empty, '.' and '..' path segments are not allowed",
+    }
+    with pytest.raises(FileNotFoundError):
+        open_inside(root, "a/missing.json")

@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client, override_settings
 
 from review.models import LoginFailure
@@ -230,3 +233,83 @@ def test_a_success_with_another_spelling_clears_the_account_s_count(make_user: C
     assert attempt("\uff54hrottleuser ", "pw-throttleuser").status_code == 302
     assert not LoginFailure.objects.filter(scope="username").exists()
     assert LoginFailure.objects.filter(scope="address").count() == LIMIT - 1
+
+
+# --- Concurrent attempts ------------------------------------------------------------
+
+CONCURRENT = 40
+
+
+def attempt_together(posts: list[tuple[str, str]]) -> list[int]:
+    """POST every ``(username, address)`` with a wrong password, each from its
+    own thread (its own database connection, as in a threaded web server),
+    all released at once; the statuses in the order given."""
+    barrier = threading.Barrier(len(posts))
+
+    def post(username: str, address: str) -> int:
+        try:
+            client = Client(REMOTE_ADDR=address)
+            barrier.wait(timeout=60)
+            return client.post("/login/", {"username": username, "password": "wrong"}).status_code
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=len(posts)) as pool:
+        return list(pool.map(lambda args: post(*args), posts))
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(RSI_LOGIN_FAILURES=5, RSI_LOGIN_ADDRESS_FAILURES=100, RSI_LOGIN_WINDOW_SECONDS=WINDOW)
+def test_concurrent_wrong_passwords_for_one_account_check_at_most_the_limit(make_user: Callable[..., User]) -> None:
+    """40 wrong passwords for one account at once, from 40 addresses: five
+    are checked (the form again), 35 are refused unchecked. Counting first
+    and recording after the check let all 40 through."""
+    make_user("viewer", username="vera")
+    statuses = attempt_together([("vera", f"198.51.100.{number}") for number in range(CONCURRENT)])
+    assert (statuses.count(200), statuses.count(429)) == (5, CONCURRENT - 5)
+    assert LoginFailure.objects.filter(scope="username", key="vera").count() == 5
+    assert LoginFailure.objects.filter(scope="address").count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(RSI_LOGIN_FAILURES=100, RSI_LOGIN_ADDRESS_FAILURES=8, RSI_LOGIN_WINDOW_SECONDS=WINDOW)
+def test_concurrent_wrong_passwords_from_one_address_check_at_most_the_limit(make_user: Callable[..., User]) -> None:
+    """40 guesses at once from one address, each at another account: eight
+    are checked, 32 refused unchecked."""
+    for number in range(CONCURRENT):
+        make_user("viewer", username=f"user{number}")
+    statuses = attempt_together([(f"user{number}", "203.0.113.66") for number in range(CONCURRENT)])
+    assert (statuses.count(200), statuses.count(429)) == (8, CONCURRENT - 8)
+    assert LoginFailure.objects.filter(scope="address", key="203.0.113.66").count() == 8
+    assert LoginFailure.objects.filter(scope="username").count() == 8
+
+
+# --- Names and addresses the database could not store ------------------------------
+
+
+@override_settings(**THROTTLE)
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("/login/", "Your username and password did not match."), ("/admin/login/", "Null characters are not allowed.")],
+)
+def test_a_nul_in_the_name_gets_the_form_s_message_and_counts_for_the_address_only(
+    path: str, message: str, make_user: Callable[..., User]
+) -> None:
+    """PostgreSQL cannot look a name with a NUL up (nor store it): the form
+    refuses such a name before any password is checked, and so does the
+    throttle, counting the attempt against the address alone."""
+    make_user("viewer", username="vera")
+    response = attempt("ve\x00ra", "pw-vera", path=path)
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert list(LoginFailure.objects.values_list("scope", "key")) == [("address", "203.0.113.7")]
+
+
+@override_settings(**THROTTLE, RSI_BEHIND_PROXY=True)
+def test_a_nul_in_the_proxy_s_address_is_dropped_from_the_key(make_user: Callable[..., User]) -> None:
+    make_user("viewer", username="vera")
+    client = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="192.0.2.\x0099")
+    response = client.post("/login/", {"username": "vera", "password": "wrong"})
+    assert response.status_code == 200
+    assert b"did not match" in response.content
+    assert sorted(LoginFailure.objects.values_list("scope", "key")) == [("address", "192.0.2.99"), ("username", "vera")]

@@ -1,8 +1,9 @@
 """Import a Harbor job folder (``harbor run`` output) as an external evaluation.
 
 Exit codes: 0 imported (or imported before), 1 not a valid Harbor job folder
-(the message names the file), 2 refused by an input limit (docs/security.md);
-nothing is written on error.
+(the message names the file), 2 refused: over an input limit
+(docs/security.md), a symbolic link in the folder, or an experiment that
+Harbor imports did not make; nothing is written on error.
 """
 
 from __future__ import annotations
