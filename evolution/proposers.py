@@ -361,6 +361,8 @@ def command_proposer(view: ProposerView) -> Proposal:
             )
         except (SandboxError, ValueError) as exc:
             raise ProposerError(f"cannot run the proposer command: {exc}") from None
+        if result.disk_exceeded:
+            raise ProposerError(f"the proposer command was killed: {result.disk_problem}")
         if result.timed_out:
             raise ProposerError(f"the proposer command timed out after {float(timeout):g} s: {_tail(result.stderr)}")
         if result.returncode != 0:

@@ -8,6 +8,12 @@ What a run guarantees:
   inherited from the worker.
 - rlimits (CPU, address space, file size, processes, open files, no core
   dumps) are set in the child before it executes anything.
+- What the command adds to its ``writable`` paths, all files together, is
+  capped at ``disk_bytes``: measured while it runs and stopped (its group
+  killed) once over, so it can overshoot by what it writes between two
+  measurements (``DISK_POLL_SECONDS``, longer for big trees); see
+  ``_DiskWatch``. Trial folders sit in ``/dev/shm`` by default, where every
+  byte is host memory that the address-space limit does not count.
 - stdout and stderr go to anonymous temporary files outside every workspace
   and are read back capped, so a flood costs at most ``file_bytes`` of disk
   per stream (RLIMIT_FSIZE applies to them too) and ``output_bytes`` of
@@ -27,8 +33,9 @@ What a run guarantees:
   trial could signal another's processes.
 - With bubblewrap: no network (unless the caller passes ``network=True``:
   then the host's, for an agent that calls a hosted model), a private
-  pid/ipc/uts namespace, a private
-  ``/tmp``, and a filesystem holding only the system directories, the Python
+  pid/ipc/uts namespace, a private ``/tmp`` and ``/dev/shm`` (tmpfs of at
+  most ``disk_bytes`` each), a read-only root, and a filesystem holding only
+  the system directories, the Python
   interpreter, the ``readable`` paths (read-only) and the ``writable`` paths.
   The root filesystem is never bound, so the database and keys are not even
   visible.
@@ -36,7 +43,8 @@ What a run guarantees:
 What it does not promise: containment of hostile code. Without bubblewrap
 the command sees every world-readable file of the host; under a non-root worker
 without bubblewrap it runs as the worker's own user and can read and change
-whatever the worker can. Disk use beyond the per-file limit is not capped.
+whatever the worker can. Disk use outside the writable paths (the host's
+``/tmp`` without bubblewrap) is capped only per file.
 The platform records and audits; it sandboxes what the machine allows.
 
 Runs may go on at once in several threads of one process (a thread-pool
@@ -68,7 +76,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -92,6 +100,11 @@ SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 
 # Seconds the sweep keeps killing and reaping escaped processes before giving up.
 SWEEP_SECONDS = 10.0
+
+# Seconds between two measurements of what a run wrote to its writable
+# paths; longer when measuring takes more than a twentieth of it.
+DISK_POLL_SECONDS = 0.05
+DISK_POLL_MAX_SECONDS = 1.0
 
 # Runs inside bubblewrap as the sandboxed command where setpriv or env is
 # missing: drops root to the given uid/gid after bwrap has set up the mounts
@@ -154,7 +167,10 @@ class Limits:
 
     ``processes`` is the number of tasks (processes and threads) the run may
     add to those its uid already has; ``output_bytes`` caps the captured
-    stdout/stderr and, for trials, the total size of the output folder.
+    stdout/stderr and, for trials, the total size of the output folder;
+    ``disk_bytes`` caps what the run adds to its writable paths, all files
+    together (``file_bytes`` is per file), and the size of its private
+    ``/tmp`` and ``/dev/shm`` under bubblewrap.
     """
 
     cpu_seconds: int = 60
@@ -163,6 +179,7 @@ class Limits:
     processes: int = 256
     open_files: int = 256
     output_bytes: int = 4 << 20
+    disk_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -194,7 +211,10 @@ class ProcessResult:
     as bwrap reports it that way. ``stdout`` is the head and ``stderr`` the
     tail of the stream, each at most ``Limits.output_bytes``.
     ``strays_reaped`` counts processes outside the command's own exit that
-    the sweep had to kill or reap.
+    the sweep had to kill or reap. ``disk_exceeded`` says the command was
+    killed for writing more than ``Limits.disk_bytes`` to its writable
+    paths (or for making a folder there that cannot be measured), and
+    ``disk_problem`` says which.
     """
 
     returncode: int
@@ -206,6 +226,8 @@ class ProcessResult:
     wall_time: float
     killed_by_signal: int | None
     strays_reaped: int = 0
+    disk_exceeded: bool = False
+    disk_problem: str = ""
 
 
 def sandbox_profile(mode: str) -> str:
@@ -236,6 +258,7 @@ def probe_bubblewrap() -> bool:
     """
     # The bubblewrap probed is the one every later command runs.
     _bwrap_path.cache_clear()
+    _bwrap_has_size.cache_clear()
     if shutil.which("bwrap") is None:
         return False
     try:
@@ -324,6 +347,8 @@ def run_sandboxed(
             if program is not None:
                 _check_reachable(Path(os.path.realpath(program)), run_uid, run_gid, "program")
     rlimits = _rlimit_plan(limits, None if drop else os.getuid())
+    # Measured before the command starts: what it may add is counted from here.
+    watch = _DiskWatch(writable_paths, limits.disk_bytes)
     _become_subreaper()
     before = _run_child_pids()
     with contextlib.ExitStack() as stack:
@@ -349,6 +374,7 @@ def run_sandboxed(
                 readable=readable_paths,
                 ids=(run_uid, run_gid) if drop else None,
                 network=network,
+                disk_bytes=limits.disk_bytes,
             )
             # bwrap reports {"exit-code": n} only if the command really ran,
             # which tells a broken sandbox from a failing command.
@@ -405,7 +431,7 @@ def run_sandboxed(
                 # Until a byte is written to ``release`` the sandbox runs nothing; if the
                 # limits cannot be set, the finally below kills it before ``release`` closes.
                 _limit_and_release(info, release, rlimits, timeout)
-            timed_out = _wait(proc, max(0.0, timeout - (time.monotonic() - started)))
+            timed_out = _wait(proc, max(0.0, timeout - (time.monotonic() - started)), watch)
         finally:
             # Also runs on KeyboardInterrupt: never leave the group behind.
             _kill_group(proc.pid)
@@ -417,6 +443,8 @@ def run_sandboxed(
                     _LIVE_RUNS.pop(proc.pid, None)
             strays = _sweep(before, own_uid=run_uid if drop else None)
         result = _result(proc.returncode, timed_out, out, err, limits, wall_time, use_bwrap, strays)
+        if watch.problem:
+            return replace(result, disk_exceeded=True, disk_problem=watch.problem)
         if use_bwrap and not timed_out and b'"exit-code"' not in _read_available(status):
             tail = result.stderr[-2000:].decode(errors="replace")
             if proc.returncode is not None and proc.returncode < 0:
@@ -671,6 +699,7 @@ def _bwrap_command(
     readable: list[Path],
     ids: tuple[int, int] | None,
     network: bool = False,
+    disk_bytes: int = Limits.disk_bytes,
 ) -> list[str]:
     """The bubblewrap command line; the caller adds the descriptors.
 
@@ -681,6 +710,10 @@ def _bwrap_command(
     for that when the caller's PWD is the working directory (as a trial's
     is). Where setpriv or env is missing, a Python shim does both.
     ``network``: the host's network namespace instead of an empty one.
+    ``disk_bytes``: the size of the private ``/tmp`` and ``/dev/shm``
+    (tmpfs, in memory); the root bwrap builds is then remounted read-only,
+    since in a user namespace the command owns it (and could fill memory
+    there). A bubblewrap without ``--size`` (before 0.8) leaves them uncapped.
     """
     drop = ids is not None
     bwrap = _bwrap_path()
@@ -695,7 +728,8 @@ def _bwrap_command(
     else:
         namespaces = ["--unshare-all", "--share-net"] if network else ["--unshare-all"]
     command = [bwrap, *namespaces, "--die-with-parent", "--new-session", *system_part]
-    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    sized = ["--size", str(disk_bytes)] if _bwrap_has_size() else []
+    command += ["--proc", "/proc", "--dev", "/dev", *sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]
     fresh_mounts = {"/proc", "/dev", "/tmp"}
     # Host directories visible in the sandbox: their subdirectories already exist.
     # On strings (absolute and normalized, as pathlib gives them, "/" never among
@@ -724,6 +758,9 @@ def _bwrap_command(
         command += [flag, path, path]
         host_mounts.append(path)
 
+    if sized:
+        # Last of the mounts: every folder made for a bind is made by now.
+        command += ["--remount-ro", "/"]
     command.append("--clearenv")
     for key, value in env.items():
         command += ["--setenv", key, value]
@@ -786,6 +823,16 @@ def _system_part() -> tuple[tuple[str, ...], tuple[str, ...]]:
             part += ["--ro-bind", name, name]
             mounts.append(name)
     return tuple(part), tuple(mounts)
+
+
+@functools.cache
+def _bwrap_has_size() -> bool:
+    """Whether this bubblewrap takes ``--size`` (0.8 and later)."""
+    try:
+        shown = subprocess.run([_bwrap_path(), "--help"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return b"--size" in shown.stdout + shown.stderr
 
 
 @functools.cache
@@ -886,29 +933,101 @@ def _child_pids_scanned() -> set[int]:
 _CHILDREN_LISTED = _children_listed()
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for ``proc`` to exit; True when ``timeout`` passed first.
+def _wait(proc: subprocess.Popen[bytes], timeout: float, watch: _DiskWatch) -> bool:
+    """Wait for ``proc`` to exit; True when ``timeout`` passed first. Between
+    waits ``watch`` measures the writable paths, and the wait ends (False)
+    once it finds them over their limit (``watch.problem``).
 
     ``Popen.wait(timeout=...)`` polls with sleeps of up to 50 ms, which
     costs more than a whole fast trial; a pidfd wakes us the moment the
     child exits. Falls back to polling where pidfds are unavailable.
     """
+    deadline = time.monotonic() + timeout
     try:
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd: int | None = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return True
-        return False
+        pidfd = None
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            step = min(remaining, watch.interval)
+            if pidfd is None:
+                try:
+                    proc.wait(timeout=step)
+                    return False
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                ready, _, _ = select.select([pidfd], [], [], step)
+                if ready:
+                    proc.wait()
+                    return False
+            if watch.over():
+                return False
     finally:
-        os.close(pidfd)
-    if not ready:
-        return True
-    proc.wait()
-    return False
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+class _DiskWatch:
+    """What a run adds to its writable paths, measured from outside.
+
+    A size-capped file system cannot be made without privileges, and a
+    per-file limit (RLIMIT_FSIZE) does not cap a folder of many files, so
+    the trees are walked between waits: the blocks every entry takes
+    (``st_blocks``: what a tmpfs charges to memory, sparse files as
+    allocated, links as themselves, hard links once per name), compared
+    with what they took before the command started. Once over
+    ``maximum`` the run is stopped; it may have written past the limit by
+    what it writes in one interval. The interval grows with the time a walk
+    takes (twenty times it, between ``DISK_POLL_SECONDS`` and
+    ``DISK_POLL_MAX_SECONDS``), so measuring costs at most a twentieth of
+    a core. A folder that cannot be read (a command running as the
+    worker's user may chmod one to 000) cannot be measured, which stops
+    the run too.
+    """
+
+    def __init__(self, paths: Sequence[Path], maximum: int) -> None:
+        self.paths = [str(path) for path in paths]
+        self.maximum = maximum
+        self.interval = DISK_POLL_SECONDS
+        self.problem = ""
+        self.baseline, _ = self._usage()
+
+    def _usage(self) -> tuple[int, str]:
+        """Bytes the trees take, and the folder that could not be read ("" when none)."""
+        total = 0
+        stack = list(self.paths)
+        while stack:
+            folder = stack.pop()
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # removed while this ran
+                            continue
+                        total += st.st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return total, folder
+        return total, ""
+
+    def over(self) -> bool:
+        """Measure; True (with ``problem`` set) when the run must stop."""
+        started = time.monotonic()
+        used, unreadable = self._usage()
+        self.interval = min(DISK_POLL_MAX_SECONDS, max(DISK_POLL_SECONDS, 20 * (time.monotonic() - started)))
+        if unreadable:
+            self.problem = f"its writable folder {unreadable} could not be read to measure it"
+        elif used - self.baseline > self.maximum:
+            self.problem = f"it wrote more than {self.maximum} bytes to its writable folders (limits.disk_bytes)"
+        return bool(self.problem)
 
 
 def _kill_group(pgid: int) -> None:

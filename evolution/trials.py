@@ -355,6 +355,8 @@ def _describe_exit(process: ProcessResult) -> str:
 
 
 def _agent_error(agent: ProcessResult, spec: TrialSpec) -> tuple[str, str] | None:
+    if agent.disk_exceeded:
+        return "agent_output", f"agent was killed: {agent.disk_problem}"
     if agent.timed_out:
         return "agent_timeout", f"agent ran longer than {spec.timeout_seconds} s and was killed"
     if agent.returncode != 0:
@@ -474,6 +476,8 @@ def _count(container: Mapping[str, Any], key: str) -> int | None:
 
 
 def _verdict(verifier: ProcessResult, spec: TrialSpec) -> tuple[Verdict | None, tuple[str, str] | None]:
+    if verifier.disk_exceeded:
+        return None, ("verifier_output", f"verifier was killed: {verifier.disk_problem}")
     if verifier.timed_out:
         return None, ("verifier_timeout", f"verifier ran longer than {spec.verifier_timeout_seconds} s and was killed")
     if verifier.returncode != 0:

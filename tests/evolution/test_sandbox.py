@@ -120,6 +120,7 @@ def test_limits_defaults() -> None:
         processes=256,
         open_files=256,
         output_bytes=4 * MiB,
+        disk_bytes=1024 * MiB,
     )
 
 
@@ -132,6 +133,7 @@ def test_limits_from_dict_overrides_only_given_keys() -> None:
         "processes": 256,
         "open_files": 256,
         "output_bytes": 1024,
+        "disk_bytes": 1024 * MiB,
     }
 
 
@@ -140,7 +142,7 @@ def test_limits_reject_unknown_keys() -> None:
         Limits.from_dict({"cpu": 5, "memory": 1})
     assert str(excinfo.value) == (
         "unknown limit 'cpu', 'memory'; known limits: "
-        "cpu_seconds, memory_bytes, file_bytes, processes, open_files, output_bytes"
+        "cpu_seconds, memory_bytes, file_bytes, processes, open_files, output_bytes, disk_bytes"
     )
 
 
@@ -1039,3 +1041,133 @@ def test_only_a_command_another_runs_sweep_could_see_is_started_under_the_spawn_
     thread.join(30)
     assert results and results[0].stdout == b"ran\n", results
     assert started_while_held is use_bwrap
+
+
+# --- Disk: what a run writes, all files together ------------------------------------------
+
+FILL = """
+import os, sys
+chunk = b"x" * (1 << 20)
+written = 0
+for n in range(64):
+    with open("part%d.bin" % n, "wb") as stream:
+        for _ in range(4):
+            stream.write(chunk)
+    written += 4
+    print(written, flush=True)
+"""
+
+
+@pytest.fixture
+def shm_box() -> Iterator[Path]:
+    """A folder where trial folders go by default (``/dev/shm`` when it is a big
+    tmpfs): every byte written there is host memory."""
+    from rsiweb.settings import scratch_root
+
+    path = Path(tempfile.mkdtemp(prefix="rsi-sandbox-disk-", dir=scratch_root()))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(path) for name in names)
+
+
+@pytest.mark.parametrize("use_bwrap", [False, True], ids=["direct", "bwrap"])
+def test_a_command_writing_past_disk_bytes_in_many_files_is_stopped(shm_box: Path, use_bwrap: bool) -> None:
+    """Issue 37: RLIMIT_FSIZE caps one file, so 64 files of 4 MiB (256 MiB)
+    went through a 16 MiB per-file limit; trial folders are in /dev/shm, in
+    memory. The writable folders are measured while the command runs, and
+    it is killed once they grew by more than ``disk_bytes``."""
+    if use_bwrap and not probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    (shm_box / "input.bin").write_bytes(b"i" * (8 * MiB))  # there before: not counted
+    limits = Limits(disk_bytes=32 * MiB, file_bytes=8 * MiB, memory_bytes=512 * MiB)
+    result = run_code(FILL, shm_box, use_bwrap=use_bwrap, limits=limits, timeout=60)
+    written = folder_bytes(shm_box) - 8 * MiB
+    assert (result.disk_exceeded, result.returncode, result.timed_out) == (True, -signal.SIGKILL, False)
+    assert result.disk_problem == (f"it wrote more than {32 * MiB} bytes to its writable folders (limits.disk_bytes)")
+    # Stopped within one measurement of the limit, far from the 256 MiB it meant to write.
+    assert 32 * MiB < written <= 128 * MiB, written
+    assert int(result.stdout.split()[-1]) * MiB <= written  # the last file whole, and part of the next
+
+
+def test_a_command_within_disk_bytes_runs_to_the_end(box: Path) -> None:
+    limits = Limits(disk_bytes=300 * MiB, file_bytes=8 * MiB)
+    result = run_code(FILL, box, limits=limits, timeout=60)
+    assert (result.returncode, result.disk_exceeded, result.disk_problem) == (0, False, "")
+    assert folder_bytes(box) == 256 * MiB
+
+
+def test_a_folder_the_worker_cannot_read_stops_the_run(box: Path) -> None:
+    """A command running as the worker's own user could hide what it writes
+    in a folder it makes unreadable; the watch cannot measure it and stops
+    the run. (Root reads every folder: here the watch then runs as uid 65534,
+    the folder's owner, as an unprivileged worker would.)"""
+    watch = sandbox._DiskWatch([box], 1 << 30)
+    assert watch.over() is False
+    hidden = box / "hidden"
+    hidden.mkdir()
+    box.chmod(0o755)
+    if ROOT:
+        os.chown(hidden, 65534, 65534)
+    hidden.chmod(0)
+    try:
+        if ROOT:
+            os.seteuid(65534)
+        try:
+            assert watch.over() is True
+        finally:
+            if ROOT:
+                os.seteuid(0)
+    finally:
+        hidden.chmod(0o700)
+    assert watch.problem == f"its writable folder {hidden} could not be read to measure it"
+
+
+def test_bwrap_private_tmp_and_dev_shm_are_capped_and_its_root_is_read_only(box: Path) -> None:
+    """In a user namespace (a worker that is not root) the command owns the
+    root, /tmp and /dev/shm bubblewrap builds, all tmpfs in memory: they
+    held gigabytes. /tmp and /dev/shm are capped at ``disk_bytes`` and the
+    root is read-only. Run as an unprivileged worker would (uid 65534)."""
+    if not probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    code = (
+        "import os, json\n"
+        "report = {}\n"
+        "for where in ('/tmp', '/dev/shm', '/'):\n"
+        "    written = 0\n"
+        "    try:\n"
+        "        with open(os.path.join(where, 'fill.bin'), 'wb') as stream:\n"
+        "            for _ in range(24):\n"
+        "                stream.write(b'x' * (1 << 20)); stream.flush(); written += 1\n"
+        "        report[where] = written\n"
+        "    except OSError as exc:\n"
+        "        report[where] = [written, exc.errno]\n"
+        "print(json.dumps(report))\n"
+    )
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from evolution.sandbox import Limits, run_sandboxed\n"
+        f"result = run_sandboxed([sys.executable, '-c', {code!r}], cwd=Path({str(box)!r}), env={{'LANG': 'C.UTF-8'}},"
+        f" timeout=60, limits=Limits(disk_bytes=8 << 20, file_bytes=64 << 20), writable=[Path({str(box)!r})],"
+        " readable=[], use_bwrap=True)\n"
+        "stream = sys.stderr if result.returncode else sys.stdout\n"
+        "print(result.stdout.decode(), result.stderr.decode()[-500:], file=stream)\n"
+    )
+    project = Path(__file__).resolve().parents[2]
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] if ROOT else []
+    os.chmod(box, 0o777)
+    done = subprocess.run(
+        [*prefix, sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(project)!r})\n" + script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={"LANG": "C.UTF-8", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.split("\n")[0])
+    assert report == {"/tmp": [8, 28], "/dev/shm": [8, 28], "/": [0, 30]}  # ENOSPC at 8 MiB, EROFS

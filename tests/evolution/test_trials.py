@@ -300,6 +300,25 @@ def test_stdout_flood_is_capped_and_kills_nothing_else(tmp_path: Path, work_root
     assert len(result.agent_log) <= trials.AGENT_LOG_CHARS
 
 
+def test_an_agent_filling_its_workspace_with_many_files_is_stopped(tmp_path: Path, work_root: Path, mode: str) -> None:
+    """Issue 37: under a 16 MiB per-file limit an agent wrote 2 GiB in many
+    files to its workspace, which sits in /dev/shm (host memory) by default."""
+    agent = """
+    write_trajectory()
+    for index in range(64):
+        (Path.home() / f"fill-{index}.bin").write_bytes(b"x" * (4 << 20))
+    (output / "answer.txt").write_text(str(answer))
+    """
+    spec = make_spec(tmp_path, agent, mode=mode, limits=Limits(disk_bytes=32 * MiB, file_bytes=8 * MiB))
+    result = run_trial(spec, work_root=work_root)
+    assert (result.outcome, result.error_kind) == ("error", "agent_output")
+    assert result.error == (
+        f"agent was killed: it wrote more than {32 * MiB} bytes to its writable folders (limits.disk_bytes)"
+    )
+    assert result.score is None
+    assert os.listdir(work_root) == []
+
+
 def test_memory_bomb_is_agent_crash(tmp_path: Path, work_root: Path, mode: str) -> None:
     agent = """
     write_trajectory()
