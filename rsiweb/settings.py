@@ -136,6 +136,8 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if
 if not RSI_DEVELOPMENT and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# A refused form gets the app's 403 page, not Django's.
+CSRF_FAILURE_VIEW = "review.views.errors.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

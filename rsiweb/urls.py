@@ -15,3 +15,9 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("review.urls")),
 ]
+
+# The app's error pages, from handlers that never read the request's body (review/views/errors.py).
+handler400 = "review.views.errors.bad_request"
+handler403 = "review.views.errors.permission_denied"
+handler404 = "review.views.errors.page_not_found"
+handler500 = "review.views.errors.server_error"

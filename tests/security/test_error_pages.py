@@ -26,6 +26,7 @@ from django.test import Client
 from django.urls import path, reverse
 
 import dev
+from review.models import LoginFailure
 from rsiweb import urls as site_urls
 from tests.conftest import REPO_ROOT, database_url_for_subprocess
 from tests.factories import make_tiny_experiment
@@ -142,6 +143,32 @@ def test_the_default_web_server_shows_the_app_s_error_pages_and_nothing_of_its_s
     assert "<h1>Bad request (400)</h1>" in body
 
 
+def test_a_form_posted_in_latin_1_gets_the_app_s_400_and_404_pages(web_server, tmp_path: Path) -> None:
+    """Django refuses to decode a form body that is not UTF-8 (400). Its own
+    error handlers run the CSRF check again, which reads the body again: the
+    error escaped every handler, and the server answered its bare "A server
+    error occurred". The app's handlers never read the body."""
+    port = web_server(unmigrated_database(tmp_path))
+    status, page, headers = fetch(port, "/login/")
+    assert status == 200
+    found = re.search(r"csrftoken=([^;]+)", " ".join(headers.get_all("Set-Cookie") or []))
+    assert found is not None
+    cookie = {"Cookie": f"csrftoken={found.group(1)}"}
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None
+    body = f"username=v%E9ra&password=x&csrfmiddlewaretoken={found.group(1)}"
+    latin_1 = {**cookie, "Content-Type": "application/x-www-form-urlencoded; charset=iso-8859-1"}
+    for target, expected, heading in (
+        ("/login/", 400, "<h1>Bad request (400)</h1>"),
+        ("/no-such-page/", 404, "<h1>Page not found (404)</h1>"),
+    ):
+        status, page, _headers = fetch(port, target, method="POST", headers=latin_1, body=body)
+        assert status == expected, page
+        assert heading in page
+        assert '<link rel="stylesheet" href="/static/review/app.css">' in page
+        assert_no_debug_page(page)
+
+
 def test_the_default_web_server_serves_static_files_with_debug_off(web_server, tmp_path: Path) -> None:
     port = web_server(unmigrated_database(tmp_path))
     status, body, headers = fetch(port, "/static/review/app.css")
@@ -251,3 +278,16 @@ def test_a_404_for_a_signed_in_user_is_in_the_layout(make_user) -> None:
     assert "vera" in body
     assert_no_debug_page(body)
     assert "No Experiment matches" not in body
+
+
+def test_a_refused_csrf_token_gets_the_app_s_403_page_and_no_login_is_tried(db) -> None:
+    client = Client(enforce_csrf_checks=True)
+    response = client.post("/login/", {"username": "vera", "password": "pw-vera"})
+    assert response.status_code == 403
+    body = response.content.decode()
+    assert "<h1>Forbidden (403)</h1>" in body
+    assert "This form was refused: its security token (CSRF) was missing or did not match." in body
+    assert '<link rel="stylesheet" href="/static/review/app.css">' in body
+    assert "CSRF verification failed" not in body  # Django's own page
+    assert not LoginFailure.objects.exists()
+    assert "_auth_user_id" not in client.session
