@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.utils.safestring import SafeString
 
+from review.hidden import reveal_text
 from review.lineage import Layout
 
 # One colour per split, shared with the dashboard's tables (dashboard.css).
@@ -790,10 +791,12 @@ def lineage_svg(
     parts = []
     for node in tree.nodes:
         score = f"{node.score:.3f}" if node.score is not None else ""
-        reason = reasons.get(node.id, "")
-        label = node.label if len(node.label) <= 12 else node.label[:11] + "…"
+        # SVG text takes no marker spans: a hidden character shows as its label (<U+202E>).
+        reason = reveal_text(reasons.get(node.id, ""))
+        full_label = reveal_text(node.label)
+        label = reveal_text(node.label if len(node.label) <= 12 else node.label[:11] + "…")
         title = (
-            f"#{node.id} {node.label} · {node.state} · round {node.round}"
+            f"#{node.id} {full_label} · {node.state} · round {node.round}"
             + (f" · S {score}" if score else "")
             + (f" · {reason}" if reason else "")
         )
@@ -803,7 +806,7 @@ def lineage_svg(
         text_y = f"{node.y + tree.node_height / 2 + 4:.1f}"
         parts.append(
             f'<a href="{escape(href(node.id))}" class="node cat-{escape(node.category)}'
-            f'{" main" if node.on_path else ""}" aria-label="candidate {node.id} {escape(node.label)}, '
+            f'{" main" if node.on_path else ""}" aria-label="candidate {node.id} {escape(full_label)}, '
             f'{escape(node.state)}"><title>{escape(title)}</title>'
             f'<rect x="{node.x:.1f}" y="{node.y:.1f}" width="{node_width}" height="{node_height}" rx="4" '
             f'fill="{colour}" stroke="{stroke}" stroke-width="2"/>'

@@ -6,6 +6,8 @@ becomes ``<span class="uc uc-bidi" title="U+202E RIGHT-TO-LEFT OVERRIDE:
 ...">&lt;U+202E&gt;</span>`` and never reaches the page raw. Every other
 piece of text goes through ``html.escape``; the marker's class comes from the
 fixed kind names and its text from the code point, never from the content.
+Where markup cannot go (an attribute, the page title, an option, a CSV
+cell), ``reveal_text`` writes the label ``<U+202E>`` as plain text instead.
 """
 
 from __future__ import annotations
@@ -69,6 +71,24 @@ def reveal(value: object, *, fragment: bool = False) -> object:
     if not hidden_chars.has_hidden(text, fragment=fragment):
         return value
     return mark_safe(escape_marked(text, hidden_chars.find(text, fragment=fragment)))  # escaped above
+
+
+def reveal_text(text: str) -> str:
+    """``text`` with each hidden character replaced by its label
+    (``<U+202E>``) as plain text, for places that take no markup: an
+    attribute, the page title, an ``<option>``, SVG text, a CSV cell. Not
+    escaped: the template's autoescape, ``html.escape`` or the CSV writer
+    does that. ``text`` itself when it holds nothing hidden."""
+    if not hidden_chars.has_hidden(text):
+        return text
+    out: list[str] = []
+    cursor = 0
+    for hit in hidden_chars.find(text):
+        out.append(text[cursor : hit.index])
+        out.append(hit.label)
+        cursor = hit.index + 1
+    out.append(text[cursor:])
+    return "".join(out)
 
 
 def reveal_html(text: str) -> SafeString:

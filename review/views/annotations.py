@@ -39,7 +39,7 @@ from evolution import agreement
 from evolution.models import Annotation, Candidate, Experiment, Trajectory, Trial
 from evolution.services import annotations as annotation_services
 from evolution.services.annotations import EXTERNAL_REFUSAL, FAILED_OUTCOMES, AnnotationError, AnnotationNotYours
-from review import access
+from review import access, hidden
 from review.http import HtmxHttpRequest
 
 if TYPE_CHECKING:  # django-stubs-ext is a development requirement
@@ -515,12 +515,17 @@ def _export_rows(request: HttpRequest, experiment: Experiment) -> Iterator[dict[
 
 
 def csv_cell(value: Any) -> Any:
-    """A cell a spreadsheet shows as text: strings that would start a
-    formula get a leading apostrophe. None becomes an empty cell."""
+    """A cell a spreadsheet shows as text: hidden characters written as
+    their labels (``<U+202E>``, as the screens show them: a spreadsheet
+    would apply a bidirectional control and draw nothing for a zero-width
+    space), and strings that would start a formula get a leading
+    apostrophe. None becomes an empty cell."""
     if value is None:
         return ""
-    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
-        return "'" + value
+    if isinstance(value, str):
+        value = hidden.reveal_text(value)
+        if value.startswith(FORMULA_PREFIXES):
+            return "'" + value
     return value
 
 

@@ -42,7 +42,7 @@ from evolution.recipes import RecipeError, parse_recipe
 from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
-from review import access, diffs
+from review import access, diffs, hidden
 from review import selectors as review_selectors
 from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
@@ -360,7 +360,8 @@ def _flag_title(flag: ShownFlag) -> str:
             title += f"; task {flag.task.external_id}"
         if flag.evidence_text:
             title += f"; {flag.evidence_text}"
-    return title
+    # A tooltip takes no marker spans: a hidden character shows as its label (<U+202E>).
+    return hidden.reveal_text(title)
 
 
 @require_GET

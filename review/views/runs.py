@@ -18,7 +18,7 @@ from evolution import example, operators
 from evolution.loop import lifecycle
 from evolution.models import Candidate, Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError
-from review import access
+from review import access, hidden
 from review import selectors as review_selectors
 
 # action -> (what it did, why it may be refused)
@@ -49,7 +49,8 @@ class RunStartForm(forms.Form):
         super().__init__(*args, **kwargs)
         widget = self.fields["start"].widget
         assert isinstance(widget, forms.Select)
-        widget.choices = [("", "the experiment's best"), *(starts or [])]
+        # An option takes no markup: a hidden character in a label shows as <U+202E>.
+        widget.choices = [("", "the experiment's best"), *((pk, hidden.reveal_text(text)) for pk, text in starts or [])]
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))
