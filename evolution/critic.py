@@ -785,22 +785,29 @@ def _unreferenced_definitions(
 
 def hidden_flags(changes: Sequence[FileChange]) -> list[Flag]:
     """One ``hidden_unicode`` flag per line and hidden character an edit adds
-    (the net increase of its code point over the file, see
-    ``hidden_chars.introduced``), with its code point, name, kind, line and
-    columns as evidence; a new file name counts as an added line without a
-    number. ``matched`` is the character itself, so the diff marks it. Pure."""
+    (on a line it adds or rewrites, see ``hidden_chars.introduced``), with
+    its code point, name, kind, line and columns as evidence; a new file
+    name counts as an added line without a number. ``matched`` is the
+    character itself, so the diff marks it. The bytes of a line that are not
+    UTF-8 (a diff of decodable text, ``trees.diff_entries(...,
+    binary_as_text=True)``) make one flag per line, whatever their values,
+    so a binary file cannot bury the review under flags. Pure."""
     flags: list[Flag] = []
     for change in changes:
         grouped: dict[tuple[int | None, str], list[hidden_chars.Added]] = {}
         for found in hidden_chars.introduced_by(change):
-            grouped.setdefault((found.line, found.hit.char), []).append(found)
-        for (number, char), group in grouped.items():
+            key = found.hit.kind if found.hit.kind == hidden_chars.NOT_UTF8 else found.hit.char
+            grouped.setdefault((found.line, key), []).append(found)
+        for (number, _key), group in grouped.items():
             first = group[0]
             evidence = first.evidence
-            if len(group) > 1:
+            if first.hit.kind == hidden_chars.NOT_UTF8 and len(group) > 1:
+                evidence = f"{len(group)} bytes that are not UTF-8 ({hidden_chars.NOT_UTF8}) on line {number}, "
+                evidence += f"the first {first.hit.code} at column {first.hit.column}"
+            elif len(group) > 1:
                 columns = ", ".join(str(item.hit.column) for item in group)
                 evidence = evidence.replace(f"column {first.hit.column}", f"columns {columns}", 1)
-            flags.append(Flag("hidden_unicode", change.path, number, first.text, char, None, evidence))
+            flags.append(Flag("hidden_unicode", change.path, number, first.text, first.hit.char, None, evidence))
     return flags
 
 
@@ -820,8 +827,13 @@ def critique(
     ``tasks`` is the evolve set (train and gate) or an index of it; a config
     given with an index must be the index's own. ``parent_text`` maps paths
     to the parent's file texts; without it only the diff's own removed and
-    context lines count as the parent. Raises ``DiffParseError`` for a diff
-    it cannot read. Pure and safe to repeat; flags are sorted and unique.
+    context lines count as the parent. A change git calls binary has no
+    text in the diff and is skipped: pass the diff of the decodable text
+    (``trees.diff_entries(..., binary_as_text=True)``), where a NUL or a byte
+    that is not UTF-8 is itself a ``hidden_unicode`` flag. Flags then may
+    hold NULs and surrogate escapes: ``hidden_chars.storable`` before
+    storing them. Raises ``DiffParseError`` for a diff it cannot read. Pure
+    and safe to repeat; flags are sorted and unique.
     """
     if isinstance(tasks, TaskIndex):
         if config is not None and config != tasks.config:

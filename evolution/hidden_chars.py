@@ -34,8 +34,25 @@ written and are not hidden; next to ASCII they are.
 A character is a *look-alike* (``look-alike``) when it stands inside a word
 that also holds ASCII letters and looks like an ASCII letter or digit: a
 compatibility form that NFKC folds to ASCII (fullwidth ``ｔ``, mathematical
-``𝐚``) or one of the common Cyrillic, Greek and Armenian homoglyphs listed
-in ``LOOK_ALIKES``. Words written wholly in another script are left alone.
+``𝐚``), one of the common Greek and Latin homoglyphs listed in
+``LOOK_ALIKES``, a small capital (``ᴀ``), a click letter (``ǀ``), a digit
+of another script (``١``), or any letter of the scripts built from Latin or
+Greek shapes (``HOMOGLYPH_SCRIPTS``: Cyrillic, Armenian, Cherokee, Lisu,
+Coptic, Osage), whose letters have no business inside an ASCII word. A word
+with no ASCII letter is a look-alike too when NFKC folds it whole to an
+ASCII word (``𝐞𝐱𝐞𝐜`` is ``exec`` to Python, which folds identifiers so).
+A punctuation look-alike (the Greek question mark U+037E for ``;``, the
+division slash U+2215 for ``/``) counts when it touches an ASCII letter or
+digit. Words written wholly in another script (a Greek or Russian sentence,
+CJK text) are left alone, and so are fullwidth punctuation and ``μs``.
+
+Two kinds are about what a reader's font shows rather than hidden meaning:
+``no glyph`` (U+2800 BRAILLE PATTERN BLANK, U+FFFC OBJECT REPLACEMENT
+CHARACTER, private-use and unassigned code points) when one touches an
+ASCII letter or digit, and ``not UTF-8``: a file that is not valid UTF-8 is
+read with each byte that is not (``0xFF``) kept as Python's surrogate escape
+U+DC80-U+DCFF (:func:`decode`), so its decodable text is checked like any
+text and each such byte is itself reported (a NUL byte is a ``control``).
 """
 
 from __future__ import annotations
@@ -58,7 +75,9 @@ SEPARATOR = "line separator"
 BLANK = "blank"
 FORMAT = "format"
 LOOK_ALIKE = "look-alike"
-KINDS = (BIDI, ZERO_WIDTH, TAG, VARIATION, CONTROL, SEPARATOR, BLANK, FORMAT, LOOK_ALIKE)
+NO_GLYPH = "no glyph"
+NOT_UTF8 = "not UTF-8"
+KINDS = (BIDI, ZERO_WIDTH, TAG, VARIATION, CONTROL, SEPARATOR, BLANK, FORMAT, LOOK_ALIKE, NO_GLYPH, NOT_UTF8)
 
 KIND_WORDS = {
     BIDI: "bidirectional control: it can reorder how the text around it is shown",
@@ -70,6 +89,8 @@ KIND_WORDS = {
     BLANK: "filler character: it draws nothing",
     FORMAT: "invisible formatting character",
     LOOK_ALIKE: "looks like an ASCII character in a word of ASCII letters",
+    NO_GLYPH: "no glyph of its own (blank, placeholder, private use, unassigned): a font shows anything or nothing",
+    NOT_UTF8: "a byte that is not UTF-8: the file is not valid text",
 }
 
 BIDI_CHARS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -89,10 +110,16 @@ _CANDIDATES = (
     "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff"
+    # Lone surrogates: only a byte that is not UTF-8, surrogate-escaped by decode(), puts one in a str.
+    "\ud800-\udfff"
 )
 CANDIDATE_RE = re.compile(f"[{_CANDIDATES}]")
 _CANDIDATE_BYTES_RE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _WORD_RE = re.compile(r"\w+")
+# Characters that are not word characters but can stand inside an ASCII word
+# unseen or as something else: punctuation look-alikes and code points
+# without a glyph (blank Braille, object placeholder, private use, unassigned).
+_NON_WORD_RE = re.compile(r"[^\w\s\x00-\x7f]")
 
 # Look-alikes of ASCII letters that NFKC leaves alone (Unicode's
 # confusables.txt, the common Cyrillic, Greek and Armenian entries).
@@ -112,6 +139,21 @@ LOOK_ALIKES: dict[str, str] = {
     "ı": "i", "ɑ": "a", "ɡ": "g", "ʏ": "y", "ȷ": "j",
 }  # fmt: skip
 
+# Scripts (the first word of a character's Unicode name) whose letters were
+# drawn from Latin or Greek ones: any of them inside an ASCII word is taken
+# for a look-alike. Greek is not here: "μs" and "Δt" are ordinary.
+HOMOGLYPH_SCRIPTS = frozenset({"CYRILLIC", "ARMENIAN", "CHEROKEE", "LISU", "COPTIC", "OSAGE"})
+# Punctuation that passes for ASCII punctuation and NFKC leaves alone
+# (U+037E GREEK QUESTION MARK is folded to ";" by NFKC, so it needs no entry).
+PUNCTUATION_LOOK_ALIKES: dict[str, str] = {
+    "\u2215": "/",  # DIVISION SLASH
+    "\u2216": "\\",  # SET MINUS
+    "\u2236": ":",  # RATIO
+    "\u01c3": "!",  # LATIN LETTER RETROFLEX CLICK
+    "\u201a": ",",  # SINGLE LOW-9 QUOTATION MARK
+}
+NO_GLYPH_CHARS = frozenset("\u2800\ufffc")
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -127,7 +169,9 @@ class Hit:
 
     @property
     def code(self) -> str:
-        return f"U+{ord(self.char):04X}"
+        """``U+202E``; a byte that is not UTF-8 is shown as the byte, ``0xFF``."""
+        escaped = _escaped_byte(self.char)
+        return f"0x{escaped:02X}" if escaped is not None else f"U+{ord(self.char):04X}"
 
     @property
     def name(self) -> str:
@@ -151,13 +195,45 @@ class Hit:
         return f"{self.code} {self.name} ({self.kind}) at line {self.line}, column {self.column}"
 
 
+def _escaped_byte(char: str) -> int | None:
+    """The byte a surrogate escape stands for (``decode``), or None."""
+    code = ord(char)
+    return code - 0xDC00 if 0xDC80 <= code <= 0xDCFF else None
+
+
+def decode(data: bytes) -> str:
+    """The decodable text of file contents: UTF-8, each byte that is not
+    UTF-8 kept as a lone surrogate U+DC80-U+DCFF (``surrogateescape``), so
+    nothing is lost and :func:`find` reports every such byte. Such a str
+    cannot be encoded or stored as it is: see :func:`storable`."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def storable(text: str) -> str:
+    """``text`` with NUL and lone surrogates (bytes that were not UTF-8)
+    replaced by U+FFFD, so a database and a UTF-8 encoder accept it."""
+    if text.isascii() and "\0" not in text:
+        return text
+    return _UNSTORABLE_RE.sub("\ufffd", text)
+
+
+_UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
+
+
 def char_name(char: str) -> str:
     name = unicodedata.name(char, "")
     if name:
         return name
-    if unicodedata.category(char) == "Cc":
+    if char == "\0":
+        return "NULL"
+    category = unicodedata.category(char)
+    if category == "Cc":
         return "CONTROL CHARACTER"
-    return "UNNAMED CHARACTER"
+    if category == "Cs":
+        return "UNDECODABLE BYTE" if _escaped_byte(char) is not None else "LONE SURROGATE"
+    if category == "Co":
+        return "PRIVATE USE CHARACTER"
+    return "UNASSIGNED CHARACTER" if category == "Cn" else "UNNAMED CHARACTER"
 
 
 @lru_cache(maxsize=4096)
@@ -178,6 +254,8 @@ def char_kind(char: str) -> str | None:
     if char in BLANK_CHARS:
         return BLANK
     category = unicodedata.category(char)
+    if category == "Cs":
+        return NOT_UTF8
     if category == "Cc":
         return None if char in "\t\n\r" else CONTROL
     if category == "Cf" or CANDIDATE_RE.fullmatch(char):
@@ -211,17 +289,61 @@ def _allowed_in_context(text: str, index: int, char: str) -> bool:
     return False
 
 
-def _look_alike(char: str) -> str:
-    """The ASCII character ``char`` passes for, or ""."""
-    if char.isascii():
-        return ""
-    found = LOOK_ALIKES.get(char)
-    if found:
-        return found
+def _script(char: str) -> str:
+    """The script of a character, as the first word of its name ("" when unnamed)."""
+    return unicodedata.name(char, "").split(" ", 1)[0]
+
+
+def _folds_to_ascii(char: str) -> str:
+    """The ASCII letter or digit NFKC folds ``char`` to, or ""."""
     if unicodedata.decomposition(char).startswith(("<super>", "<sub>")):
         return ""  # m², H₂O: written so on purpose, and they do not pass for the plain digit
     folded = unicodedata.normalize("NFKC", char)
     return folded if len(folded) == 1 and folded.isascii() and folded.isalnum() else ""
+
+
+def _look_alike(char: str) -> str | None:
+    """What ``char`` passes for inside an ASCII word: the ASCII character,
+    "" when it is a look-alike of no one character in particular (a letter
+    of a script in ``HOMOGLYPH_SCRIPTS``), or None when it is no look-alike."""
+    if char.isascii():
+        return None
+    found = LOOK_ALIKES.get(char) or _folds_to_ascii(char)
+    if found:
+        return found
+    category = unicodedata.category(char)
+    if category == "Nd":
+        return str(unicodedata.digit(char))  # another script's digit: int() reads it as the ASCII one
+    name = unicodedata.name(char, "")
+    if name.startswith("LATIN LETTER SMALL CAPITAL "):
+        return name.rsplit(" ", 1)[-1].lower()
+    if "\u01c0" <= char <= "\u01c2":
+        return "l"  # the click letters ǀ ǁ ǂ
+    if category[0] == "L" and name.split(" ", 1)[0] in HOMOGLYPH_SCRIPTS:
+        return ""
+    return None
+
+
+_CJK_FORMS = ("<wide>", "<narrow>", "<small>", "<vertical>")
+
+
+def _non_word_kind(char: str) -> tuple[str, str] | None:
+    """(kind, what it passes for) of a non-word character that is suspect
+    next to an ASCII letter or digit, or None."""
+    if char in NO_GLYPH_CHARS or unicodedata.category(char) in ("Co", "Cn"):
+        return NO_GLYPH, ""
+    looks = PUNCTUATION_LOOK_ALIKES.get(char)
+    if looks is None and not unicodedata.decomposition(char).startswith(_CJK_FORMS):
+        # Fullwidth and small forms are how CJK text writes punctuation: only canonical or plain
+        # compatibility folds (U+037E -> ";", U+2024 -> ".") are look-alikes.
+        folded = unicodedata.normalize("NFKC", char)
+        if len(folded) == 1 and folded.isascii() and not folded.isalnum() and not folded.isspace():
+            looks = folded
+    return (LOOK_ALIKE, looks) if looks else None
+
+
+def _ascii_alnum(char: str) -> bool:
+    return char.isascii() and char.isalnum()
 
 
 def find(text: str, *, file_start: bool = False, fragment: bool = False) -> list[Hit]:
@@ -251,12 +373,26 @@ def find(text: str, *, file_start: bool = False, fragment: bool = False) -> list
             if value.isascii():
                 continue
             ascii_word = any("a" <= c <= "z" or "A" <= c <= "Z" for c in value)
-            if not ascii_word and not (fragment and all(c.isascii() or _look_alike(c) for c in value)):
-                continue
-            for offset, char in enumerate(value):
-                looks = _look_alike(char)
-                if looks:
+            if ascii_word or (fragment and all(c.isascii() or _look_alike(c) is not None for c in value)):
+                looks_of = [_look_alike(c) for c in value]
+            else:
+                # No ASCII letter: a look-alike only when NFKC folds the whole word to an ASCII word.
+                folds = [c if c.isascii() else _folds_to_ascii(c) for c in value]
+                if not all(folds) or not any(f.isalpha() for f in folds):
+                    continue
+                looks_of = [None if c.isascii() else f for c, f in zip(value, folds, strict=True)]
+            for offset, (char, looks) in enumerate(zip(value, looks_of, strict=True)):
+                if looks is not None:
                     found.append((word.start() + offset, char, LOOK_ALIKE, looks))
+        for match in _NON_WORD_RE.finditer(text):
+            index = match.start()
+            before = text[index - 1] if index > 0 else ""
+            after = text[index + 1] if index + 1 < len(text) else ""
+            if not (_ascii_alnum(before) or _ascii_alnum(after)):
+                continue
+            suspect = _non_word_kind(match.group())
+            if suspect is not None and char_kind(match.group()) is None:
+                found.append((index, match.group(), *suspect))
     if not found:
         return []
     found.sort()
@@ -284,15 +420,13 @@ def has_hidden(text: str, *, fragment: bool = False) -> bool:
 
 
 def bytes_hidden(data: bytes, *, file_start: bool = True) -> list[Hit]:
-    """:func:`find` on file contents; undecodable (binary) data finds nothing.
-    ASCII contents are checked as bytes, without decoding."""
+    """:func:`find` on file contents, decoded by :func:`decode`: a NUL byte
+    and each byte that is not UTF-8 are found too, with the hidden
+    characters of the rest. ASCII contents are checked as bytes, without
+    decoding."""
     if data.isascii() and not _CANDIDATE_BYTES_RE.search(data):
         return []
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return []
-    return find(text, file_start=file_start)
+    return find(decode(data), file_start=file_start)
 
 
 # --- Summaries and banners ---------------------------------------------------------------
@@ -376,30 +510,30 @@ class Added:
 
 
 def introduced(added: Sequence[tuple[int | None, str]], removed: Sequence[tuple[int | None, str]]) -> list[Added]:
-    """The hidden characters an edit introduces: for each code point found
-    more often on the ``added`` lines than on the ``removed`` ones (a line
-    kept unchanged is on neither side, so this is the net increase over the
-    whole file), every occurrence on an added line. Lines are (1-based line
-    number or None, text); line 1 starts the file (a byte order mark there
-    is not hidden). Pure."""
-
-    def scan(lines: Sequence[tuple[int | None, str]]) -> list[tuple[int | None, str, Hit]]:
-        return [(number, text, hit) for number, text in lines for hit in find(text, file_start=number == 1)]
-
-    new = scan(added)
-    if not new:
-        return []
-    old = Counter(hit.char for _, _, hit in scan(removed))
-    more = Counter(hit.char for _, _, hit in new)
-    grown = {char for char, count in more.items() if count > old[char]}
-    return [Added(number, text, hit) for number, text, hit in new if hit.char in grown]
+    """The hidden characters an edit introduces: every one on an added line,
+    except on a line the edit only moves (a removed line with the very same
+    text; each removed line excuses one added line). So a character moved to
+    another line, or kept on a line rewritten around it, is introduced: what
+    it hides or reorders changed. Lines are (1-based line number or None,
+    text); line 1 starts the file (a byte order mark there is not hidden).
+    Pure."""
+    moved = Counter(text for _, text in removed)
+    found: list[Added] = []
+    for number, text in added:
+        if moved[text] > 0:
+            moved[text] -= 1
+            continue
+        found += [Added(number, text, hit) for hit in find(text, file_start=number == 1)]
+    return found
 
 
 def introduced_by(change: FileChange) -> list[Added]:
     """:func:`introduced` for one file of a parsed git diff: its added and
     removed hunk lines with their line numbers, and a new name (added,
-    renamed or copied file) as a line without a number. A binary change
-    adds no text. Pure."""
+    renamed or copied file) as a line without a number. A change git calls
+    binary has no text in the diff and adds none here: diff the decodable
+    text instead (``evolution.trees.diff_entries(..., binary_as_text=True)``).
+    Pure."""
     if change.binary:
         return []
     added: list[tuple[int | None, str]] = []

@@ -609,7 +609,7 @@ def _function_name(line: str) -> str | None:
     ASCII letter, '_' or '$', cut to 80 bytes, trailing whitespace removed."""
     if not line or not (line[0].isascii() and (line[0].isalpha() or line[0] in "_$")):
         return None
-    raw = line.encode("utf-8")[:80].rstrip(b" \t\r\n")
+    raw = line.encode("utf-8", "surrogateescape")[:80].rstrip(b" \t\r\n")
     # A cut in the middle of a character drops the partial character.
     return raw.decode("utf-8", "ignore")
 
@@ -669,7 +669,15 @@ def _label(prefix: str, entry: FileEntry | None) -> str:
     return _quote(prefix + entry.path)
 
 
-def _format_change(change: FileChange) -> list[str]:
+def decodable_text(data: bytes) -> str:
+    """The text of file contents as UTF-8, each byte that is not UTF-8 kept
+    as a lone surrogate U+DC80-U+DCFF (``surrogateescape``): lossless, and
+    ``evolution.hidden_chars`` reports those bytes and NULs. Not encodable
+    or storable as it is (``hidden_chars.storable``)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _format_change(change: FileChange, binary_as_text: bool = False) -> list[str]:
     old, new = change.old, change.new
     a_path = old.path if old is not None else change.path
     b_path = new.path if new is not None else change.path
@@ -695,10 +703,10 @@ def _format_change(change: FileChange) -> list[str]:
 
     a_label, b_label = _label("a/", old), _label("b/", new)
     before, after = old_data or b"", new_data or b""
-    if is_binary(before) or is_binary(after):
+    if not binary_as_text and (is_binary(before) or is_binary(after)):
         out.append(f"Binary files {a_label} and {b_label} differ\n")
         return out
-    hunks = _hunks(_split_lines(before.decode("utf-8")), _split_lines(after.decode("utf-8")))
+    hunks = _hunks(_split_lines(decodable_text(before)), _split_lines(decodable_text(after)))
     if hunks:
         # git ends a file label containing a space with a tab, so the name
         # cannot be mistaken for name plus timestamp.
@@ -712,16 +720,21 @@ def _tab_if_space(label: str) -> str:
     return "\t" if " " in label else ""
 
 
-def diff_entries(old: Sequence[FileEntry], new: Sequence[FileEntry]) -> str:
+def diff_entries(old: Sequence[FileEntry], new: Sequence[FileEntry], *, binary_as_text: bool = False) -> str:
     """A unified diff of two trees in ``git diff`` format (default options:
     exact renames detected, paths quoted like core.quotePath).
 
     Index lines carry abbreviated SHA-256 blob digests, not git's SHA-1 ids.
-    Content with a NUL byte or that is not UTF-8 is reported as binary.
-    Hunks come from difflib, so for tangled edits they can differ from git's
-    Myers diff while describing the same change. Pure and deterministic.
+    Content with a NUL byte or that is not UTF-8 is reported as binary,
+    unless ``binary_as_text``: then it is diffed as its ``decodable_text``,
+    so the leakage critic and the hidden-character check read what it holds
+    (one byte must not hide a file from them). That text may hold NULs and
+    lone surrogates: read it, never store it. Hunks come from difflib, so for
+    tangled edits they can differ from git's Myers diff while describing the
+    same change. Pure and deterministic.
     """
-    return "".join(line for change in diff_changes(old, new) for line in _format_change(change))
+    changes = diff_changes(old, new)
+    return "".join(line for change in changes for line in _format_change(change, binary_as_text))
 
 
 def diff_stat(old: Sequence[FileEntry], new: Sequence[FileEntry]) -> list[DiffStat]:

@@ -139,6 +139,8 @@ class FileDiff:
     # Set by list_file_diffs: the hidden characters each side's whole text holds.
     hidden_old: hidden_chars.Summary | None = None
     hidden_new: hidden_chars.Summary | None = None
+    # Set by list_file_diffs for a binary file: why it is no text ("the file holds 1 NUL byte").
+    not_text: str = ""
 
     @property
     def path(self) -> str:
@@ -425,6 +427,26 @@ def least_changed(before: bytes, after: bytes) -> int:
     return max(1, old.total() + new.total() - 2 * (old & new).total())
 
 
+def _bytes_not_text(data: bytes) -> str:
+    """``1 NUL byte and 2 bytes that are not UTF-8``, or "" for UTF-8 text."""
+    nul = data.count(b"\0")
+    invalid = sum(1 for char in hidden_chars.decode(data) if "\udc80" <= char <= "\udcff")
+    parts = [f"{nul} NUL byte{'s' if nul != 1 else ''}"] if nul else []
+    if invalid:
+        parts.append(f"{invalid} byte{'s that are' if invalid != 1 else ' that is'} not UTF-8")
+    return " and ".join(parts)
+
+
+def _not_text(old: bytes | None, new: bytes | None) -> str:
+    """Why a binary file is not text, for the page: what each side holds."""
+    said = []
+    if new is not None and (found := _bytes_not_text(new)):
+        said.append(f"the file holds {found}")
+    if old is not None and (found := _bytes_not_text(old)):
+        said.append(f"{'its previous version' if new is not None else 'the deleted file'} held {found}")
+    return "; ".join(said)
+
+
 def list_file_diffs(
     old: Sequence[FileEntry], new: Sequence[FileEntry], *, only_path: str | None = None
 ) -> list[FileDiff]:
@@ -455,10 +477,13 @@ def list_file_diffs(
             added=None,
             removed=None,
         )
-        if not binary and before != after:
-            # Whole files, as the code hosts warn: a collapsed file is warned about too.
+        if before != after:
+            # Whole files, as the code hosts warn: a collapsed file is warned about too, and so is
+            # a binary one, from its decodable text (a NUL must not hide a bidi control).
             fd.hidden_old = hidden_chars.summarize(hidden_chars.bytes_hidden(before))
             fd.hidden_new = hidden_chars.summarize(hidden_chars.bytes_hidden(after))
+        if binary:
+            fd.not_text = _not_text(old_data, new_data)
         if binary or before == after:
             fd.added = fd.removed = 0
         else:

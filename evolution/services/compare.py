@@ -279,7 +279,9 @@ def _leaky(run: Run, accepted: Sequence[Candidate]) -> int:
         return 0
     index = build_index(proposals.evolve_tasks_for_critic(run=run))
     flagged = [
-        c for c in accepted if c.parent is not None and critique(tree_diff(old=c.parent.tree, new=c.tree), index)
+        c
+        for c in accepted
+        if c.parent is not None and critique(tree_diff(old=c.parent.tree, new=c.tree, binary_as_text=True), index)
     ]
     return len(flagged)
 

@@ -15,12 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from evolution import operators
+from evolution import hidden_chars, operators
 from evolution.models import Candidate, LeakageFlag, ReviewItem, Run, SplitMembership, SplitName, Tree
 from evolution.services.candidates import CandidateError, EditInput, candidate_create, candidate_transition
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.surfaces import check_diff, component_for, parse_surface
-from evolution.trees import FileEntry, SnapshotError, diff_entries, normalize_path, validate_entries
+from evolution.trees import (
+    FileEntry,
+    SnapshotError,
+    decodable_text,
+    diff_entries,
+    normalize_path,
+    validate_entries,
+)
 
 if TYPE_CHECKING:
     from evolution.critic import CriticTask, TaskIndex
@@ -108,7 +115,9 @@ def candidate_freeze(
         return FreezeOutcome(None, "duplicate", f"same content as an existing candidate ({tree.digest[:12]})")
 
     spec = parse_surface(run.experiment.surface.spec)
-    diff_text = diff_entries(old, new)
+    # The decodable text of a file that is not UTF-8 is diffed too, so one NUL
+    # or stray byte cannot hide hidden characters from refuse_hidden_characters.
+    diff_text = diff_entries(old, new, binary_as_text=True)
     verdict = check_diff(
         spec, diff_text, old_files={e.path: e.data for e in old}, new_files={e.path: e.data for e in new}
     )
@@ -192,7 +201,9 @@ def _critic_flags(
     policy holds the candidate for a person or rejects it. Whatever the
     operator, an edit adding hidden characters gets the rules critic's
     ``hidden_unicode`` flags: a model reading the diff cannot be relied on
-    to notice a character that is not shown."""
+    to notice a character that is not shown. ``diff_text`` is a diff of
+    decodable text (it may hold NULs and surrogate escapes); another
+    operator reads it made ``storable``."""
     from evolution import operators
     from evolution.critic import Flag, critique, hidden_flags
     from evolution.gitdiff import parse_git_diff
@@ -204,7 +215,8 @@ def _critic_flags(
     hidden = hidden_flags(parse_git_diff(diff_text))
     function = operators.get("critique", spec.operator)
     try:
-        return list(function(diff_text, task_index, parent_text=parent_text, params=spec.params)) + hidden
+        readable = hidden_chars.storable(diff_text)
+        return list(function(readable, task_index, parent_text=parent_text, params=spec.params)) + hidden
     except Exception as exc:
         logger.warning("critic %s failed on run %s: %s", spec.operator, run.pk, exc)
         failed = Flag("critic_unavailable", "", None, "", "", None, f"the {spec.operator} critic failed: {exc}")
@@ -226,8 +238,11 @@ def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: Ta
         return candidate.state
     parent = candidate.parent
     assert parent is not None  # only the seed has no parent, and it is never critiqued
-    old = {e.path: t for e in tree_entries(tree=parent.tree) if (t := _text(e.data)) is not None}
-    diff_text = diff_entries(tree_entries(tree=parent.tree), tree_entries(tree=candidate.tree))
+    parent_entries = tree_entries(tree=parent.tree)
+    old = {e.path: decodable_text(e.data) for e in parent_entries}
+    # Every changed file as text, binary or not: one NUL or byte that is not
+    # UTF-8 must not switch the critic off (that byte is itself flagged).
+    diff_text = diff_entries(parent_entries, tree_entries(tree=candidate.tree), binary_as_text=True)
     task_index = index if index is not None else build_index(evolve_tasks_for_critic(run=run))
     flags = _critic_flags(run, diff_text, task_index, old)
     with transaction.atomic():
@@ -248,8 +263,9 @@ def candidate_critique(*, run: Run, candidate: Candidate, policy: str, index: Ta
                 edit=next((e for e in edits if flag.path in e.paths), None),
                 rule=flag.rule,
                 path=flag.path,
-                line=flag.line[:2000],
-                matched=flag.matched[:2000],
+                # A flag on a file that is not UTF-8 may hold NULs and surrogate escapes.
+                line=hidden_chars.storable(flag.line[:2000]),
+                matched=hidden_chars.storable(flag.matched[:2000]),
                 task_id=tasks.get(flag.task_id) if flag.task_id else None,
                 evidence={"line_number": flag.line_number, "evidence": flag.evidence, "task": flag.task_id},
             )

@@ -144,7 +144,9 @@ def tree_verify(*, tree_digest: str) -> list[str]:
     return problems
 
 
-def tree_diff(*, old: Tree | None, new: Tree) -> str:
-    """git-style diff from ``old`` (None: the empty tree) to ``new``."""
+def tree_diff(*, old: Tree | None, new: Tree, binary_as_text: bool = False) -> str:
+    """git-style diff from ``old`` (None: the empty tree) to ``new``; with
+    ``binary_as_text``, files that are not UTF-8 are diffed as their
+    decodable text (for the critic: see ``trees.diff_entries``)."""
     before = tree_entries(tree=old) if old is not None else []
-    return diff_entries(before, tree_entries(tree=new))
+    return diff_entries(before, tree_entries(tree=new), binary_as_text=binary_as_text)

@@ -796,6 +796,28 @@ def test_hidden_characters_the_parent_already_had_are_not_flagged_again() -> Non
     ]
 
 
+def test_a_bidi_control_moved_to_another_line_is_flagged() -> None:
+    old = "ok = True  # \u202e note\nif user.isAdmin:\n    grant()\n"
+    new = "ok = True  # note\nif user.\u202eisAdmin:\n    grant()\n"
+    flags = critique(tree_diff({"tools/check.py": old}, {"tools/check.py": new}), INDEX)
+    assert [(f.rule, f.line_number, f.matched, f.evidence) for f in flags] == [
+        ("hidden_unicode", 2, "\u202e", "U+202E RIGHT-TO-LEFT OVERRIDE (bidi) on line 2, column 9")
+    ]
+
+
+def test_the_bytes_of_a_binary_file_make_one_flag_per_line() -> None:
+    from evolution.trees import FileEntry, diff_entries
+
+    old = [FileEntry("memory/blob.bin", "100644", b"head\n")]
+    new = [FileEntry("memory/blob.bin", "100644", b"head\n\x89PNG\xff\xfe\n\x00\x00\n")]
+    assert critique(diff_entries(old, new), INDEX) == []  # as git shows it: "Binary files differ", no text
+    flags = critique(diff_entries(old, new, binary_as_text=True), INDEX)
+    assert [(f.line_number, f.matched, f.evidence) for f in flags] == [
+        (2, "\udc89", "3 bytes that are not UTF-8 (not UTF-8) on line 2, the first 0x89 at column 1"),
+        (3, "\x00", "U+0000 NULL (control) on line 3, columns 1, 2"),
+    ]
+
+
 def test_the_hidden_unicode_rule_can_be_switched_off() -> None:
     diff = tree_diff({"tools/check.py": TROJAN_OLD}, {"tools/check.py": TROJAN_NEW})
     rules = frozenset(rule for rule in RULES if rule != "hidden_unicode")

@@ -118,7 +118,7 @@ def test_summary_uses_the_code_hosts_words_for_bidi_text() -> None:
     assert hc.summarize([]) is None
 
 
-def test_introduced_counts_the_net_increase_per_code_point() -> None:
+def test_introduced_excuses_only_lines_moved_intact() -> None:
     # A line moved with its zero-width space adds nothing; a new RLO does.
     added = [(3, "x = 1\u200b"), (7, "# note \u202e")]
     removed = [(9, "x = 1\u200b")]
@@ -132,8 +132,92 @@ def test_introduced_counts_the_net_increase_per_code_point() -> None:
     )
 
 
-def test_bytes_hidden_skips_binary_and_decodes_text() -> None:
-    assert hc.bytes_hidden(b"\xff\xfe\x00binary") == []
+def test_a_hidden_character_moved_to_another_line_is_introduced() -> None:
+    # The file keeps one RLO, but it now reorders another line.
+    removed = [(1, "ok = True  # \u202e note"), (2, "if user.isAdmin:")]
+    added = [(1, "ok = True  # note"), (2, "if user.\u202eisAdmin:")]
+    assert [(a.line, a.hit.code, a.hit.column) for a in hc.introduced(added, removed)] == [(2, "U+202E", 9)]
+
+
+def test_bytes_hidden_reads_the_decodable_text_of_binary_data() -> None:
+    data = "a\u202eb\n".encode() + b"#\xff\x00\n"
+    hits = hc.bytes_hidden(data)
+    assert [(hit.code, hit.kind, hit.line, hit.column, hit.name) for hit in hits] == [
+        ("U+202E", hc.BIDI, 1, 2, "RIGHT-TO-LEFT OVERRIDE"),
+        ("0xFF", hc.NOT_UTF8, 2, 2, "UNDECODABLE BYTE"),
+        ("U+0000", hc.CONTROL, 2, 3, "NULL"),
+    ]
+    assert hits[1].label == "<0xFF>"
+    assert hits[1].title == "0xFF UNDECODABLE BYTE: a byte that is not UTF-8: the file is not valid text"
     assert hc.bytes_hidden(b"plain\n") == []
-    assert [hit.code for hit in hc.bytes_hidden("a\u202eb".encode())] == ["U+202E"]
     assert [hit.code for hit in hc.bytes_hidden(b"a\x1bb")] == ["U+001B"]
+
+
+def test_storable_replaces_nul_and_undecodable_bytes() -> None:
+    text = hc.decode(b"ok\x00\xff \xe2\x80\xae.")
+    assert text == "ok\x00\udcff \u202e."
+    assert hc.storable(text) == "ok\ufffd\ufffd \u202e."
+    assert hc.storable(text).encode("utf-8") == b"ok\xef\xbf\xbd\xef\xbf\xbd \xe2\x80\xae."
+    assert hc.storable("plain") == "plain"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\u13aadmin", [("U+13AA", hc.LOOK_ALIKE, 1, "")]),  # Cherokee GO: "A"
+        ("\ua4eedmin", [("U+A4EE", hc.LOOK_ALIKE, 1, "")]),  # Lisu A
+        ("p\u2c9fst", [("U+2C9F", hc.LOOK_ALIKE, 2, "")]),  # Coptic small O
+        ("l\U000104eag", [("U+104EA", hc.LOOK_ALIKE, 2, "")]),  # Osage small O
+        ("\u1d00dmin", [("U+1D00", hc.LOOK_ALIKE, 1, "a")]),  # small capital A
+        ("\u01c0ogin", [("U+01C0", hc.LOOK_ALIKE, 1, "l")]),  # dental click
+        ("user\u0661", [("U+0661", hc.LOOK_ALIKE, 5, "1")]),  # Arabic-Indic one
+        ("v\u09e6", [("U+09E6", hc.LOOK_ALIKE, 2, "0")]),  # Bengali zero
+        ("x = 1\u037e", [("U+037E", hc.LOOK_ALIKE, 6, ";")]),  # Greek question mark
+        ("etc\u2215passwd", [("U+2215", hc.LOOK_ALIKE, 4, "/")]),  # division slash
+        ("pass\u2800word", [("U+2800", "no glyph", 5, "")]),  # blank Braille pattern
+        ("admin\ufffc", [("U+FFFC", "no glyph", 6, "")]),  # object replacement
+        ("ex\ue000ec", [("U+E000", "no glyph", 3, "")]),  # private use
+        ("ab\u0378cd", [("U+0378", "no glyph", 3, "")]),  # unassigned
+    ],
+)
+def test_look_alikes_and_glyphless_code_points_of_other_scripts_inside_ascii_words(
+    text: str, expected: list[tuple[str, str, int, str]]
+) -> None:
+    assert [(hit.code, hit.kind, hit.column, hit.looks_like) for hit in hc.find(text)] == expected
+
+
+def test_a_word_nfkc_folds_to_ascii_is_a_look_alike_though_it_has_no_ascii_letter() -> None:
+    # Python folds identifiers with NFKC: this line runs exec(payload).
+    hits = hc.find("\U0001d41e\U0001d431\U0001d41e\U0001d41c(payload)")
+    assert [(hit.code, hit.looks_like, hit.column) for hit in hits] == [
+        ("U+1D41E", "e", 1),
+        ("U+1D431", "x", 2),
+        ("U+1D41E", "e", 3),
+        ("U+1D41C", "c", 4),
+    ]
+    assert [hit.looks_like for hit in hc.find("\uff45\uff58\uff45\uff43(x)")] == ["e", "x", "e", "c"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Le c\u0153ur a ses raisons que la raison ne conna\u00eet point ; "
+        "na\u00efve fa\u00e7ade, \u00ab d\u00e9j\u00e0 \u00bb.",
+        "\u0397 \u03b3\u03c1\u03ae\u03b3\u03bf\u03c1\u03b7 \u03ba\u03b1\u03c6\u03ad "
+        "\u03b1\u03bb\u03b5\u03c0\u03bf\u03cd "
+        "\u03c0\u03b7\u03b4\u03ac\u03b5\u03b9\u037e \u039d\u03b1\u03b9, \u0391\u0392\u0393.",
+        "\u0421\u044a\u0435\u0448\u044c \u0436\u0435 \u0435\u0449\u0451 \u044d\u0442\u0438\u0445 "
+        "\u0431\u0443\u043b\u043e\u043a, API-\u043a\u043b\u044e\u0447.",
+        "\u4f7f\u7528Python\u5f00\u53d1\uff0c\u7136\u540e\u90e8\u7f72\uff08\u751f\u4ea7\uff09\uff1a\u5b8c\u6210\uff01",
+        "PC\u3092\u4f7f\u3046\u3002\u4fa1\u683c\u306f\uff11\uff12\uff13\u5186\u3067\u3059\u3002 "
+        "\uff12\uff10\uff12\uff14",
+        "\ud55c\uad6d\uc5b4 \ud14d\uc2a4\ud2b8API\ub97c \uc0ac\uc6a9",
+        "\U0001f44d\U0001f3fd ok \U0001f389 1\ufe0f\u20e3 \U0001f468\u200d\U0001f469\u200d\U0001f467 done\u2705",
+        "10\u03bcs, \u0394t = 5 ms, m\u00b2, H\u2082O, x\u22121, 50 \u00b0C, "
+        "\u201cquoted\u201d \u2014 wait\u2026 it\u2019s",
+        "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645 \u0661\u0662\u0663",
+        "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e \u0967\u0968\u0969",
+    ],
+)
+def test_generic_text_in_ordinary_languages_is_not_a_look_alike(text: str) -> None:
+    assert hc.find(text) == []

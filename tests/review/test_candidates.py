@@ -350,7 +350,12 @@ def test_rename_binary_and_mode_changes_are_shown_explicitly(example_world, clie
     html = page(client_as("viewer").get(reverse("review:candidate_diff", args=[cand.pk])))
     assert f'Renamed from <span class="mono">{renamed_from}</span> without changes to its content.' in html
     assert '<span class="badge status-renamed">renamed</span>' in html
-    assert "Binary file modified: its content is not shown (3 → 4 bytes)." in html
+    assert "Binary file" not in html
+    assert (
+        "Not UTF-8 text: the file holds 1 NUL byte; its previous version held 1 NUL byte (3 → 4 bytes), so no "
+        "line diff is shown. The leakage critic and the hidden-character check read the text it holds all the "
+        "same, and flag those bytes."
+    ) in html
     assert "Only the file mode changed: 100644 → 100755." in html
     assert '<span class="badge status-mode neutral">mode 100644 → 100755</span>' in html
 

@@ -473,3 +473,19 @@ def test_the_file_tree_nests_folders_first_and_joins_single_folders() -> None:
     ]
     deep = diffs.build_file_diffs([], [entry("a/b/c/d.py", "x\n"), entry("e.py", "y\n")])
     assert [(n.depth, n.name) for n in diffs.file_tree(deep)] == [(0, "a/b/c"), (1, "d.py"), (0, "e.py")]
+
+
+def test_a_binary_file_says_what_makes_it_binary_and_is_checked_for_hidden_characters() -> None:
+    old = [entry("memory/notes.md", "notes\n")]
+    new = [entry("memory/notes.md", "notes\n/*\u202e } */\n".encode() + b"#\xff\xfe\x00\n")]
+    (fd,) = diffs.list_file_diffs(old, new)
+    assert fd.binary and fd.kinds == ["modified", "binary"]
+    assert fd.not_text == "the file holds 1 NUL byte and 2 bytes that are not UTF-8"
+    assert fd.hidden_old is None and fd.hidden_new is not None
+    assert fd.hidden_banners == [
+        "This file contains bidirectional Unicode text that may be interpreted or compiled differently than what "
+        "appears below. 4 characters: 1 × U+202E (bidi), 1 × 0xFF (not UTF-8), 1 × 0xFE (not UTF-8), "
+        "1 × U+0000 (control). Each is shown as a marker such as <U+202E>; hover a marker for its name."
+    ]
+    (gone,) = diffs.list_file_diffs(new, [])
+    assert gone.not_text == "the deleted file held 1 NUL byte and 2 bytes that are not UTF-8"
