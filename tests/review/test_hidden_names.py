@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
+from django.http import StreamingHttpResponse
 from django.test import Client
 from django.urls import reverse
 
@@ -186,8 +188,6 @@ def _annotation_label(world: Experiment) -> Screens:
     label = label_create(experiment=world, name="team label", description=HOSTILE)
     type(label).objects.filter(pk=label.pk).update(name=HOSTILE)
     label.refresh_from_db()
-    from django.contrib.auth.models import User
-
     author = User.objects.create_user(username="ann")
     annotation_create(trial=trial, author=author, label=label, note=HOSTILE)
     return [
@@ -276,6 +276,12 @@ def test_an_imported_harbor_jobs_names_and_task_ids_are_markers(
     )
 
 
+def download(client: Client, name: str, experiment: Experiment) -> str:
+    response = client.get(reverse(name, args=[experiment.pk]))
+    assert response.status_code == 200 and isinstance(response, StreamingHttpResponse)
+    return b"".join(response.streaming_content).decode()
+
+
 def test_the_annotations_csv_writes_hidden_characters_as_labels(
     example_world: Experiment, client_as: Callable[..., Client]
 ) -> None:
@@ -285,12 +291,10 @@ def test_the_annotations_csv_writes_hidden_characters_as_labels(
     Task.objects.filter(pk=trial.task_id).update(external_id=HOSTILE)
     label = label_create(experiment=example_world, name="team label")
     type(label).objects.filter(pk=label.pk).update(name=HOSTILE)
-    from django.contrib.auth.models import User
-
     author = User.objects.create_user(username="ann")
     annotation_create(trial=trial, author=author, label=label.pk, note="=\u202eSUM(A1)")
-    response = client_as("viewer").get(reverse("review:annotations_csv", args=[example_world.pk]))
-    text = b"".join(response.streaming_content).decode()
+    client = client_as("viewer")
+    text = download(client, "review:annotations_csv", example_world)
     assert [c for c in RAW if c in text] == []
     (row,) = list(csv.DictReader(io.StringIO(text)))
     shown = "evil<U+202E>txt.exe<U+200B>name"
@@ -301,11 +305,7 @@ def test_the_annotations_csv_writes_hidden_characters_as_labels(
         "'=<U+202E>SUM(A1)",  # still a text cell, not a formula
     )
     # The JSONL export is data for programs: the text as it was stored.
-    jsonl = b"".join(
-        client_as("viewer", username="v2")
-        .get(reverse("review:annotations_jsonl", args=[example_world.pk]))
-        .streaming_content
-    ).decode()
+    jsonl = download(client, "review:annotations_jsonl", example_world)
     assert json.loads(jsonl)["note"] == "=\u202eSUM(A1)"
 
 
