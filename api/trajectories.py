@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.shortcuts import get_object_or_404
 from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
+from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -128,7 +128,8 @@ class TrajectoryImportView(APIView):
         responses={201: TrajectoryImportOutput},
         summary="Import a trajectory into a trial, replacing its trajectory (secrets are redacted)",
     )
-    def post(self, request: Request, pk: int) -> Response:
+    def post(self, request: Request, pk: str) -> Response:
+        # DRF's get_object_or_404: an id that is not a number is a 404, not a 500.
         trial = get_object_or_404(access.hide_sealed(Trial.objects.all(), request.user), pk=pk)
         data = TrajectoryImportInput(data=request.data)
         data.is_valid(raise_exception=True)

@@ -25,7 +25,7 @@ router.register("annotations", views.AnnotationViewSet, basename="annotation")
 urlpatterns: list = [
     *router.urls,
     re_path(
-        r"^candidates/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
+        r"^candidates/(?P<pk>[^/.]+)/files/(?P<path>.+)$",  # any id, as the router's: a bad one is the API's 404
         views.CandidateViewSet.as_view({"get": "files"}),
         name="candidate-file",
     ),
@@ -46,8 +46,9 @@ _trajectory_import = trajectories.TrajectoryImportView.as_view()
 @csrf_exempt  # each DRF view enforces CSRF itself for session-authenticated requests
 def trial_trajectory(request: HttpRequest, pk: str) -> HttpResponse:
     if request.method == "POST":
-        return _trajectory_import(request, pk=int(pk))
+        return _trajectory_import(request, pk=pk)
     return _trajectory_read(request, pk=pk)
 
 
-urlpatterns.insert(0, re_path(r"^trials/(?P<pk>-?[0-9]+)/trajectory/$", trial_trajectory, name="trial-trajectory"))
+# Any id the router's trial routes take, so that a POST to /trials/abc/trajectory/ is a 404 here, not a 405 there.
+urlpatterns.insert(0, re_path(r"^trials/(?P<pk>[^/.]+)/trajectory/$", trial_trajectory, name="trial-trajectory"))

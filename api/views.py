@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db.models import QuerySet
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.generics import get_object_or_404  # DRF's: an id "abc" is a 404, not a ValueError (500)
 from rest_framework.request import Request
 from rest_framework.response import Response
 
