@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
@@ -247,9 +247,12 @@ class ChainChecker:
 
 # --- Decisions in the chain ------------------------------------------------------------------
 
-GATE_SCHEMA = "rsiweb.gate-decision/1"
+# Version 2 of a gate record adds the critic's outcome and the review decision it rests on
+# (``critic``, ``review``); records of version 1 stay valid as they were written.
+GATE_SCHEMA_V1 = "rsiweb.gate-decision/1"
+GATE_SCHEMA = "rsiweb.gate-decision/2"
 REVIEW_SCHEMA = "rsiweb.review-decision/1"
-DECISION_SCHEMAS = {GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review"}
+DECISION_SCHEMAS = {GATE_SCHEMA_V1: "gate", GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review"}
 # Marks a decision certified by the upgrade that introduced decision records:
 # it certifies what the database held then, not the moment of the decision.
 AT_UPGRADE = "at upgrade"
@@ -277,12 +280,19 @@ def gate_payload(
     recipe: str | None,
     surface: str | None,
     certified: str | None = None,
+    critic: CriticOutcome | None = None,
+    review: ReviewBasis | None = None,
 ) -> dict[str, Any]:
     """The payload certifying one gate decision: the verdict, the rule, the
     numbers it used, the candidate's resulting state and reason, and the
-    digests of the recipe and surface it was decided under."""
-    payload = {
-        "schema": GATE_SCHEMA,
+    digests of the recipe and surface it was decided under. With ``critic``
+    (version 2, what the gate writes now) also the critic's flags of the
+    candidate (count and ``flags_digest``) and the certified review decision
+    that cleared it (``review``: its record's seq and digest, None when no
+    review decided it); without (version 1) as the upgrade of migration 0011
+    writes them."""
+    payload: dict[str, Any] = {
+        "schema": GATE_SCHEMA if critic is not None else GATE_SCHEMA_V1,
         "experiment": experiment_uid,
         "seq": seq,
         "prev": prev,
@@ -300,9 +310,99 @@ def gate_payload(
         "recipe": recipe,
         "surface": surface,
     }
+    if critic is not None:
+        payload["critic"] = {"flags": critic.flags, "digest": critic.digest}
+        payload["review"] = {"seq": review.seq, "record": review.record} if review is not None else None
     if certified:
         payload["certified"] = certified
     return payload
+
+
+@dataclass(frozen=True)
+class CriticOutcome:
+    """The critic's flags of one candidate: how many, and their ``flags_digest``."""
+
+    flags: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class ReviewBasis:
+    """The certified review decision a gate decision rests on: its record's seq and digest."""
+
+    seq: int
+    record: str
+
+
+def flags_digest(flags: Iterable[tuple[str, str, str, str]]) -> str:
+    """SHA-256 of a candidate's critic flags, each (rule, path, line, matched),
+    in a stable order (the order they were stored in does not matter). Pure."""
+    rows = sorted([str(part) for part in flag] for flag in flags)
+    return record_digest({"flags": rows})
+
+
+def critic_outcome(flags: Iterable[tuple[str, str, str, str]]) -> CriticOutcome:
+    rows = list(flags)
+    return CriticOutcome(len(rows), flags_digest(rows))
+
+
+NO_FLAGS = critic_outcome([])
+
+
+def review_basis_problems(
+    decisions: Iterable[tuple[int, str, Any]], critic: Mapping[str, CriticOutcome], held: Iterable[str] = ()
+) -> list[str]:
+    """Gate records checked against the critic's flags and the review decisions; empty when they agree.
+
+    ``decisions``: (seq, record digest, payload) of the decision records in
+    seq order. ``critic``: each candidate tree's flags as stored now (a tree
+    not in it has none); ``held``: trees held for a reviewer (a review item).
+    A gate record of version 2 must state exactly the flags the candidate
+    has, and a candidate with flags (or held for review) must rest on an
+    earlier certified review record of the same candidate approving it,
+    named by digest. A gate record of version 1 binds neither: the candidate
+    still needs such a review record somewhere in the chain. Pure.
+    """
+    held = set(held)
+    decisions = list(decisions)
+    approvals: dict[str, dict[str, int]] = {}  # tree -> review record digest -> seq
+    for seq, digest, payload in decisions:
+        if (
+            isinstance(payload, dict)
+            and payload.get("schema") == REVIEW_SCHEMA
+            and (payload.get("review") or {}).get("verdict") == "approve"
+        ):
+            approvals.setdefault(str((payload.get("candidate") or {}).get("tree")), {})[digest] = seq
+    problems = []
+    for seq, _, payload in decisions:
+        if not isinstance(payload, dict) or DECISION_SCHEMAS.get(str(payload.get("schema"))) != "gate":
+            continue  # a malformed payload is reported by the chain check
+        tree = str((payload.get("candidate") or {}).get("tree"))
+        where = f"record #{seq}: candidate {tree[:12]}"
+        outcome = critic.get(tree, NO_FLAGS)
+        flags = outcome.flags
+        if payload["schema"] == GATE_SCHEMA:
+            certified = payload.get("critic")
+            bound = (certified.get("flags"), certified.get("digest")) if isinstance(certified, dict) else None
+            if bound != (outcome.flags, outcome.digest):
+                problems.append(
+                    f"{where}: its critic flags differ from the gate record's "
+                    f"({outcome.flags} stored, the record binds {bound[0] if bound else None!r})"
+                )
+                if bound and isinstance(bound[0], int):
+                    flags = max(flags, bound[0])
+            basis = payload.get("review")
+            if basis is not None:
+                # The named review record: an earlier approval of this candidate, at the seq it gives.
+                earlier = isinstance(basis, dict) and isinstance(basis.get("seq"), int) and basis["seq"] < seq
+                if not earlier or approvals.get(tree, {}).get(str(basis.get("record"))) != basis.get("seq"):
+                    problems.append(f"{where}: the review decision its gate record names is not a certified approval")
+                continue
+        elif approvals.get(tree):
+            continue
+        if flags > 0 or tree in held:
+            problems.append(f"{where}: gated with {flags} critic flag(s) and no certified review decision approving it")
+    return problems
 
 
 def review_payload(

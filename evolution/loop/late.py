@@ -27,6 +27,7 @@ from evolution.models import Candidate, Evaluation, Run, Trial
 from evolution.recipes import Recipe as RecipeSpec
 from evolution.services import evaluation as evaluation_services
 from evolution.services.candidates import candidates_transition
+from evolution.services.records import review_missing
 
 __all__ = ["SCOPES", "LateError", "LateOutcome", "candidate_evaluate_late", "gating_run", "stranded_reap"]
 
@@ -103,6 +104,15 @@ def _start(candidate: Candidate, run: Run, recipe: RecipeSpec, splits: list[str]
     )
 
 
+def _transfer_allowed(run: Run, recipe: RecipeSpec, scope: str) -> None:
+    """Refuse "all" when the recipe never runs sealed and held-out tasks and the experiment has some."""
+    if scope == "all" and recipe.evaluation.sealed == "never" and transfer_splits(run):
+        raise LateError(
+            f"run {run.pk}'s recipe says evaluation.sealed: never: its sealed and held-out tasks are not run "
+            "(evaluate on the gate's splits)"
+        )
+
+
 def _advance_after_commit(run_id: int) -> None:
     from evolution.loop.enqueue import advance_after_commit
 
@@ -117,8 +127,9 @@ def candidate_evaluate_late(*, candidate_id: int, scope: str = "gate") -> LateOu
     next gate), else for its own run, which gates it against its parent once certified. A certified candidate
     no gate has decided gets its gate (and, with "all", its transfer splits). A decided candidate (or the seed)
     is measured on the splits it has no trials on yet; nothing is repeated. Raises ``LateError`` when the
-    candidate cannot be evaluated (it waits for the critic or a reviewer, was rejected before any measurement,
-    failed, or there is nothing left to measure). Safe to repeat: a second call finds the work under way.
+    candidate cannot be evaluated (it waits for the critic or a reviewer, has critic flags and no certified review
+    decision approving it, was rejected before any measurement, failed, or there is nothing left to measure; with
+    "all", when the recipe says ``evaluation.sealed: never``). Safe to repeat: a second call finds the work under way.
     """
     if scope not in SCOPES:
         raise LateError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
@@ -130,6 +141,10 @@ def candidate_evaluate_late(*, candidate_id: int, scope: str = "gate") -> LateOu
             raise LateError(f"candidate {candidate.pk} is being evaluated already")
         if candidate.state not in MEASURABLE:
             raise LateError(f"candidate {candidate.pk} is {candidate.get_state_display().lower()}: it is not evaluated")
+        missing = review_missing(candidate_id=candidate.pk)
+        if missing:
+            # A state edited to "approved" is no review: the gate would certify a candidate nobody cleared.
+            raise LateError(f"candidate {candidate.pk} is not evaluated: {missing}")
         if candidate.state == Candidate.State.APPROVED:
             return _evaluate_approved(candidate, scope)
         return _evaluate_measured(candidate, scope)
@@ -142,6 +157,7 @@ def _evaluate_approved(candidate: Candidate, scope: str) -> LateOutcome:
         raise LateError(f"candidate {candidate.pk} belongs to no run and the experiment has no live run to join")
     try:
         recipe = run_recipe(run)
+        _transfer_allowed(run, recipe, scope)
         evaluation = candidate_evaluate(run=run, recipe=recipe, candidate=candidate)
         started = [evaluation.pk]
         transfer = [s for s in transfer_splits(run) if s not in evaluation.splits]
@@ -164,6 +180,7 @@ def _evaluate_measured(candidate: Candidate, scope: str) -> LateOutcome:
     if run is None:
         raise LateError("the experiment has no run yet: start one (its baseline measures the seed)")
     recipe = run_recipe(run)
+    _transfer_allowed(run, recipe, scope)
     evolve = [s for s in recipe.evaluation.evolve_splits if s not in _measured_splits(candidate, MEASURED_PURPOSES)]
     everywhere = _measured_splits(candidate, [p for p, _ in Evaluation.Purpose.choices])
     transfer = [s for s in transfer_splits(run) if s not in everywhere] if scope == "all" else []

@@ -5,8 +5,8 @@ A bundle is one JSON document (gzip-compressed when the file name ends in
 records somewhere else: the evaluation and decision records and the signed chain head, the
 experiment's benchmark tasks (expected data included: the task-set digests
 the records bind cover it), the splits, the evaluator, the surface, the
-recipe(s), the candidates the records name (with their ancestors) and every
-tree and blob those reference. docs/workspaces.md describes the format.
+recipe(s), the candidates the records name (with their ancestors and
+their critic flags) and every tree and blob those reference. docs/workspaces.md describes the format.
 
 ``bundle_verify`` is pure (no database): it checks the bundle's shape and
 every tree's entries as storing them would, recomputes every blob, tree,
@@ -42,6 +42,7 @@ from evolution.models import (
     CertifiedResult,
     Evaluation,
     Experiment,
+    LeakageFlag,
     Recipe,
     SplitMembership,
     SplitName,
@@ -57,7 +58,7 @@ from evolution.services.experiments import (
     surface_create,
     task_digest,
 )
-from evolution.services.records import split_stats_store
+from evolution.services.records import FLAG_FIELDS, settings_bound, split_stats_store
 from evolution.services.snapshots import tree_store
 from evolution.surfaces import SurfaceSpecError, parse_surface
 from evolution.trees import FileEntry, SnapshotError, validate_entries
@@ -109,6 +110,13 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             if candidate.parent_id and candidate.parent_id not in by_pk:
                 pending.add(candidate.parent_id)
     candidates = [by_pk[pk] for pk in sorted(by_pk)]
+    flags: dict[int, list[list[str]]] = {}
+    for candidate_id, *flag in (
+        LeakageFlag.objects.filter(candidate_id__in=list(by_pk))
+        .order_by("pk")
+        .values_list("candidate_id", *FLAG_FIELDS)
+    ):
+        flags.setdefault(candidate_id, []).append(flag)
 
     memberships = list(
         SplitMembership.objects.filter(experiment=experiment)
@@ -197,6 +205,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
                 "label": c.label,
                 "state_reason": c.state_reason,
                 "certified_at": c.certified_at.isoformat() if c.certified_at else None,
+                "flags": flags.get(c.pk, []),
             }
             for c in candidates
         ],
@@ -295,9 +304,14 @@ def bundle_verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
     ``..``, absolute or escaping symlinks, control characters...), that the
     surface parses; recomputes blob, tree, task, task-set, evaluator,
     surface and recipe digests; checks that every record names things the
-    bundle holds and that its task sets, evaluator, surface and candidate
-    origin are the bundle's; checks the candidates' states against the
-    certified decisions (``records.candidate_state_problems``); and verifies
+    bundle holds and that its task sets, evaluator, surface, run settings,
+    recipe and candidate origin and parent are the bundle's; that the
+    held-out benchmarks are those of the held-out split; checks the
+    candidates' states against the certified decisions
+    (``records.candidate_state_problems``) and the gate records against the
+    candidates' critic flags and the review decisions
+    (``records.review_basis_problems``); refuses a candidate no record names
+    that is not the seed or an ancestor of one that is; and verifies
     the chain of evaluation and decision records together (links, record
     digests, signatures, signed head) with ``key``. A structurally broken
     bundle is reported as one problem, never raised.
@@ -454,6 +468,13 @@ def _shape(bundle: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}: parent not listed before it")
         if item["certified_at"] is not None and parse_datetime(item["certified_at"]) is None:
             problems.append(f"{where}: certified_at is not a date and time")
+        # Bundles written before flags were exported have none.
+        flags = item.get("flags", [])
+        if not isinstance(flags, list) or not all(
+            isinstance(flag, list) and len(flag) == len(FLAG_FIELDS) and all(isinstance(part, str) for part in flag)
+            for flag in flags
+        ):
+            problems.append(f"{where}: 'flags' is not a list of [rule, path, line, matched] lists")
         listed.add(item["tree"])
     record_fields = {"seq": _INT, "prev_digest": _TEXT, "record_digest": _TEXT, "signature": _TEXT, "payload": (dict,)}
     trial_fields = {"task": _TEXT, "split": _TEXT, "index": _INT, "seed": _INT, "outcome": _TEXT, "criteria": (list,)}
@@ -564,6 +585,12 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
     surface_digest = surface.get("digest")
     candidates = {c.get("tree") for c in bundle.get("candidates", [])}
     origins = {c.get("tree"): c.get("origin") for c in bundle.get("candidates", [])}
+    parents = {c.get("tree"): c.get("parent_tree") for c in bundle.get("candidates", [])}
+    run_settings = settings_bound(experiment.get("run_settings"))
+    named: set[Any] = set()  # candidate trees a record names
+    heldout = {m.get("benchmark") for m in bundle.get("splits", []) if m.get("split") == SplitName.HELDOUT}
+    if set(experiment.get("heldout_benchmarks") or []) != heldout:
+        problems.append("experiment: held-out benchmarks differ from the tasks of the held-out split")
     for candidate in bundle.get("candidates", []):
         if candidate.get("tree") not in trees:
             problems.append(f"candidate tree {str(candidate.get('tree'))[:12]} not in the bundle")
@@ -583,10 +610,18 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
         where = f"record #{record.seq}"
         payload = record.payload
         tree = payload.get("candidate", {}).get("tree")
+        named.update({tree, payload.get("candidate", {}).get("parent_tree")})
         if tree not in candidates or tree not in trees:
             problems.append(f"{where}: candidate tree {str(tree)[:12]} not in the bundle")
-        elif origins[tree] != payload.get("candidate", {}).get("origin"):
-            problems.append(f"{where}: candidate {str(tree)[:12]}'s origin differs from the certified one")
+        else:
+            if origins[tree] != payload.get("candidate", {}).get("origin"):
+                problems.append(f"{where}: candidate {str(tree)[:12]}'s origin differs from the certified one")
+            if parents[tree] != payload.get("candidate", {}).get("parent_tree"):
+                problems.append(f"{where}: candidate {str(tree)[:12]}'s parent differs from the certified one")
+        if "run_settings" in payload and settings_bound(payload["run_settings"]) != run_settings:
+            problems.append(f"{where}: run settings differ from the certified ones")
+        if payload.get("recipe") is not None and payload["recipe"] != experiment.get("recipe"):
+            problems.append(f"{where}: the experiment's recipe differs from the certified one")
         if "surface" in payload and payload["surface"] != surface_digest:
             problems.append(f"{where}: surface differs from the certified one")
         certified = payload.get("evaluator", {})
@@ -610,15 +645,22 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
         if payload.get("recipe") is not None and payload["recipe"] not in recipes:
             problems.append(f"{where}: recipe {str(payload['recipe'])[:12]} not in the bundle")
 
-    decisions: list[tuple[int, Any]] = []
+    decisions: list[tuple[int, str, Any]] = []
     for raw in raw_decisions:
         record = records.ChainRecord(
             raw["seq"], raw["prev_digest"], raw["record_digest"], raw["signature"], raw["payload"]
         )
         chain_records.append(record)
-        decisions.append((record.seq, record.payload))
+        decisions.append((record.seq, record.record_digest, record.payload))
         where = f"record #{record.seq}"
         payload = record.payload
+        named.update(
+            {
+                (payload.get("candidate") or {}).get("tree"),
+                (payload.get("gate") or {}).get("current"),
+                (payload.get("review") or {}).get("derived") if raw["kind"] == "review" else None,
+            }
+        )
         if records.DECISION_SCHEMAS.get(str(payload.get("schema"))) != raw["kind"]:
             problems.append(f"{where}: payload is not a {raw['kind']} decision")
         tree = (payload.get("candidate") or {}).get("tree")
@@ -634,9 +676,25 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
             records.CandidateState(c["tree"], c["state"], c["state_reason"], c["origin"])
             for c in bundle.get("candidates", [])
         ),
-        decisions,
+        ((seq, payload) for seq, _, payload in decisions),
         known_states=Candidate.State.values,
     )
+    problems += records.review_basis_problems(
+        decisions,
+        {c["tree"]: records.critic_outcome(map(tuple, c["flags"])) for c in bundle["candidates"] if c.get("flags")},
+    )
+    # Export writes the candidates the records name, the seed and their ancestors: nothing else.
+    lineage = {experiment.get("seed_tree")} | named
+    for tree in list(lineage):
+        while tree is not None and parents.get(tree) is not None and parents[tree] not in lineage:
+            tree = parents[tree]
+            lineage.add(tree)
+    for candidate in bundle.get("candidates", []):
+        if candidate.get("tree") not in lineage:
+            problems.append(
+                f"candidate {str(candidate.get('tree'))[:12]}: no record names it, "
+                "and it is not the seed or an ancestor of a candidate a record names"
+            )
     try:
         head = records.ChainHead(int(chain["length"]), str(chain["head"]), str(chain["signature"]))
     except (KeyError, TypeError, ValueError) as exc:
@@ -783,6 +841,11 @@ def _create(bundle: Mapping[str, Any], *, info: Mapping[str, Any], name: str) ->
             state_reason=item["state_reason"],
             certified_at=certified_at,
         )
+    LeakageFlag.objects.bulk_create(
+        LeakageFlag(candidate=candidates[item["tree"]], **dict(zip(FLAG_FIELDS, flag, strict=True)))
+        for item in bundle["candidates"]
+        for flag in item.get("flags", [])
+    )
     if info["seed_tree"]:
         experiment.seed_candidate = candidates[info["seed_tree"]]
         experiment.save(update_fields=["seed_candidate"])

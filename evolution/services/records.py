@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -11,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q, QuerySet, Sum, TextField
+from django.db.models import Count, Min, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -27,9 +28,13 @@ from evolution.models import (
     Evaluator,
     Experiment,
     GateDecision,
+    LeakageFlag,
     Recipe,
     ReviewDecision,
+    ReviewItem,
     Run,
+    SplitMembership,
+    SplitName,
     Trial,
 )
 from evolution.recipes import INFRA_ERROR_KINDS, EvaluationSpec, parse_recipe
@@ -382,12 +387,45 @@ def _surface_digest(experiment: Experiment) -> str:
     return str(experiment.surface.digest)
 
 
+FLAG_FIELDS = ("rule", "path", "line", "matched")
+
+
+def critic_outcome_of(*, candidate_id: int) -> records.CriticOutcome:
+    """The critic's flags of one candidate as a gate record binds them. Read-only."""
+    return records.critic_outcome(LeakageFlag.objects.filter(candidate_id=candidate_id).values_list(*FLAG_FIELDS))
+
+
+def review_approval_of(*, candidate_id: int) -> records.ReviewBasis | None:
+    """The certified review decision that approved the candidate, if any. Read-only."""
+    row = (
+        ReviewDecision.objects.filter(
+            item__candidate_id=candidate_id, verdict=ReviewDecision.Verdict.APPROVE, record__isnull=False
+        )
+        .values_list("record__seq", "record__record_digest")
+        .first()
+    )
+    return records.ReviewBasis(*row) if row is not None else None
+
+
+def review_missing(*, candidate_id: int) -> str:
+    """Why a candidate may not be measured for a gate: the critic flagged it
+    (or held it for a reviewer) and no certified review decision approved
+    it. Empty when nothing is missing. Read-only."""
+    flags = LeakageFlag.objects.filter(candidate_id=candidate_id).count()
+    held = ReviewItem.objects.filter(candidate_id=candidate_id).exists()
+    if (flags or held) and review_approval_of(candidate_id=candidate_id) is None:
+        return f"it has {flags} critic flag(s) and no certified review decision approving it"
+    return ""
+
+
 def gate_decision_certify(*, decision: GateDecision) -> CertifiedDecision:
     """Certify a gate decision: a signed record in the experiment's chain of
     the verdict, the rule, the numbers it used, the candidate's state and
-    reason as the gate left them, and the recipe (the run's) and surface
-    digests. Call it in the gate's transaction, after the candidate's
-    transition. Safe to repeat: a certified decision returns its record."""
+    reason as the gate left them, the recipe (the run's) and surface
+    digests, the critic's flags of the candidate and the certified review
+    decision that approved it (``records.gate_payload``, version 2). Call it
+    in the gate's transaction, after the candidate's transition. Safe to
+    repeat: a certified decision returns its record."""
     with transaction.atomic():
         locked = GateDecision.objects.select_for_update(no_key=True).get(pk=decision.pk)
         if locked.record_id is not None:
@@ -418,8 +456,12 @@ def gate_decision_certify(*, decision: GateDecision) -> CertifiedDecision:
                 reason=candidate.state_reason,
                 recipe=run.recipe.digest,
                 surface=_surface_digest(experiment),
+                critic=critic,
+                review=approval,
             )
 
+        critic = critic_outcome_of(candidate_id=candidate.pk)
+        approval = review_approval_of(candidate_id=candidate.pk)
         record = _decision_append(
             experiment_id=candidate.experiment_id,
             candidate_id=candidate.pk,
@@ -541,9 +583,18 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 "evaluation__experiment_id",
                 "evaluation__candidate__tree_id",
                 "payload_text",
+                "evaluation__purpose",
+                "evaluation__repeat",
+                Cast("evaluation__splits", TextField()),
+                "evaluation__k",
+                "evaluation__seed",
+                "evaluation__candidate__parent__tree_id",
+                "evaluation__candidate__origin",
             ),
             VERIFY_BATCH,
         )
+        recipe_digest = exp.recipe.digest if exp.recipe is not None else None
+        run_settings = settings_bound(exp.run_settings)
         trials = trial_rows_by_seq(exp)
         next_trials: tuple[int, list[tuple[Any, ...]]] | None = next(trials, None)
         decisions = _decision_rows(exp)
@@ -551,7 +602,19 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         recipes_named: set[str] = set()
         surface_digest, experiment_id = exp.surface.digest, exp.pk
         here = f"{label} record #"
-        for seq, prev_digest, digest, signature, evaluation_id, evaluation_experiment, tree, text in rows:
+        for (
+            seq,
+            prev_digest,
+            digest,
+            signature,
+            evaluation_id,
+            evaluation_experiment,
+            tree,
+            text,
+            *evaluation_fields,
+            parent_tree,
+            origin,
+        ) in rows:
             while fed < len(decisions) and decisions[fed].seq < seq:  # the decisions before it, in seq order
                 chain.add(decisions[fed], canonical=decisions[fed].canonical)
                 fed += 1
@@ -565,6 +628,16 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 record_problems.append(f"{here}{seq}: surface changed since this record (its digest differs)")
             if payload.get("candidate", {}).get("tree") != tree:
                 record_problems.append(f"{here}{seq}: candidate tree differs from the certified one")
+            differ = _bound_differences(
+                payload,
+                evaluation_fields,
+                parent_tree=parent_tree,
+                origin=origin,
+                recipe=recipe_digest,
+                run_settings=run_settings,
+            )
+            if differ:
+                record_problems.append(f"{here}{seq}: {', '.join(differ)} differ(s) from the certified one")
             if tree not in trees_checked:
                 trees_checked.add(tree)
                 record_problems += [f"{here}{seq}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
@@ -611,6 +684,14 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         report.problems += [f"{label}: evaluator files: {p}" for p in evaluator_problems]
         report.checked.append(f"{label}: evaluator {exp.evaluator.name!r} files {exp.evaluator.files_id[:12]}")
 
+        heldout = set(exp.heldout_benchmarks.filter(tasks__isnull=False).values_list("name", flat=True))
+        in_split = set(
+            SplitMembership.objects.filter(experiment=exp, split=SplitName.HELDOUT).values_list(
+                "task__benchmark__name", flat=True
+            )
+        )
+        if heldout != in_split:  # the held-out split's digest (bound by the records) names the benchmarks
+            report.problems.append(f"{label}: held-out benchmarks differ from the tasks of the held-out split")
         for split, digest in sorted(exp.split_digests.items()):
             if task_sets.get(split) != digest:
                 report.problems.append(f"{label}: task set of split {split!r} no longer matches its frozen digest")
@@ -618,7 +699,129 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
 
         report.problems += record_problems
         report.checked.append(f"{label}: {len(trees_checked)} candidate tree(s), {trial_count} trial(s)")
+        score_problems, checked = scores_verify(exp)
+        report.problems += [f"{label}: {p}" for p in score_problems]
+        report.checked.append(f"{label}: {checked}")
     return report
+
+
+# The evaluation fields a record binds (``payload["evaluation"]``), in the order records_verify reads them.
+EVALUATION_FIELDS = ("purpose", "repeat", "splits", "k", "seed")
+
+
+def settings_bound(run_settings: Any) -> Any:
+    """The run settings as verification compares them: what a workspace or
+    Harbor import adds as it grows (``imported_from``) is left out, but
+    whether the experiment was imported is kept."""
+    if not isinstance(run_settings, dict) or "imported_from" not in run_settings:
+        return run_settings
+    return {**{k: v for k, v in run_settings.items() if k != "imported_from"}, "imported_from": True}
+
+
+def _bound_differences(
+    payload: dict[str, Any],
+    evaluation_fields: list[Any],
+    *,
+    parent_tree: str | None,
+    origin: str,
+    recipe: str | None,
+    run_settings: Any,
+) -> list[str]:
+    """The fields of an evaluation record that differ from the database: the
+    evaluation's purpose, repeat, splits, k and seed, the candidate's parent
+    and origin, the experiment's recipe (a record made before the first run
+    names none) and run settings. Pure."""
+    purpose, repeat, splits_text, k, seed = evaluation_fields
+    splits = json_value(splits_text)
+    with contextlib.suppress(TypeError):  # a list of texts, unless forged: then compared as it is
+        splits = sorted(splits)
+    stored = {"purpose": purpose, "repeat": repeat, "splits": splits, "k": k, "seed": seed}
+    certified = payload.get("evaluation")
+    if not isinstance(certified, dict):
+        certified = {}
+    differ = [f"evaluation {name}" for name in EVALUATION_FIELDS if certified.get(name) != stored[name]]
+    if "k" in payload and payload["k"] != k:
+        differ.append("k")
+    candidate = payload.get("candidate")
+    if not isinstance(candidate, dict):
+        candidate = {}
+    if candidate.get("parent_tree") != parent_tree:
+        differ.append("candidate parent")
+    if candidate.get("origin") != origin:
+        differ.append("candidate origin")
+    if payload.get("recipe") is not None and payload.get("recipe") != recipe:
+        differ.append("experiment recipe")
+    if "run_settings" in payload and settings_bound(payload["run_settings"]) != run_settings:
+        differ.append("run settings")
+    return differ
+
+
+def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
+    """What the screens read as scores, against what the records bind: every
+    certified evaluation of ``experiment`` has a record, and the stored
+    per-split totals (``EvaluationSplitStats``, what screens and the default
+    start candidate read) equal the totals of the trial rows, which
+    ``records_verify`` checks against the records, and exist only for
+    certified evaluations. Returns the problems and a line saying what was
+    checked. Read-only."""
+    problems: list[str] = []
+    unbound = Evaluation.objects.filter(
+        experiment=experiment, state=Evaluation.State.CERTIFIED, certified_result__isnull=True
+    ).values_list("pk", flat=True)
+    problems += [f"evaluation {pk} is certified, but no record binds it" for pk in unbound]
+    evaluations = Evaluation.objects.filter(experiment=experiment)
+    recomputed = {
+        (row["evaluation_id"], row["split"]): (
+            row["first_candidate"],
+            row["n"],
+            row["passed"],
+            row["errors"],
+            float(row["score_sum"] or 0.0),
+            row["tokens_sum"] or 0,
+            row["tokens_count"],
+        )
+        for row in Trial.objects.filter(evaluation__in=evaluations.filter(state=Evaluation.State.CERTIFIED))
+        .values("evaluation_id", "split")
+        .annotate(
+            first_candidate=Min("candidate_id"),
+            n=Count("pk"),
+            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
+            errors=Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
+            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+            tokens_sum=Sum("tokens", default=0),
+            tokens_count=Count("tokens"),
+        )
+        .order_by()
+    }
+    stored = EvaluationSplitStats.objects.filter(evaluation__in=evaluations).values_list(
+        "evaluation_id",
+        "split",
+        "evaluation__state",
+        "candidate_id",
+        "trials",
+        "passed",
+        "errors",
+        "score_sum",
+        "tokens_sum",
+        "tokens_count",
+    )
+    count = 0
+    for evaluation_id, split, state, *totals in stored.order_by("evaluation_id", "split"):
+        count += 1
+        where = f"evaluation {evaluation_id}, split {split!r}"
+        if state != Evaluation.State.CERTIFIED:
+            problems.append(f"{where}: stored totals of an evaluation that is not certified ({state})")
+            continue
+        expected = recomputed.get((evaluation_id, split))
+        # The score sum is compared with a tolerance: a sum in another row order may differ in its last bits.
+        if (
+            expected is None
+            or tuple(totals[:4]) + tuple(totals[5:]) != expected[:4] + expected[5:]
+            or not math.isclose(float(totals[4]), expected[4], rel_tol=1e-9, abs_tol=1e-9)
+        ):
+            problems.append(f"{where}: stored totals differ from its certified trials")
+    checked = f"{count} stored split total(s) recomputed from the trials; certified evaluations bound by records"
+    return problems, checked
 
 
 @dataclass(frozen=True)
@@ -670,6 +873,17 @@ def decisions_verify(
         problems.append(f"surface {surface.name!r}: spec does not match its digest")
 
     gate_rows: dict[int, dict[str, Any]] = {}
+    # The recipe each decision record must name: the gate's run's, the reviewed candidate's run's.
+    recipes_of = dict(
+        GateDecision.objects.filter(candidate__experiment=experiment, record__isnull=False).values_list(
+            "record_id", "run__recipe__digest"
+        )
+    )
+    recipes_of.update(
+        ReviewDecision.objects.filter(
+            item__candidate__experiment=experiment, record__isnull=False, item__candidate__run__isnull=False
+        ).values_list("record_id", "item__candidate__run__recipe__digest")
+    )
     gates = GateDecision.objects.filter(candidate__experiment=experiment).order_by("pk")
     for pk, record_id, tree, round_number, *values in gates.values_list(
         "pk",
@@ -720,6 +934,8 @@ def decisions_verify(
             problems.append(f"{where}: surface changed since this decision (its digest differs)")
         if payload.get("recipe"):
             recipes_named.add(str(payload["recipe"]))
+        if decision.pk in recipes_of and payload.get("recipe") != recipes_of[decision.pk]:
+            problems.append(f"{where}: the recipe of its run differs from the certified one")
         stored = (gate_rows if decision.kind == CertifiedDecision.Kind.GATE else review_rows).get(decision.pk)
         certified = payload.get(decision.kind) or {}
         if stored is not None and isinstance(certified, dict):
@@ -736,6 +952,20 @@ def decisions_verify(
         known_states=Candidate.State.values,
     )
 
+    problems += _candidate_origin_problems(experiment, decisions)
+
+    flags: dict[str, list[tuple[str, str, str, str]]] = {}
+    for tree, *flag in LeakageFlag.objects.filter(candidate__experiment=experiment).values_list(
+        "candidate__tree_id", *FLAG_FIELDS
+    ):
+        flags.setdefault(tree, []).append(tuple(flag))
+    held = ReviewItem.objects.filter(candidate__experiment=experiment).values_list("candidate__tree_id", flat=True)
+    problems += records.review_basis_problems(
+        ((d.seq, d.record_digest, d.payload) for d in decisions),
+        {tree: records.critic_outcome(rows) for tree, rows in flags.items()},
+        held=list(held),
+    )
+
     found = dict(Recipe.objects.filter(digest__in=recipes_named).values_list("digest", "spec"))
     for digest in sorted(recipes_named):
         if digest not in found:
@@ -747,6 +977,48 @@ def decisions_verify(
         f"decision(s), candidate states, surface {surface.name!r} and {len(recipes_named)} recipe(s)"
     )
     return problems, checked
+
+
+# States a candidate held for a reviewer reaches only through a review decision approving it.
+CLEARED_STATES = (
+    Candidate.State.APPROVED,
+    Candidate.State.EVALUATING,
+    Candidate.State.EVALUATED,
+    Candidate.State.CERTIFIED,
+    Candidate.State.ACCEPTED,
+    Candidate.State.REJECTED_GATE,
+)
+
+
+def _candidate_origin_problems(experiment: Experiment, decisions: list[DecisionRow]) -> list[str]:
+    """Candidates whose state or origin no record explains: one the critic
+    flagged (or held for review) that went on without a certified review
+    decision approving it, and an imported one in an experiment that was
+    not imported (only workspace and Harbor imports make them). Read-only."""
+    approved = {
+        d.tree
+        for d in decisions
+        if isinstance(d.payload, dict)
+        and d.payload.get("schema") == records.REVIEW_SCHEMA
+        and (d.payload.get("review") or {}).get("verdict") == ReviewDecision.Verdict.APPROVE
+    }
+    problems = []
+    held = Candidate.objects.filter(experiment=experiment, state__in=CLEARED_STATES).filter(
+        Q(leakage_flags__isnull=False) | Q(review_item__isnull=False)
+    )
+    for tree, state in held.distinct().values_list("tree_id", "state"):
+        if tree not in approved:
+            problems.append(
+                f"candidate {tree[:12]}: state {state!r}, but the critic held it for review "
+                "and no certified review decision approved it"
+            )
+    imported = isinstance(experiment.run_settings, dict) and "imported_from" in experiment.run_settings
+    if not imported:
+        for tree in Candidate.objects.filter(experiment=experiment, origin=Candidate.Origin.IMPORTED).values_list(
+            "tree_id", flat=True
+        ):
+            problems.append(f"candidate {tree[:12]}: origin 'imported' in an experiment that was not imported")
+    return problems
 
 
 def streamed_rows(queryset: QuerySet[Any], size: int) -> Iterator[tuple[Any, ...]]:

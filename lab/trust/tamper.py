@@ -1132,8 +1132,34 @@ def forged_decisions(ctx: TrialContext) -> str:
             )
             problems = _problems(experiment)
             expect(any(must in p for p in problems), f"database {label}: records_verify did not say {must!r}")
+    # Scores and review outside the decisions: stored split totals, a certified evaluation no record binds,
+    # a review skipped by setting the rejected candidate's state to approved (the evaluate path refuses it).
+    from evolution.loop import late
+    from evolution.models import EvaluationSplitStats
+
+    reviewed = Candidate.objects.get(experiment=experiment, tree_id=rejected["tree"])
+    with rolled_back():
+        stats = EvaluationSplitStats.objects.filter(evaluation__experiment=experiment).order_by("pk")[0]
+        EvaluationSplitStats.objects.filter(pk=stats.pk).update(passed=stats.passed + 1)
+        extra = Evaluation.objects.create(
+            experiment=experiment, candidate=reviewed, splits=["gate"], state=Evaluation.State.CERTIFIED
+        )
+        Candidate.objects.filter(pk=reviewed.pk).update(state=Candidate.State.APPROVED)
+        problems = _problems(experiment)
+        for must in (
+            f"evaluation {stats.evaluation_id}, split {stats.split!r}: stored totals differ",
+            f"evaluation {extra.pk} is certified, but no record binds it",
+            f"candidate {reviewed.tree_id[:12]}: state 'approved', but the critic held it for review",
+        ):
+            expect(any(must in p for p in problems), f"records_verify did not say {must!r}: {problems}")
+        try:
+            late.candidate_evaluate_late(candidate_id=reviewed.pk, scope="gate")
+        except late.LateError:
+            pass
+        else:
+            raise TrustFailure("a candidate whose review was skipped was evaluated")
     expect(not _problems(experiment), f"records do not verify after the rollbacks: {_problems(experiment)}")
     return (
         f"{len(forgeries)} bundle forgeries refused by verify and import (nothing written), "
-        f"{len(db_forgeries)} in the database named by records_verify"
+        f"{len(db_forgeries) + 3} in the database named by records_verify, a skipped review refused"
     )

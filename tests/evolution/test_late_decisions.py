@@ -24,7 +24,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.services import evaluation as evaluation_services
-from evolution.services.candidates import candidates_transition
+from evolution.services import review as review_services
 from evolution.services.records import records_verify, result_certify
 from evolution.services.review import review_decide, review_decide_partial
 from tests.conftest import wait_until
@@ -128,22 +128,23 @@ def test_approved_after_the_run_ended_joins_the_live_run_next_gate(
 
 def test_the_operator_evaluates_a_decided_candidate_on_the_splits_it_lacks_only() -> None:
     experiment = make_tiny_experiment(tasks=12, k=1)
-    recipe = tiny_recipe("rrsi", evaluation={"sealed": "never"})
+    recipe = tiny_recipe("rrsi", evaluation={"sealed": "final"})
     run = drive(lifecycle.run_create(experiment=experiment, recipe=recipe))
-    accepted = Candidate.objects.filter(run=run, state=Candidate.State.ACCEPTED).order_by("pk").first()
-    assert accepted is not None
-    assert not Trial.objects.filter(candidate=accepted, split="sealed").exists()
+    # A candidate the gate rejected: the final report measured only the final harness and the start on sealed tasks.
+    decided = Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_GATE).order_by("pk").first()
+    assert decided is not None
+    assert not Trial.objects.filter(candidate=decided, split="sealed").exists()
     with pytest.raises(late.LateError, match="measured on the gate's splits already"):
-        late.candidate_evaluate_late(candidate_id=accepted.pk, scope="gate")
-    outcome = late.candidate_evaluate_late(candidate_id=accepted.pk, scope="all")
+        late.candidate_evaluate_late(candidate_id=decided.pk, scope="gate")
+    outcome = late.candidate_evaluate_late(candidate_id=decided.pk, scope="all")
     evaluation = Evaluation.objects.get(pk__in=outcome.evaluations)
     assert (evaluation.splits, evaluation.purpose) == (["sealed"], Evaluation.Purpose.TRANSFER)
     settle(run)
-    accepted.refresh_from_db()
-    assert accepted.state == Candidate.State.ACCEPTED
-    assert Trial.objects.filter(candidate=accepted, split="sealed", evaluation__state="certified").exists()
+    decided.refresh_from_db()
+    assert decided.state == Candidate.State.REJECTED_GATE
+    assert Trial.objects.filter(candidate=decided, split="sealed", evaluation__state="certified").exists()
     with pytest.raises(late.LateError, match="every split already"):
-        late.candidate_evaluate_late(candidate_id=accepted.pk, scope="all")
+        late.candidate_evaluate_late(candidate_id=decided.pk, scope="all")
 
 
 def test_a_flagged_candidate_is_not_evaluated_before_review(ended: tuple[Run, list[ReviewItem]]) -> None:
@@ -153,12 +154,21 @@ def test_a_flagged_candidate_is_not_evaluated_before_review(ended: tuple[Run, li
     assert not Evaluation.objects.filter(candidate_id=first.candidate_id).exists()
 
 
-def test_the_reaper_check_schedules_or_ends_candidates_left_waiting(ended: tuple[Run, list[ReviewItem]]) -> None:
+def approve_only(monkeypatch: pytest.MonkeyPatch, item: ReviewItem, user: User) -> None:
+    """A certified review approval that starts nothing: what the code before issue 19 left behind."""
+    with monkeypatch.context() as patched:
+        patched.setattr(review_services, "_evaluate", lambda candidate: None)
+        review_decide(item=item, user=user, approve=True, reason="generic enough")
+
+
+def test_the_reaper_check_schedules_or_ends_candidates_left_waiting(
+    ended: tuple[Run, list[ReviewItem]], alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run, (first, second) = ended
     # As the code before this change left them: approved after the run, never evaluated.
-    candidates_transition(candidates=Candidate.objects.filter(pk=first.candidate_id), to=Candidate.State.APPROVED)
+    approve_only(monkeypatch, first, alice)
     # Evaluating, but its only evaluation was cancelled.
-    candidates_transition(candidates=Candidate.objects.filter(pk=second.candidate_id), to=Candidate.State.APPROVED)
+    approve_only(monkeypatch, second, alice)
     cancelled = late.candidate_evaluate_late(candidate_id=second.candidate_id).evaluations
     Evaluation.objects.filter(pk__in=cancelled).update(state=Evaluation.State.CANCELLED)
 
@@ -225,7 +235,7 @@ def user_in(role: str) -> User:
 
 
 def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
-    ended: tuple[Run, list[ReviewItem]], alice: User
+    ended: tuple[Run, list[ReviewItem]], alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from django.test import Client
     from django.urls import reverse
@@ -243,7 +253,7 @@ def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
     )
     assert not Evaluation.objects.filter(candidate_id=first.candidate_id).exists()
     # Left approved with nothing scheduled (as before this change): the API evaluates it on every split.
-    candidates_transition(candidates=Candidate.objects.filter(pk=first.candidate_id), to=Candidate.State.APPROVED)
+    approve_only(monkeypatch, first, alice)
     api.force_authenticate(viewer)
     endpoint = f"/api/v1/candidates/{first.candidate_id}/evaluate/"
     assert api.post(endpoint, {"scope": "all"}, format="json").status_code == 403
