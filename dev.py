@@ -495,7 +495,13 @@ def run() -> int:
 
 
 def test(pytest_args: list[str]) -> int:
-    ensure_venv("requirements-dev.txt")
+    try:
+        llm = llm_mode(dict(os.environ))
+    except ValueError as exc:
+        say(str(exc))
+        return 2
+    # RSI_LLM=local: the local model too, so its tests (tests/llm) run instead of skipping.
+    ensure_venv("requirements-dev.txt", extra=LLM_REQUIREMENTS if llm else "")
     lint = subprocess.run([str(PYTHON), "-m", "ruff", "check", "."], cwd=ROOT)
     if lint.returncode != 0:
         say("ruff check failed")

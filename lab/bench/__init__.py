@@ -23,6 +23,7 @@ BENCH_MODULES = (
     "lab.bench.trajectories",
     "lab.bench.memory",
     "lab.bench.concurrency",
+    "lab.bench.llm",
 )
 
 

@@ -46,15 +46,25 @@ class EndpointError(Exception):
 
 
 def answer_schema(tools: list[ToolSpec]) -> dict[str, Any]:
-    """The JSON an answer must be: one of the harness's tools and string arguments."""
+    """The JSON an answer must be: a sentence of reasoning, then one of the harness's tools with every one of
+    its arguments as a string (a server that holds output to a schema then cannot leave them out)."""
     return {
-        "type": "object",
-        "properties": {
-            "reason": {"type": "string"},
-            "tool": {"type": "string", "enum": [tool.name for tool in tools]},
-            "args": {"type": "object", "additionalProperties": {"type": "string"}},
-        },
-        "required": ["reason", "tool", "args"],
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "reason": {"type": "string"},
+                    "tool": {"const": tool.name},
+                    "args": {
+                        "type": "object",
+                        "properties": {arg.name: {"type": "string"} for arg in tool.args},
+                        "required": [arg.name for arg in tool.args],
+                    },
+                },
+                "required": ["reason", "tool", "args"],
+            }
+            for tool in tools
+        ]
     }
 
 

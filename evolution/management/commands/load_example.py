@@ -56,7 +56,7 @@ class Command(BaseCommand):
             "its messages from the broker when they start; without it the rounds run in this process",
         )
         parser.add_argument(
-            "--candidates", type=int, default=None, help="candidates per round with --rounds (default 3; llm 2)"
+            "--candidates", type=int, default=None, help="candidates per round with --rounds (default 3; llm 1)"
         )
         parser.add_argument("--k", type=int, default=1, help="trials per task with --rounds")
 
@@ -65,7 +65,7 @@ class Command(BaseCommand):
         llm = agent == "llm"
         name = options["name"] or (f"{EXPERIMENT_NAME}-llm" if llm else EXPERIMENT_NAME)
         tasks = options["tasks"] if options["tasks"] is not None else (LLM_TASKS if llm else None)
-        candidates = options["candidates"] or (2 if llm else 3)
+        candidates = options["candidates"] or (1 if llm else 3)
         if (tasks is not None and tasks < 1) or candidates < 1 or options["k"] < 1:
             raise CommandError("--tasks, --candidates and --k must be at least 1")
         experiment = Experiment.objects.filter(name=name).first()
