@@ -40,6 +40,9 @@ INCLUDED_BY = {"requirements.txt": "requirements-dev.txt"}
 PR_SET_PDEATHSIG = 1
 # The name the local model's server answers to (evolution.llm_local.MODEL_ALIAS).
 LLM_MODEL = "smollm2-135m-instruct"
+# The cap on a trial's time (RSI_TRIAL_TIMEOUT) when the local model serves it, unless set: the example's
+# LLM evaluator allows 600 s.
+LLM_TRIAL_TIMEOUT = "600"
 
 
 def say(message: str) -> None:
@@ -434,6 +437,8 @@ def run() -> int:
             llm_url = f"http://127.0.0.1:{llm_port}/v1"
             for _, _, worker_env in workers:
                 worker_env.update(RSI_LLM_BASE_URL=llm_url, RSI_LLM_MODEL=LLM_MODEL)
+                # A trial waits behind the others, and the proposer, at a server answering one request at a time.
+                worker_env.setdefault("RSI_TRIAL_TIMEOUT", LLM_TRIAL_TIMEOUT)
             env.update(RSI_LLM_BASE_URL=llm_url, RSI_LLM_MODEL=LLM_MODEL)
         # The example's rounds are left to the workers started below, so the
         # screens are served at once and show the rounds moving; a run a

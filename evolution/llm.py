@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evolution import limits
@@ -80,6 +80,10 @@ class LLMConfig:
     temperature: float | None = 0.2
     max_tokens: int | None = None
     json_mode: bool = True  # response_format {"type": "json_object"}
+    # How an operator's answer schema is sent (JSON_SCHEMA_STYLES): "" none (the prompt describes it), "openai"
+    # response_format json_schema, "llama.cpp" json_object with a "schema" (llama.cpp's server then holds the
+    # answer to it, which a small local model needs).
+    json_schema: str = ""
     # Optional prices for the cost in usage ("cost_micro_usd"), per million tokens.
     price_input_per_mtok: float | None = None
     price_output_per_mtok: float | None = None
@@ -97,6 +101,28 @@ def _number(params: Mapping[str, Any], name: str, default: float | None, *, mini
     if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
         raise LLMConfigError(f'params "{name}" must be a number of at least {minimum:g}, not {value!r}')
     return float(value)
+
+
+JSON_SCHEMA_STYLES = ("", "openai", "llama.cpp")
+
+
+def _schema_style(params: Mapping[str, Any]) -> str:
+    style = params.get("json_schema", "")
+    if style not in JSON_SCHEMA_STYLES:
+        raise LLMConfigError(f'params "json_schema" must be one of "openai", "llama.cpp" or "", not {style!r}')
+    return str(style)
+
+
+def response_format(config: LLMConfig, schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What ``response_format`` asks of the server: nothing, any JSON object, or ``schema`` in the server's
+    own way (``config.json_schema``)."""
+    if not config.json_mode:
+        return None
+    if schema is None or not config.json_schema:
+        return {"type": "json_object"}
+    if config.json_schema == "openai":
+        return {"type": "json_schema", "json_schema": {"name": "answer", "schema": dict(schema)}}
+    return {"type": "json_object", "schema": dict(schema)}
 
 
 def config_from(params: Mapping[str, Any] | None = None, *, environ: Mapping[str, str] | None = None) -> LLMConfig:
@@ -139,6 +165,7 @@ def config_from(params: Mapping[str, Any] | None = None, *, environ: Mapping[str
         temperature=_number(params, "temperature", 0.2),
         max_tokens=max_tokens,
         json_mode=bool(params.get("json_mode", True)),
+        json_schema=_schema_style(params),
         price_input_per_mtok=_number(params, "price_input_per_mtok", None),
         price_output_per_mtok=_number(params, "price_output_per_mtok", None),
         headers=dict(headers),
@@ -215,6 +242,7 @@ def chat(
     messages: Sequence[Mapping[str, str]],
     *,
     json_mode: bool | None = None,
+    schema: Mapping[str, Any] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ChatResult:
     """One chat completion, retried on transient errors.
@@ -229,8 +257,10 @@ def chat(
         payload["temperature"] = config.temperature
     if config.max_tokens is not None:
         payload["max_tokens"] = config.max_tokens
-    if config.json_mode if json_mode is None else json_mode:
-        payload["response_format"] = {"type": "json_object"}
+    if json_mode is not None:
+        config = replace(config, json_mode=json_mode)
+    if (answer_format := response_format(config, schema)) is not None:
+        payload["response_format"] = answer_format
     body = json.dumps(payload).encode("utf-8")
     last = ""
     for attempt in range(config.max_retries + 1):
@@ -290,6 +320,7 @@ def chat_json(
     *,
     check: Callable[[Any], Any] = lambda document: document,
     repair_attempts: int = 1,
+    schema: Mapping[str, Any] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Any, dict[str, int]]:
     """Ask for a JSON answer and return ``(check(document), usage)``.
@@ -297,14 +328,15 @@ def chat_json(
     When the answer is not JSON, or ``check`` raises ValueError, the model is
     told what was wrong and asked again, ``repair_attempts`` times; then
     LLMResponseError names the last problem. ``usage`` sums every request,
-    and a raised LLMError carries it too.
+    and a raised LLMError carries it too. ``schema``: the answer's JSON schema, sent as the config's
+    ``json_schema`` style says (``check`` still checks every answer).
     """
     conversation = [dict(m) for m in messages]
     usage: dict[str, int] = {}
     problem = ""
     for _attempt in range(repair_attempts + 1):
         try:
-            result = chat(config, conversation, sleep=sleep)
+            result = chat(config, conversation, schema=schema, sleep=sleep)
         except LLMError as exc:
             raise type(exc)(str(exc), usage=add_usage(usage, exc.usage)) from None
         add_usage(usage, result.usage)

@@ -320,6 +320,30 @@ def apply_answer(parent_files: Mapping[str, bytes], document: Any) -> ParsedAnsw
     return ParsedAnswer(files=files, edits=edits, note=note if isinstance(note, str) else "")
 
 
+# The proposer's answer as a JSON schema, for servers that hold output to one (params "json_schema"). It asks
+# for whole files, the form a small model can fill; a diff is as welcome where no schema is sent.
+PROPOSAL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "edits": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "component": {"enum": list(COMPONENT_KINDS)},
+                    "hypothesis": {"type": "string"},
+                    "files": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}},
+                },
+                "required": ["component", "hypothesis", "files"],
+            },
+        },
+        "note": {"type": "string"},
+    },
+    "required": ["edits", "note"],
+}
+
+
 @operators.register("proposal", "llm")
 def llm_proposer(view: ProposerView) -> Proposal:
     """Ask the model for atomic edits and return the resulting file set.
@@ -339,7 +363,11 @@ def llm_proposer(view: ProposerView) -> Proposal:
     messages = proposer_messages(view)
     try:
         answer, usage = chat_json(
-            config, messages, check=lambda doc: apply_answer(view.parent_files, doc), repair_attempts=repairs
+            config,
+            messages,
+            check=lambda doc: apply_answer(view.parent_files, doc),
+            repair_attempts=repairs,
+            schema=PROPOSAL_SCHEMA,
         )
     except LLMError as exc:
         raise LLMProposalError(f"LLM proposer: {exc}", usage=exc.usage) from None

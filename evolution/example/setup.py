@@ -130,6 +130,8 @@ def example_recipe(*, rounds: int, candidates: int, k: int, proposer: str = "exa
 # The LLM operators' params in the example's LLM recipe: a small model on one CPU thread reads about a hundred
 # prompt tokens a second and writes about thirty, so prompts are kept short and answers bounded.
 LLM_PROPOSER_PARAMS = {
+    # llama.cpp's server holds the answer to the proposer's schema: a 135M model writes edits, not prose.
+    "json_schema": "llama.cpp",
     "timeout_seconds": 600,
     "max_retries": 2,
     "max_tokens": 600,

@@ -78,8 +78,9 @@ def llm(*, tasks: int = 16) -> BenchResult:
     port = free_port()
     url = llm_local.base_url(port)
     server = subprocess.Popen(llm_local.server_command(port=port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = {key: os.environ.get(key) for key in ("RSI_LLM_BASE_URL", "RSI_LLM_MODEL")}
-    os.environ.update(RSI_LLM_BASE_URL=url, RSI_LLM_MODEL=llm_local.MODEL_ALIAS)
+    saved = {key: os.environ.get(key) for key in ("RSI_LLM_BASE_URL", "RSI_LLM_MODEL", "RSI_TRIAL_TIMEOUT")}
+    # The trial worker started below inherits these: the endpoint, and time for a trial to wait its turn there.
+    os.environ.update(RSI_LLM_BASE_URL=url, RSI_LLM_MODEL=llm_local.MODEL_ALIAS, RSI_TRIAL_TIMEOUT="600")
     try:
         llm_local.wait_ready(url, timeout=180, alive=lambda: server.poll() is None)
         experiment = example_experiment_create(name=f"bench-llm-{port}-{time.time_ns()}", task_limit=tasks, agent="llm")

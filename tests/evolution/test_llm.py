@@ -273,3 +273,32 @@ def test_retry_after_is_capped_by_max_backoff(stub: Stub) -> None:
     chat(config_from(stub.params(max_backoff_seconds=5)), [], sleep=sleep)
     assert waits == [5.0]
     assert {429, 500, 503} <= llm.TRANSIENT_STATUSES
+
+
+@pytest.mark.parametrize(
+    ("style", "expected"),
+    [
+        ("", {"type": "json_object"}),
+        ("llama.cpp", {"type": "json_object", "schema": {"type": "object", "required": ["edits"]}}),
+        (
+            "openai",
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": {"type": "object", "required": ["edits"]}},
+            },
+        ),
+    ],
+)
+def test_an_answer_schema_is_sent_in_the_style_the_params_name(stub: Stub, style: str, expected: Any) -> None:
+    stub.replies = [completion('{"edits": []}')]
+    schema = {"type": "object", "required": ["edits"]}
+    chat_json(config_from(stub.params(json_schema=style)), [{"role": "user", "content": "hi"}], schema=schema)
+    assert stub.requests[0]["response_format"] == expected
+
+
+def test_an_unknown_schema_style_is_named_and_json_mode_off_sends_no_format(stub: Stub) -> None:
+    with pytest.raises(LLMConfigError, match='"json_schema" must be one of'):
+        config_from(stub.params(json_schema="xml"))
+    stub.replies = [completion("{}")]
+    chat(config_from(stub.params(json_mode=False, json_schema="openai")), [{"role": "user", "content": "hi"}])
+    assert "response_format" not in stub.requests[0]

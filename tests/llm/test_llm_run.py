@@ -49,7 +49,7 @@ def test_most_at_once_counts_overlaps() -> None:
 def test_two_rounds_with_the_local_model_through_workers(
     local_llm: str, start_worker: Any, monkeypatch: pytest.MonkeyPatch, browser: Any, live_server: Any, make_user: Any
 ) -> None:
-    endpoint = {"RSI_LLM_BASE_URL": local_llm, "RSI_LLM_MODEL": llm_local.MODEL_ALIAS}
+    endpoint = {"RSI_LLM_BASE_URL": local_llm, "RSI_LLM_MODEL": llm_local.MODEL_ALIAS, "RSI_TRIAL_TIMEOUT": "600"}
     for key, value in endpoint.items():
         monkeypatch.setenv(key, value)
     out = io.StringIO()
