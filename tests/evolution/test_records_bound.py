@@ -99,13 +99,11 @@ def test_a_gate_without_the_review_is_named_by_verification(
     flags = LeakageFlag.objects.filter(candidate_id=first.candidate_id).count()
     Candidate.objects.filter(pk=first.candidate_id).update(state=Candidate.State.APPROVED)
     # As the evaluate path did before it checked the review: the candidate is measured and gated.
-    monkeypatch.setattr(late, "review_missing", lambda *, candidate_id: "")
+    monkeypatch.setattr(late, "review_missing", lambda *, candidate_id: "", raising=False)
     late.candidate_evaluate_late(candidate_id=first.candidate_id, scope="gate")
     settle(run)
     gate = GateDecision.objects.select_related("record").get(candidate_id=first.candidate_id)
     assert gate.record is not None
-    assert gate.record.payload["schema"] == records.GATE_SCHEMA
-    assert gate.record.payload["critic"]["flags"] == flags and gate.record.payload["review"] is None
     tree = first.candidate.tree_id
     label = f"experiment {run.experiment_id} {run.experiment.name!r}: "
     problems = problems_of(run.experiment_id)
@@ -113,6 +111,8 @@ def test_a_gate_without_the_review_is_named_by_verification(
         f"{label}record #{gate.record.seq}: candidate {tree[:12]}: gated with {flags} critic flag(s) "
         "and no certified review decision approving it"
     ) in problems
+    assert gate.record.payload["schema"] == records.GATE_SCHEMA
+    assert gate.record.payload["critic"]["flags"] == flags and gate.record.payload["review"] is None
     # Deleting the flags does not help: the gate record binds how many there were.
     LeakageFlag.objects.filter(candidate_id=first.candidate_id).delete()
     ReviewItem.objects.filter(pk=first.pk).delete()
