@@ -489,7 +489,8 @@ def run() -> int:
     finally:
         killed = stop_children(children)
     if stopped_by:
-        say(f"stopped by {stopped_by}: web server and workers" if children else f"stopped by {stopped_by}")
+        stopped = "web server and workers" + (", and the local model" if llm else "")
+        say(f"stopped by {stopped_by}: {stopped}" if children else f"stopped by {stopped_by}")
     if killed:
         say(f"{', '.join(killed)} did not stop within {STOP_GRACE_SECONDS:g} s of SIGTERM and was killed")
     failed = [name for name, p in children if p.returncode not in (0, -signal.SIGTERM, None) and name not in killed]

@@ -255,6 +255,14 @@ class Start:
         if left:
             raise self.fail(f"processes left running after SIGTERM: {left}")
 
+    def kill_all(self) -> None:
+        """Whatever state a failed check left: ``dev.py`` and everything it started, killed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in started_by(self.folder, set(self.children)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def check_no_traceback(self) -> None:
         if "Traceback (most recent call last)" in self.output():
             raise self.fail("the output holds a traceback")
@@ -306,11 +314,7 @@ def check(folder: Path, rounds: int) -> list[str]:
         first.stop()
         say("first start: SIGTERM stopped it (status 0), nothing left running")
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.process.pid, signal.SIGKILL)
-        for pid in started_by(folder, set(first.children)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        first.kill_all()
         raise
 
     stopped_at = first.run_state()
@@ -332,11 +336,7 @@ def check(folder: Path, rounds: int) -> list[str]:
         second.stop()
         say("second start: SIGTERM stopped it (status 0), nothing left running")
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(second.process.pid, signal.SIGKILL)
-        for pid in started_by(folder, set(second.children)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        second.kill_all()
         raise
 
     verify = subprocess.run(

@@ -5,7 +5,6 @@ starts them)."""
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -19,27 +18,11 @@ from evolution.loop.state import RunState
 from evolution.models import Candidate, Experiment, Run, TrajectoryStep, Trial
 from evolution.services.annotations import labels_available
 from tests.conftest import wait_until
+from tests.evolution.test_trial_slots import _max_overlap
 from tests.review.test_browser import Journey
 
 ROUNDS = 2
 ENDED = {Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.PAUSED}
-
-
-def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
-    """The most intervals that overlap at one moment."""
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    busy = peak = 0
-    for _, change in events:
-        busy += change
-        peak = max(peak, busy)
-    return peak
-
-
-def test_most_at_once_counts_overlaps() -> None:
-    t = [datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC) for s in range(6)]
-    assert most_at_once([(t[0], t[2]), (t[1], t[3]), (t[4], t[5])]) == 2
-    # A trial that ends as another starts was not in flight beside it.
-    assert most_at_once([(t[0], t[1]), (t[1], t[2])]) == 1
 
 
 @pytest.mark.slow
@@ -86,7 +69,7 @@ def test_two_rounds_with_the_local_model_through_workers(
     spans = [(t.started_at, t.finished_at) for t in trials if t.started_at and t.finished_at]
     assert len(spans) == trials.count()
     assert experiment.endpoint is not None
-    assert most_at_once(spans) <= experiment.endpoint.max_in_flight
+    assert _max_overlap(spans) <= experiment.endpoint.max_in_flight
 
     # Every slot of every round is a candidate the model proposed or a refusal with its reason, and the model
     # answered at least once with tokens of its own.

@@ -27,6 +27,7 @@ from types import ModuleType
 
 import pytest
 
+from lab.first_start import proc_stat as _stat
 from tests.conftest import REPO_ROOT
 
 DEV = REPO_ROOT / "dev.py"
@@ -86,16 +87,6 @@ def _default_signals() -> None:
     # not passed on to dev.py (it keeps a signal it was started ignoring).
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_DFL)
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, session) of ``pid``, None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    state, ppid, _pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
-    return state, int(ppid), int(session)
 
 
 def _all_pids() -> list[int]:

@@ -754,18 +754,24 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(run_trial: Any, doc: str, name: str, argv: list[str] | None) -> int:
+    """An agent's command line (``--harness --task --output --seed``): ``run_trial`` runs the trial; exit 2,
+    with the reason on stderr, when it returns an ``error``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--harness", required=True, type=Path)
     parser.add_argument("--task", required=True, type=Path)
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--seed", required=True, type=int)
     options = parser.parse_args(argv)
-    result = run(options.harness, options.task, options.output, options.seed)
+    result = run_trial(options.harness, options.task, options.output, options.seed)
     if "error" in result:
-        print(f"agent: {result['error']}", file=sys.stderr)
+        print(f"{name}: {result['error']}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(run, __doc__ or "", "agent", argv)
 
 
 if __name__ == "__main__":

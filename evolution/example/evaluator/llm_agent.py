@@ -22,7 +22,6 @@ run finished (whether or not it submitted), 2 when the harness, the task or the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,7 +32,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent import Harness, HarnessError, ToolSpec, _tool_definition, _write_json, is_valid, load_harness, read_task
+from agent import (
+    Harness,
+    HarnessError,
+    ToolSpec,
+    _tool_definition,
+    _write_json,
+    cli,
+    is_valid,
+    load_harness,
+    read_task,
+)
 
 AGENT_NAME = "llm-support-router"
 AGENT_VERSION = "1.0.0"
@@ -265,17 +274,7 @@ def drive(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--harness", required=True, type=Path)
-    parser.add_argument("--task", required=True, type=Path)
-    parser.add_argument("--output", required=True, type=Path)
-    parser.add_argument("--seed", required=True, type=int)
-    options = parser.parse_args(argv)
-    result = run(options.harness, options.task, options.output, options.seed)
-    if "error" in result:
-        print(f"llm agent: {result['error']}", file=sys.stderr)
-        return 2
-    return 0
+    return cli(run, __doc__ or "", "llm agent", argv)
 
 
 if __name__ == "__main__":
