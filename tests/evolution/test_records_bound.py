@@ -201,7 +201,8 @@ def extra_certified_evaluation(run: Run) -> str:
 
 def reparent(run: Run) -> str:
     candidate = Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_GATE).order_by("pk")[0]
-    other = Candidate.objects.filter(run=run).exclude(pk=candidate.pk).exclude(pk=candidate.parent_id).order_by("pk")[0]
+    others = Candidate.objects.filter(run=run).exclude(pk=candidate.pk)
+    other = (others.exclude(pk=candidate.parent_id) if candidate.parent_id is not None else others).order_by("pk")[0]
     Candidate.objects.filter(pk=candidate.pk).update(parent=other)
     seq = candidate.certified_results.order_by("seq")[0].seq
     return f"record #{seq}: candidate parent differ(s) from the certified one"
