@@ -6,7 +6,9 @@ trial worker of eight thread slots, as ``dev.py run`` starts it, under the endpo
 rate is the tokens the server reported in the trials' steps over the wall time from ``evaluation_start`` to
 the certified record. The baseline sends the same requests (each trial's messages, schema, temperature and
 seed, rebuilt from its stored trajectory) straight to the same server, with as many in flight as the
-endpoint allows, in the same run. The ratio is baseline tokens per second over the platform's (target 1.10).
+endpoint allows, in the same run. One request with the harness's system message goes first, so neither side
+pays the server's first read of the prompt they share. The ratio is baseline tokens per second over the
+platform's (target 1.10).
 """
 
 from __future__ import annotations
@@ -31,18 +33,22 @@ from lab.processes import free_port
 SLOTS = 8
 
 
-def _request(trial: Trial) -> dict[str, Any]:
-    """The body of the trial's first request, as llm_agent.py built it: its system and user steps, the
-    harness's tools as the answer schema, its temperature and the trial's seed."""
+def _agent() -> Any:
+    """``llm_agent.py`` of the example's evaluator, imported as the trials run it (beside ``agent.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evolution" / "example" / "evaluator"))
     try:
-        from agent import load_harness  # type: ignore[import-not-found]
-        from llm_agent import MAX_ANSWER_TOKENS, answer_schema  # type: ignore[import-not-found]
-
-        from evolution.example.setup import EXAMPLE_DIR
+        import llm_agent  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
-    harness = load_harness(EXAMPLE_DIR / "harness")
+    return llm_agent
+
+
+def _request(trial: Trial, agent: Any) -> dict[str, Any]:
+    """The body of the trial's first request, as llm_agent.py built it: its system and user steps, the
+    harness's tools as the answer schema, its temperature and the trial's seed."""
+    from evolution.example.setup import EXAMPLE_DIR
+
+    harness = agent.load_harness(EXAMPLE_DIR / "harness")
     steps = TrajectoryStep.objects.filter(trajectory__trial=trial, source__in=["system", "user"]).order_by("step_id")
     system, user = (step.message for step in list(steps)[:2])
     return {
@@ -50,9 +56,18 @@ def _request(trial: Trial) -> dict[str, Any]:
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         "temperature": harness.settings.temperature,
         "seed": trial.seed,
-        "max_tokens": MAX_ANSWER_TOKENS,
-        "response_format": {"type": "json_object", "schema": answer_schema(harness.tools)},
+        "max_tokens": agent.MAX_ANSWER_TOKENS,
+        "response_format": {"type": "json_object", "schema": agent.answer_schema(harness.tools)},
     }
+
+
+def _warm(url: str, agent: Any) -> None:
+    """One request with the seed harness's system message, so neither side pays the server's first read of
+    it: the server keeps the last prompt's prefix, which every trial's request shares."""
+    from evolution.example.setup import EXAMPLE_DIR
+
+    system = agent.system_message(agent.load_harness(EXAMPLE_DIR / "harness"))
+    _post(url, {"model": llm_local.MODEL_ALIAS, "messages": [{"role": "system", "content": system}], "max_tokens": 1})
 
 
 def _post(url: str, body: dict[str, Any]) -> int:
@@ -83,6 +98,8 @@ def llm(*, tasks: int = 16) -> BenchResult:
     os.environ.update(RSI_LLM_BASE_URL=url, RSI_LLM_MODEL=llm_local.MODEL_ALIAS, RSI_TRIAL_TIMEOUT="600")
     try:
         llm_local.wait_ready(url, timeout=180, alive=lambda: server.poll() is None)
+        agent = _agent()
+        _warm(url, agent)
         experiment = example_experiment_create(name=f"bench-llm-{port}-{time.time_ns()}", task_limit=tasks, agent="llm")
 
         def body(experiment: Experiment, scratch: Path) -> BenchResult:
@@ -104,7 +121,7 @@ def llm(*, tasks: int = 16) -> BenchResult:
             platform_tokens = sum(trial.tokens or 0 for trial in trials)
             platform_seconds = certified - began
             calls = TrajectoryStep.objects.filter(trajectory__trial__evaluation=evaluation, source="agent").count()
-            bodies = [_request(trial) for trial in trials]
+            bodies = [_request(trial, agent) for trial in trials]
             assert experiment.endpoint is not None
             in_flight = experiment.endpoint.max_in_flight
             start = time.perf_counter()
