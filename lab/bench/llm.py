@@ -27,7 +27,7 @@ from evolution import llm_local
 from evolution.models import Evaluation, Experiment, TrajectoryStep, Trial
 from evolution.services import evaluation as evaluation_services
 from lab.bench import BenchResult, benchmark
-from lab.bench.orchestration import _discarded_after, wait_certified, worker_start
+from lab.bench.orchestration import wait_certified, with_example_experiment, worker_start
 from lab.processes import free_port
 
 SLOTS = 8
@@ -88,8 +88,6 @@ def _post(url: str, body: dict[str, Any]) -> int:
     quick={"tasks": 4},
 )
 def llm(*, tasks: int = 16) -> BenchResult:
-    from evolution.example.setup import example_experiment_create
-
     port = free_port()
     url = llm_local.base_url(port)
     server = subprocess.Popen(llm_local.server_command(port=port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -100,7 +98,6 @@ def llm(*, tasks: int = 16) -> BenchResult:
         llm_local.wait_ready(url, timeout=180, alive=lambda: server.poll() is None)
         agent = _agent()
         _warm(url, agent)
-        experiment = example_experiment_create(name=f"bench-llm-{port}-{time.time_ns()}", task_limit=tasks, agent="llm")
 
         def body(experiment: Experiment, scratch: Path) -> BenchResult:
             seed = experiment.seed_candidate
@@ -149,7 +146,7 @@ def llm(*, tasks: int = 16) -> BenchResult:
                 },
             )
 
-        return _discarded_after(experiment, "llm", body)
+        return with_example_experiment("llm", tasks, body, agent="llm")
     finally:
         server.terminate()
         server.wait(timeout=30)

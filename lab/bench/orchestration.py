@@ -487,12 +487,16 @@ def vacuum_churned() -> None:
         cursor.execute(f"VACUUM (ANALYZE) {', '.join(quote(model._meta.db_table) for model in _CHURNED)}")
 
 
-def with_example_experiment(label: str, tasks: int, body: Callable[[Experiment, Path], BenchResult]) -> BenchResult:
+def with_example_experiment(
+    label: str, tasks: int, body: Callable[[Experiment, Path], BenchResult], *, agent: str = "scripted"
+) -> BenchResult:
     """Run ``body(experiment, scratch_dir)`` on a new experiment of the bundled
-    example (its first ``tasks`` tasks) and clean up whatever happens."""
+    example (its first ``tasks`` tasks, its ``agent``: the scripted policy or
+    the model's, ``example_experiment_create``) and clean up whatever happens."""
     from evolution.example.setup import example_experiment_create
 
-    experiment = example_experiment_create(name=f"bench-{label}-{uuid.uuid4().hex[:10]}", task_limit=tasks)
+    name = f"bench-{label}-{uuid.uuid4().hex[:10]}"
+    experiment = example_experiment_create(name=name, task_limit=tasks, agent=agent)
     return _discarded_after(experiment, label, body)
 
 
