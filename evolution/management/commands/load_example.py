@@ -15,6 +15,7 @@ from evolution.example.setup import (
     example_run_drive,
 )
 from evolution.loop.enqueue import enqueue_advance
+from evolution.loop.lifecycle import LoopError
 from evolution.models import Experiment, Run
 
 ACTIVE = (Run.Status.PENDING, Run.Status.RUNNING)
@@ -88,13 +89,16 @@ class Command(BaseCommand):
         run = experiment.runs.order_by("pk").first()
         if run is None:
             rounds = options["rounds"]
-            run = example_run_create(
-                experiment=experiment,
-                rounds=rounds,
-                candidates=candidates,
-                k=options["k"],
-                proposer="llm" if llm else "example",
-            )
+            try:
+                run = example_run_create(
+                    experiment=experiment,
+                    rounds=rounds,
+                    candidates=candidates,
+                    k=options["k"],
+                    proposer="llm" if llm else "example",
+                )
+            except LoopError as exc:  # e.g. --agent llm with no endpoint configured: it says which variables
+                raise CommandError(f"the example's run was not started: {exc}") from exc
             self.stdout.write(f"started the example's run {run.pk}: {rounds} round(s) {where}")
         elif run.status in ACTIVE:
             # Interrupted midway (the previous start was stopped): every step resumes from the database.
