@@ -27,7 +27,9 @@ OpenAI-style message list is converted) and ``usage.json`` (``tokens`` =
 prompt + completion tokens, ``steps``), from the agent's usage file or else
 the trajectory's ``final_metrics``; and ``agent.log``, the tail of the
 agent's stdout and stderr. Exit status: the agent's own, 124 when it ran out
-of time, 2 when the configuration is unusable.
+of time, 2 when the configuration or the agent's trajectory or usage file is
+unusable (JSON, and a tool call's arguments string, over the platform's input
+limits included).
 """
 
 from __future__ import annotations
@@ -52,10 +54,46 @@ PLACEHOLDERS = ("python", "harness", "task", "instruction", "output", "workspace
 _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 TRAJECTORY_FORMATS = ("atif", "openai-messages")
 EPOCH = "2026-01-01T00:00:00Z"
+# The default of RSI_MAX_INPUT_DEPTH (evolution/limits.py): this file runs in the
+# sandbox with the standard library only, so it cannot read the setting (a test keeps the two equal).
+MAX_INPUT_DEPTH = 100
+# A JSON string from its opening quote to its closing one (or the end of the text), as evolution/limits.py skips them.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 class ConfigError(Exception):
     """The harness's agent configuration cannot be used."""
+
+
+class InputLimitError(ValueError):
+    """JSON over the platform's input limits; the message is one line naming the limit."""
+
+
+def json_loads_limited(text: str, *, what: str) -> Any:
+    """``json.loads(text)`` within the limits evolution/limits.py's ``json_loads``
+    sets (it cannot be imported here): nesting over MAX_INPUT_DEPTH is refused
+    before the parser recurses into it, and an integer over Python's digit
+    limit is refused instead of raising a bare ValueError. InputLimitError
+    naming ``what``, or json.JSONDecodeError as ``json.loads`` raises it."""
+    if text.count("[") + text.count("{") > MAX_INPUT_DEPTH:
+        depth = 0
+        for bracket in _BRACKET.finditer(_STRING.sub("", text)):
+            depth += 1 if bracket.group() in "[{" else -1
+            if depth > MAX_INPUT_DEPTH:
+                raise InputLimitError(f"{what} is nested more than {MAX_INPUT_DEPTH} levels deep (RSI_MAX_INPUT_DEPTH)")
+            if depth < 0:
+                break  # a closing bracket too many: json.loads stops there
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        raise InputLimitError(
+            f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits (Python's int_max_str_digits)"
+        ) from None
 
 
 def substitute(template: str, values: dict[str, str]) -> str:
@@ -125,12 +163,15 @@ def messages_to_atif(messages: Any, *, agent: str = "cli-agent") -> dict[str, An
         for call in message.get("tool_calls") or []:
             function = call.get("function") or {}
             arguments = function.get("arguments", {})
+            call_id = str(call.get("id") or f"call_{len(calls) + 1}")
             if isinstance(arguments, str):
+                # The string is a JSON document of its own, so it gets the limits the file it came in got.
                 try:
-                    arguments = json.loads(arguments)
+                    arguments = json_loads_limited(arguments, what=f"tool call {call_id!r} (its arguments string)")
+                except InputLimitError as exc:
+                    raise ValueError(f"message {position}: {exc}") from None
                 except json.JSONDecodeError:
                     arguments = {"raw": arguments}
-            call_id = str(call.get("id") or f"call_{len(calls) + 1}")
             tool_calls.append(
                 {"tool_call_id": call_id, "function_name": function.get("name", ""), "arguments": arguments}
             )
@@ -197,7 +238,9 @@ def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json_loads_limited(path.read_text(encoding="utf-8"), what=path.name)
+    except InputLimitError as exc:
+        raise ConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path.name} is not valid JSON: {exc}") from exc
 
