@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from evolution.services.experiments import TaskInput
-from evolution.trees import FileEntry
+from evolution.trees import FileEntry, SnapshotError, open_inside
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 MAX_TASK_FILES = 200
@@ -32,13 +32,44 @@ class HarborFolderError(ValueError):
     """The folder does not follow the layout; the message names the file."""
 
 
-def _files(root: Path) -> dict[str, bytes]:
+class HarborFolderRefused(HarborFolderError):
+    """A symbolic link (or a file that is not a regular one) where the
+    reader reads: refused, so nothing outside the folder is read."""
+
+
+def _not_followed(path: Path) -> HarborFolderRefused:
+    return HarborFolderRefused(f"{path}: a symbolic link (links are not followed)")
+
+
+def _text(folder: Path, name: str) -> str | None:
+    """The UTF-8 text of the file ``name`` in the task folder, None when it
+    is missing; a link is refused, not followed (``open_inside``)."""
+    try:
+        with open_inside(folder, name) as stream:
+            data = stream.read()
+    except FileNotFoundError:
+        return None
+    except SnapshotError as exc:
+        raise HarborFolderRefused(f"{folder}/{exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HarborFolderError(f"{folder / name}: must be UTF-8 text") from None
+
+
+def _files(folder: Path, relative: str) -> dict[str, bytes]:
+    """The files under ``folder/relative``; a link there, or on the way there, is refused."""
+    root = folder
+    for part in relative.split("/"):
+        root = root / part
+        if root.is_symlink():
+            raise _not_followed(root)
     if not root.is_dir():
         return {}
     found = {}
     for path in sorted(root.rglob("*")):
         if path.is_symlink():
-            raise HarborFolderError(f"{path}: symbolic links are not allowed in a task")
+            raise _not_followed(path)
         if path.is_file():
             found[path.relative_to(root).as_posix()] = path.read_bytes()
     if len(found) > MAX_TASK_FILES:
@@ -47,29 +78,33 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def read_task(folder: Path) -> TaskInput:
-    """One task folder; HarborFolderError naming the file at fault."""
+    """One task folder; HarborFolderError naming the file at fault,
+    HarborFolderRefused for a symbolic link (the folder, a file read, or a
+    folder on the way to one), which is never followed."""
     task_id = folder.name
     if not TASK_ID.fullmatch(task_id):
         raise HarborFolderError(f"{folder}: task folder names use letters, digits, '.', '_' and '-'")
-    instruction_file = folder / "instruction.md"
-    if not instruction_file.is_file():
-        raise HarborFolderError(f"{instruction_file}: missing")
-    instruction = instruction_file.read_text(encoding="utf-8")
+    if folder.is_symlink():
+        raise _not_followed(folder)
+    instruction = _text(folder, "instruction.md")
+    if instruction is None:
+        raise HarborFolderError(f"{folder / 'instruction.md'}: missing")
     config: dict[str, Any] = {}
-    if (folder / "task.toml").is_file():
+    config_text = _text(folder, "task.toml")
+    if config_text is not None:
         try:
-            config = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+            config = tomllib.loads(config_text)
         except tomllib.TOMLDecodeError as exc:
             raise HarborFolderError(f"{folder / 'task.toml'}: {exc}") from exc
     tests: dict[str, str] = {}
-    for name, data in _files(folder / "tests").items():
+    for name, data in _files(folder, "tests").items():
         try:
             tests[name] = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise HarborFolderError(f"{folder / 'tests' / name}: test files must be UTF-8 text") from exc
     if "test.sh" not in tests:
         raise HarborFolderError(f"{folder / 'tests' / 'test.sh'}: missing")
-    workspace = _files(folder / "environment" / "workspace")
+    workspace = _files(folder, "environment/workspace")
     verifier = config.get("verifier") or {}
     agent = config.get("agent") or {}
     expected = {
@@ -92,7 +127,8 @@ def read_task(folder: Path) -> TaskInput:
 
 
 def read_tasks(root: Path) -> list[TaskInput]:
-    """Every task folder under ``root`` (sorted by id)."""
+    """Every task folder under ``root`` (sorted by id); a link to a folder
+    is refused (HarborFolderRefused), not followed."""
     if not root.is_dir():
         raise HarborFolderError(f"{root}: no tasks folder")
     tasks = [read_task(folder) for folder in sorted(root.iterdir()) if folder.is_dir()]

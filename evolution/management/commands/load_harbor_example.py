@@ -1,4 +1,9 @@
-"""Load the Harbor-style worked example (benchmark, evaluator, surface, experiment). Idempotent."""
+"""Load the Harbor-style worked example (benchmark, evaluator, surface, experiment). Idempotent.
+
+Exit codes: 0 loaded (or there already), 1 a folder that does not follow the
+layout, 2 a symbolic link where a task is read (refused, not followed); the
+message names the file, and nothing is written on error.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ class Command(BaseCommand):
             return
         try:
             experiment = harbor_experiment_create(folder=options["folder"], name=name)
+        except harbor.HarborFolderRefused as exc:
+            raise CommandError(f"cannot load {options['folder']}: {exc}", returncode=2) from exc
         except (harbor.HarborFolderError, ExperimentError, OSError, KeyError, tomllib.TOMLDecodeError) as exc:
             raise CommandError(f"cannot load {options['folder']}: {exc}") from exc
         counts = {
