@@ -550,7 +550,32 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
             result = _infra_error(f"{type(exc).__name__}: {exc}")
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        return trial_finish(trial=trial, owner=owner, result=result)
+        finished = trial_finish(trial=trial, owner=owner, result=result)
+    held_back_wake(trial=trial)
+    return finished
+
+
+def held_back_wake(*, trial: Trial) -> int | None:
+    """After a trial under a limit on trials in flight ends, send a message for one trial that the limit held
+    back, so the freed slot is taken at once, not when that trial's backed-off message comes round (up to
+    HELD_BACK_MAX_SECONDS later: the endpoint sat idle meanwhile, ``bench llm``). Returns its id, or None when
+    nothing waits or the experiment has no limit (then it costs no query). Safe to repeat: a claim takes a
+    pending trial once, and its own delayed message later finds it claimed or finished."""
+    experiment = trial.evaluation.experiment
+    if experiment.max_trials_in_flight is None and experiment.endpoint_id is None:
+        return None
+    # Held back: pending, with the lease the hold set so that the reaper does not send it too.
+    waiting = Trial.objects.filter(
+        state=Trial.State.PENDING, lease_expires_at__gt=timezone.now(), evaluation__state=Evaluation.State.RUNNING
+    )
+    if experiment.endpoint_id is not None:
+        waiting = waiting.filter(evaluation__experiment__endpoint_id=experiment.endpoint_id)
+    else:
+        waiting = waiting.filter(evaluation__experiment_id=experiment.pk)
+    next_id = waiting.order_by("pk").values_list("pk", flat=True).first()
+    if next_id is not None:
+        _enqueue_trials([next_id])
+    return next_id
 
 
 def trial_execute_in_process(*, trial_id: int, owner: str | None = None) -> bool:

@@ -167,6 +167,38 @@ def test_a_trial_is_held_back_at_its_experiments_limit_and_claimed_once_a_slot_f
 
 
 @pytest.mark.django_db
+def test_a_finished_trial_sends_one_held_back_trial_of_its_endpoint_at_once(
+    monkeypatch: pytest.MonkeyPatch, django_assert_num_queries: Any
+) -> None:
+    sent: list[list[int]] = []
+    monkeypatch.setattr(evaluation_services, "_enqueue_trials", lambda ids: sent.append(list(ids)))
+    endpoint = ModelEndpoint.objects.create(name="one-at-a-time", max_in_flight=1)
+    experiment = make_tiny_experiment(tasks=3, k=1)
+    Experiment.objects.filter(pk=experiment.pk).update(endpoint=endpoint)
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=sorted(experiment.split_digests)
+    )
+    first, second, third = Trial.objects.filter(evaluation=evaluation).order_by("pk")
+    assert evaluation_services.trial_claim(trial_id=first.pk, owner="w1") is not None
+    for waiting in (second, third):
+        with pytest.raises(evaluation_services.TrialHeldBack):
+            evaluation_services.trial_claim(trial_id=waiting.pk, owner="w2")
+    # Its claim given back, the first is run through: the oldest trial the limit held back is sent as it
+    # ends, not after that trial's backoff.
+    Trial.objects.filter(pk=first.pk).update(state=Trial.State.PENDING, lease_owner="", attempt=0)
+    sent.clear()
+    assert evaluation_services.trial_execute(trial_id=first.pk, owner="w1") is True
+    assert Trial.objects.get(pk=first.pk).state == Trial.State.DONE
+    assert sent == [[second.pk]]
+
+    # Without a limit nothing waits, and finding that out costs no query.
+    unlimited = Trial.objects.select_related("evaluation__experiment").get(pk=first.pk)
+    unlimited.evaluation.experiment.endpoint_id = None
+    with django_assert_num_queries(0):
+        assert evaluation_services.held_back_wake(trial=unlimited) is None
+
+
+@pytest.mark.django_db
 def test_a_model_endpoints_limit_is_shared_by_every_experiment_calling_it() -> None:
     endpoint = ModelEndpoint.objects.create(name="provider-x", max_in_flight=2)
     one, two = make_tiny_experiment(tasks=2, k=1), make_tiny_experiment(tasks=2, k=1)
