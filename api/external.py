@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.permissions import requires
+from evolution import access
 from evolution.models import Candidate
 from evolution.services.external import (
     MAX_COUNTS,
@@ -34,7 +35,6 @@ from evolution.services.harbor_jobs import (
     harbor_job_from_documents,
     harbor_job_store,
 )
-from review import access
 
 
 class ExternalResultInput(serializers.Serializer):

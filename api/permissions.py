@@ -1,4 +1,4 @@
-"""The API's permissions are the screens' (review.access): the same roles."""
+"""The API's permissions are the screens' (evolution.access): the same roles."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework.permissions import BasePermission
 
-from review import access
+from evolution import access
 
 
 class CanView(BasePermission):

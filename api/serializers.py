@@ -2,7 +2,7 @@
 
 Output serializers are read-only and name their fields explicitly: a task's
 ``expected`` answer is never among them, and per-task sealed data is removed
-by the views (``review.access.hide_sealed``) before it reaches a serializer.
+by the views (``evolution.access.hide_sealed``) before it reaches a serializer.
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
 class LeakageFlagSerializer(serializers.ModelSerializer):
     """A flag; its task, matched text and evidence only when the task may be seen
-    (``review.flags.flag_task_visible``: a sealed task needs the sealed permission)."""
+    (``evolution.flags.flag_task_visible``: a sealed task needs the sealed permission)."""
 
     task_visible = serializers.SerializerMethodField()
     task = serializers.SerializerMethodField()

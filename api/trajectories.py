@@ -35,7 +35,7 @@ from rest_framework.views import APIView
 
 from api import parsers
 from api.permissions import CanView
-from evolution import limits
+from evolution import access, limits
 from evolution.models import Trial
 from evolution.services.trajectories import (
     TrajectoryBatchError,
@@ -45,7 +45,6 @@ from evolution.services.trajectories import (
     trajectory_import,
 )
 from evolution.trajectory_formats import FORMATS
-from review import access
 
 
 class CanImportTrajectories(BasePermission):

@@ -3,7 +3,7 @@
 Reads have the screens' rules: every role reads, per-task sealed rows
 (trials, trajectories, sealed rows of a record's payload, the task behind a
 flag) only with ``view_sealed_details`` — the querysets start from
-``review.access.hide_sealed`` so lists, filters and detail (404) agree.
+``evolution.access.hide_sealed`` so lists, filters and detail (404) agree.
 Writes need the screens' permissions and go through the same services as
 the screens; each service writes in one transaction, so a refused request
 leaves nothing behind.
@@ -28,6 +28,8 @@ from api import filters
 from api import serializers as out
 from api.pagination import Cursor
 from api.permissions import requires
+from evolution import access
+from evolution.flags import flag_task_visible, with_task_access
 from evolution.loop import late, lifecycle
 from evolution.models import (
     Annotation,
@@ -46,12 +48,10 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import RecipeError
+from evolution.selectors import recipe_for_start
 from evolution.services import annotations as annotation_services
 from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
-from review import access
-from review.flags import flag_task_visible, with_task_access
-from review.selectors import recipe_for_start
 
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description="field-level messages, or {'detail': ...}")
 TEXT = {(200, "text/plain"): OpenApiTypes.STR}

@@ -247,7 +247,7 @@ class Experiment(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        # The roles of the review application (review.access) are made of these.
+        # The roles (evolution.access) the screens and the API check are made of these.
         permissions: ClassVar = [
             ("view_sealed_details", "Can see per-task sealed results and sealed trajectories"),
             ("review_leakage", "Can claim and decide leakage-flagged candidates"),

@@ -12,17 +12,19 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from evolution import metrics
-from evolution.loop import load, measure
+from evolution.loop import lifecycle, load, measure
 from evolution.models import (
     Candidate,
     CertifiedResult,
     Evaluation,
     EvaluationSplitStats,
     Experiment,
+    Run,
     SplitMembership,
     SplitName,
     Trial,
 )
+from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict
 
 
 def _count_of(queryset: QuerySet[Any]) -> Coalesce:
@@ -575,3 +577,26 @@ def in_flight(*, experiment: Experiment) -> InFlight:
         endpoint=trials_in_flight(endpoint_id=endpoint.pk) if endpoint else None,
         endpoint_limit=endpoint.max_in_flight if endpoint else None,
     )
+
+
+def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round: int | None) -> Recipe:
+    """The recipe a start request names: a preset, or ``run-<pk>`` for the
+    recipe of one of the experiment's runs; with ``candidates_per_round``
+    overriding its own (``lifecycle.run_create`` overrides rounds, k and the
+    proposer itself, and checks the operators after its overrides, so they
+    are not checked here: the preset's proposer may be replaced).
+    Raises RecipeError or LoopError. The start form and ``POST /api/v1/runs/`` both call it."""
+    if name in PRESET_NAMES:
+        recipe = load_preset(name)
+    elif name.startswith("run-") and name[4:].isdigit():
+        run = Run.objects.filter(pk=int(name[4:]), experiment=experiment).select_related("recipe").first()
+        if run is None:
+            raise lifecycle.LoopError(f"no run {name[4:]} in this experiment")
+        recipe = parse_recipe(run.recipe.spec)
+    else:
+        raise lifecycle.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
+    if candidates_per_round is not None and candidates_per_round != recipe.candidates_per_round:
+        data = recipe_to_dict(recipe)
+        data["candidates_per_round"] = candidates_per_round
+        recipe = parse_recipe(data)
+    return recipe

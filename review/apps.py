@@ -9,7 +9,7 @@ class ReviewConfig(AppConfig):
     verbose_name = "Review"
 
     def ready(self) -> None:
-        from review.access import roles_ensure
+        from evolution.access import roles_ensure
 
         # After every migrate, once the permissions exist.
         post_migrate.connect(roles_ensure, sender=self, dispatch_uid="review.roles_ensure")

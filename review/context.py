@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from review import access as rules
+from evolution import access as rules
 
 
 def access(request: HttpRequest) -> dict[str, Any]:

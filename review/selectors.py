@@ -1,4 +1,4 @@
-"""Reads of the review screens (and the API's run start): plain keyword-only functions over the ORM.
+"""Reads of the review screens: plain keyword-only functions over the ORM.
 
 Each returns rows in a fixed number of queries, whatever the experiment's size: aggregates and ``values()``, never
 a query per candidate. Per-task rows go through ``access.hide_sealed``. The views only parse, call these and
@@ -15,7 +15,7 @@ from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, 
 from django.db.models.expressions import OrderBy
 from django.db.models.functions import Cast, Coalesce, Left
 
-from evolution import selectors
+from evolution import access, selectors
 from evolution.loop import lifecycle, load
 from evolution.loop.state import RunState
 from evolution.models import (
@@ -32,37 +32,13 @@ from evolution.models import (
     TreeEntry,
     Trial,
 )
-from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe, recipe_to_dict
+from evolution.recipes import Recipe, RecipeError
 from evolution.selectors import REPORTED_PURPOSES
-from review import access
 
 if TYPE_CHECKING:  # django-stubs-ext is a development requirement
     from django_stubs_ext import WithAnnotations
 
 # --- Runs ------------------------------------------------------------------------------
-
-
-def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round: int | None) -> Recipe:
-    """The recipe a start request names: a preset, or ``run-<pk>`` for the
-    recipe of one of the experiment's runs; with ``candidates_per_round``
-    overriding its own (``lifecycle.run_create`` overrides rounds, k and the
-    proposer itself, and checks the operators after its overrides, so they
-    are not checked here: the preset's proposer may be replaced).
-    Raises RecipeError or LoopError. The start form and ``POST /api/v1/runs/`` both call it."""
-    if name in PRESET_NAMES:
-        recipe = load_preset(name)
-    elif name.startswith("run-") and name[4:].isdigit():
-        run = Run.objects.filter(pk=int(name[4:]), experiment=experiment).select_related("recipe").first()
-        if run is None:
-            raise lifecycle.LoopError(f"no run {name[4:]} in this experiment")
-        recipe = parse_recipe(run.recipe.spec)
-    else:
-        raise lifecycle.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
-    if candidates_per_round is not None and candidates_per_round != recipe.candidates_per_round:
-        data = recipe_to_dict(recipe)
-        data["candidates_per_round"] = candidates_per_round
-        recipe = parse_recipe(data)
-    return recipe
 
 
 # How many accepted candidates the dashboard's start form lists (the most recent);

@@ -33,6 +33,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from evolution import digests, selectors
+from evolution.access import roles_ensure
 from evolution.loop.lifecycle import recipe_store
 from evolution.models import (
     Annotation,
@@ -59,7 +60,6 @@ from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from lab.bench import BenchResult, benchmark, stopwatch
 from lab.bench.scratch import bench_experiment, scratch_database, served_hosts
-from review.access import roles_ensure
 
 TARGET_MS = 300.0
 BATCH = 2000

@@ -142,10 +142,10 @@ def child_candidate(experiment: Experiment, tree: Tree, *, label: str) -> Candid
 
 
 def client_for(role: str, *, username: str) -> Client:
-    """A test client signed in as a new user in ``role`` (review.access roles)."""
+    """A test client signed in as a new user in ``role`` (evolution.access roles)."""
     from django.contrib.auth.models import Group, User
 
-    from review.access import roles_ensure
+    from evolution.access import roles_ensure
 
     roles_ensure()
     user = User.objects.create_user(username=username, password=None)

@@ -248,7 +248,7 @@ def _crawl(client: Any, router: Any, ids: Mapping[str, list[int]], experiment: E
 def _user(role: str) -> Any:
     from django.contrib.auth.models import Group, User
 
-    from review.access import roles_ensure
+    from evolution.access import roles_ensure
 
     roles_ensure()
     user = User.objects.create(username=f"trust-{role}-{uuid.uuid4().hex[:8]}")

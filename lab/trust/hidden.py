@@ -81,7 +81,7 @@ def _pages(candidate: Candidate) -> dict[str, str]:
     from django.test import Client
     from django.urls import reverse
 
-    from review.access import roles_ensure
+    from evolution.access import roles_ensure
 
     roles_ensure()
     user = User.objects.create(username=f"trust-hidden-{uuid.uuid4().hex[:8]}")

@@ -2,7 +2,7 @@
 
 docs/review.md promises operators the admin's run actions (pause, resume,
 cancel), but the groups lacked ``evolution.view_run``, so a staff operator
-got 403 on the list the actions are on. ``review.access.roles_ensure`` (after
+got 403 on the list the actions are on. ``evolution.access.roles_ensure`` (after
 every migrate) now grants it too; this migration grants it to the groups an
 existing database already has, within the upgrade itself, and takes it away
 again when migrated back.

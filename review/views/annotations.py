@@ -35,11 +35,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from evolution import agreement
+from evolution import access, agreement
 from evolution.models import Annotation, Candidate, Experiment, Trajectory, Trial
 from evolution.services import annotations as annotation_services
 from evolution.services.annotations import EXTERNAL_REFUSAL, FAILED_OUTCOMES, AnnotationError, AnnotationNotYours
-from review import access, hidden
+from review import hidden
 from review.http import HtmxHttpRequest
 
 if TYPE_CHECKING:  # django-stubs-ext is a development requirement

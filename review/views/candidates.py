@@ -23,7 +23,8 @@ from django.urls import path, reverse
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import hidden_chars, records, selectors
+from evolution import access, hidden_chars, records, selectors
+from evolution.flags import flag_matched, flag_task_visible, with_task_access
 from evolution.loop import late, load, regularization
 from evolution.models import (
     EVOLVE_SPLITS,
@@ -42,9 +43,8 @@ from evolution.recipes import RecipeError, parse_recipe
 from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
-from review import access, diffs, hidden
+from review import diffs, hidden
 from review import selectors as review_selectors
-from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
 from review.models import ViewedFile
 from review.views.results import external_source_text
@@ -335,7 +335,7 @@ def _evolve_splits(candidate: Candidate) -> tuple[str, ...]:
 
 def _flags(candidate: Candidate, user: Any) -> list[ShownFlag]:
     """The candidate's leakage flags; each gets ``task_visible``: its task's
-    name and the critic's evidence may be shown (``review.flags``)."""
+    name and the critic's evidence may be shown (``evolution.flags``)."""
     flags = cast(
         "list[ShownFlag]",
         list(

@@ -22,7 +22,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import selectors
+from evolution import access, selectors
 from evolution.loop import steps as loop_steps
 from evolution.loop.state import Dropped, Event, RunState
 from evolution.models import (
@@ -37,7 +37,7 @@ from evolution.models import (
 from evolution.recipes import Recipe
 from evolution.services.records import evaluator_config_digest
 from evolution.surfaces import parse_surface, reachable_kinds
-from review import access, charts
+from review import charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
 from review.http import HtmxHttpRequest

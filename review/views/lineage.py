@@ -14,10 +14,10 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path
 from django.views.decorators.http import require_GET
 
-from evolution import selectors
+from evolution import access, selectors
 from evolution.models import Experiment, Run, SplitName
 from evolution.recipes import Recipe
-from review import access, charts
+from review import charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
 from review.views.experiments import MEASURED_PURPOSES, url_maker

@@ -27,6 +27,8 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_GET, require_POST
 
+from evolution import access
+from evolution.flags import flag_matched, flag_task_visible, with_task_access
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -44,8 +46,6 @@ from evolution.services.review import (
     review_decide_partial,
     review_release,
 )
-from review import access
-from review.flags import flag_matched, flag_task_visible, with_task_access
 from review.hidden import marked_spans, reveal_html
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ def track_record(*, experiment_id: int | None) -> TrackRecord:
 
 def _flag_summaries(candidate_ids: list[int], user: Any) -> dict[int, dict[str, Any]]:
     """Per candidate: flag count by rule and a few matched strings the user
-    may see (``review.flags``), in one query."""
+    may see (``evolution.flags``), in one query."""
     summary: dict[int, dict[str, Any]] = defaultdict(lambda: {"rules": Counter(), "matched": []})
     flags = (
         with_task_access(LeakageFlag.objects.filter(candidate_id__in=candidate_ids))

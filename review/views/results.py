@@ -27,7 +27,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import hidden_chars
+from evolution import access, hidden_chars
 from evolution.models import (
     EVOLVE_SPLITS,
     CertifiedResult,
@@ -40,7 +40,6 @@ from evolution.models import (
 )
 from evolution.selectors import REPORTED_PURPOSES
 from evolution.trajectory_formats import STEP_FIELDS
-from review import access
 from review import selectors as review_selectors
 from review import trajectories as tj
 from review.matrix import CHANGES, Cell, Column, Row, cells_html

@@ -14,12 +14,11 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from evolution import example, operators
+from evolution import access, example, operators, selectors
 from evolution.loop import lifecycle
 from evolution.models import Candidate, Experiment, Run
 from evolution.recipes import PRESET_NAMES, RecipeError
-from review import access, hidden
-from review import selectors as review_selectors
+from review import hidden
 
 # action -> (what it did, why it may be refused)
 RUN_ACTIONS = {
@@ -111,7 +110,7 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
     if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
         proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
     try:
-        recipe = review_selectors.recipe_for_start(
+        recipe = selectors.recipe_for_start(
             name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"]
         )
         run = lifecycle.run_create(

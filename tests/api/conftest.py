@@ -18,6 +18,7 @@ from django.contrib.auth.models import Group, Permission, User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from evolution.access import roles_ensure
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -32,7 +33,6 @@ from evolution.models import (
 )
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
-from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment, seed_of
 from tests.worlds import WorldRows, world_dump, world_load, world_rows
 

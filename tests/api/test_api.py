@@ -9,6 +9,7 @@ import pytest
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
+from evolution.access import SEALED
 from evolution.loop import lifecycle
 from evolution.models import (
     Annotation,
@@ -23,7 +24,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import load_preset
-from review.access import SEALED
 from tests.api.conftest import CANARY, World
 from tests.factories import seed_of
 

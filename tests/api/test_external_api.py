@@ -12,8 +12,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 import api.external
+from evolution.access import roles_ensure
 from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
-from review.access import roles_ensure
 from tests.factories import make_tiny_experiment, seed_id
 
 pytestmark = pytest.mark.django_db

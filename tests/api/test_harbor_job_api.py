@@ -11,8 +11,8 @@ from django.contrib.auth.models import Group, User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from evolution.access import roles_ensure
 from evolution.models import Candidate, Evaluation, Experiment, Task, Trajectory, Trial
-from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 pytestmark = pytest.mark.django_db

@@ -15,8 +15,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from api import trajectories
+from evolution import access
 from evolution.models import Trajectory, Trial
-from review import access
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -14,10 +14,10 @@ from django.core.management.base import CommandError
 from django.test import Client, override_settings
 from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.models import Blob, Candidate, Evaluation, Experiment, Task, Trajectory, Trial
 from evolution.services.experiments import split_digests_compute
 from evolution.services.records import records_verify
-from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harbor"

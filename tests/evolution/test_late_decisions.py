@@ -226,7 +226,7 @@ def test_a_real_worker_evaluates_and_gates_what_was_approved_and_derived_after_t
 def user_in(role: str) -> User:
     from django.contrib.auth.models import Group
 
-    from review.access import roles_ensure
+    from evolution.access import roles_ensure
 
     roles_ensure()
     user = User.objects.create_user(role)

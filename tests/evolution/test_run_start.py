@@ -9,9 +9,9 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from evolution.access import roles_ensure
 from evolution.loop import lifecycle, load
 from evolution.models import Candidate, CertifiedResult, GateDecision, Run
-from review.access import roles_ensure
 from tests.evolution.test_loop import start, tiny_recipe
 from tests.loop_driver import drive
 

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.models import Annotation, AnnotationLabel, Trajectory, TrajectoryStep, Trial
 from evolution.services.evaluation import _store_trajectory
 from evolution.services.trajectories import (
@@ -23,7 +24,6 @@ from evolution.services.trajectories import (
     trajectory_import,
     trajectory_store,
 )
-from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -18,9 +18,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.models import Trajectory, TrajectoryStep, Trial
 from evolution.trajectory_formats import SUPPORTED
-from review.access import roles_ensure
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

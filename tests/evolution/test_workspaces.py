@@ -14,10 +14,10 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.models import Benchmark, Candidate, CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from evolution.services.snapshots import tree_entries
 from evolution.services.workspaces import WorkspaceError, archive_parse, workspace_import
-from review.access import roles_ensure
 
 FP = "sha256:evaluator-fp-1"
 TSH = "sha256:taskset-1"

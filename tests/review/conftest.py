@@ -23,8 +23,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.test import Client
 
+from evolution.access import roles_ensure
 from evolution.models import Experiment
-from review.access import roles_ensure
 from tests.worlds import WorldRows, world_dump, world_load, world_rows
 
 WORLD_NAME = "example-routing"

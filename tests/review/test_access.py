@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import reverse
 
-from review.access import ROLES, SEALED, can_see_sealed, roles_ensure
+from evolution.access import ROLES, SEALED, can_see_sealed, roles_ensure
 
 pytestmark = pytest.mark.django_db
 

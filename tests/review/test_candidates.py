@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from evolution import selectors
+from evolution import access, selectors
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -27,7 +27,7 @@ from evolution.models import (
 )
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
-from review import access, diffs
+from review import diffs
 from review.models import ViewedFile
 from review.views.candidates import RULE_WORDS, delta_text, gate_summary
 from tests.factories import seed_of

@@ -8,9 +8,9 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.loop import lifecycle, load
 from evolution.models import Run
-from review.access import roles_ensure
 from tests.evolution.test_loop import start, tiny_recipe
 from tests.evolution.test_run_start import certified_pass_rates
 from tests.loop_driver import drive

@@ -29,6 +29,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.authtoken.models import Token
 
+from evolution.access import SEALED
 from evolution.models import (
     Annotation,
     AnnotationLabel,
@@ -40,7 +41,6 @@ from evolution.models import (
     Trajectory,
     Trial,
 )
-from review.access import SEALED
 from tests.api.conftest import CANARY, World
 from tests.factories import seed_id, seed_of
 

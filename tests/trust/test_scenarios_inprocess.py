@@ -94,7 +94,7 @@ def test_forged_decisions_pass_without_the_state_check(monkeypatch: pytest.Monke
 
 
 def test_evidence_fails_when_the_api_shows_sealed_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("review.access.hide_sealed", lambda queryset, user, **kwargs: queryset)
+    monkeypatch.setattr("evolution.access.hide_sealed", lambda queryset, user, **kwargs: queryset)
     expect_failure("9-protected-evidence", "harbor", tmp_path, "the API showed protected evidence")
 
 

@@ -1,4 +1,4 @@
-"""Who may see and do what in the review application.
+"""Who may see and do what: the rules the review screens and the API share.
 
 Roles are Django groups made of model permissions; ``roles_ensure`` keeps
 them in step after every migrate. Per-task sealed data (trials, scores per

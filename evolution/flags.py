@@ -3,7 +3,7 @@
 A flag may point at a task (its ``task``, the critic's evidence, which names
 the task and quotes its text, and the matched text, a piece of the
 candidate's line that the critic found in the task). The rule of the product
-(``review.access``): only per-task SEALED data needs ``view_sealed_details``,
+(``evolution.access``): only per-task SEALED data needs ``view_sealed_details``,
 and a task sealed in any experiment is sealed wherever it appears; train,
 gate and held-out tasks are visible to every viewer. A task in no split of
 the experiment is treated as sealed: nothing says it may be shown.
@@ -22,8 +22,8 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
 
+from evolution import access
 from evolution.models import LeakageFlag, SplitMembership, SplitName
-from review import access
 
 # Splits whose per-task data every viewer may see.
 OPEN_SPLITS = frozenset(SplitName.values) - {SplitName.SEALED}
