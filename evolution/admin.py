@@ -135,7 +135,6 @@ class RunStartAdminForm(forms.Form):
         assert isinstance(recipe_field, forms.ChoiceField)
         recipe_field.choices = choices
         recipe_field.initial = choices[0][0]
-        operators.operators_load()
         proposers = sorted(operators.known_operators().get("proposal", set()))
         # The preset's own proposer may not be installed here (the llm one needs an endpoint).
         proposer_field = self.fields["proposer"]

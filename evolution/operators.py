@@ -53,7 +53,8 @@ def known_operators() -> dict[str, set[str]]:
 def operators_load() -> None:
     """Import the modules that register operators: the bundled proposers, the LLM operators and
     ``settings.RSI_OPERATOR_MODULES`` (a module that is not installed is skipped; an import error inside one is
-    raised). Call it before ``known_operators()`` or ``get()``. Safe to repeat: a module is imported once."""
+    raised). ``EvolutionConfig.ready()`` calls it, once per process: whatever ran ``django.setup()`` (the web
+    server, a Celery worker, a management command, the tests) has every operator, so nothing else calls it."""
     import importlib
 
     from django.conf import settings

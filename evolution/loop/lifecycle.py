@@ -55,7 +55,6 @@ def recipe_store(*, recipe: RecipeSpec) -> Recipe:
 
 
 def run_recipe(run: Run) -> RecipeSpec:
-    operators.operators_load()
     return parse_recipe(run.recipe.spec, known_operators=operators.known_operators())
 
 
@@ -100,7 +99,6 @@ def run_create(
     candidate of the experiment; by default the experiment's best accepted
     candidate, ``load.best_candidate``, else the seed): its baseline, its
     first parent, and what its gains are measured from."""
-    operators.operators_load()
     overrides: dict[str, Any] = {}
     if proposer is not None:
         overrides["proposal"] = {"operator": proposer}

@@ -137,7 +137,6 @@ def recipes_compare(
     if experiment.seed_candidate is None:
         raise CompareError(f"experiment {experiment.pk} has no seed harness")
     say = on_progress or (lambda text: None)
-    operators.operators_load()
     proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
     specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
     for spec in specs.values():

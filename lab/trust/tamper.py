@@ -189,7 +189,6 @@ def paused_run(experiment: Experiment, *, proposer: str = "example", params: Map
     it by hand, and no worker advances it."""
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 
-    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data["proposal"] = {"operator": proposer, "params": dict(params or {})}
     recipe = parse_recipe(data, known_operators=operators.known_operators())
@@ -998,7 +997,6 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     from evolution.services.inline import run_drive
     from evolution.services.review import review_decide
 
-    operators.operators_load()
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=1, candidates_per_round=3)
     data["proposal"] = {"operator": "trust-decisions", "params": {}}

@@ -56,7 +56,6 @@ class RunStartForm(forms.Form):
         recipe_field = self.fields["recipe"]
         assert isinstance(recipe_field, forms.ChoiceField)
         recipe_field.choices = choices
-        operators.operators_load()
         proposers = sorted(operators.known_operators().get("proposal", set()))
         proposer_field = self.fields["proposer"]
         assert isinstance(proposer_field, forms.ChoiceField)

@@ -81,7 +81,6 @@ class Command(BaseCommand):
         name = options["recipe"]
         proposer = options["proposer"]
         try:
-            operators.operators_load()
             if name in PRESET_NAMES:
                 recipe = load_preset(name)
                 if proposer is None:  # the bundled example runs presets with its own offline proposer
