@@ -47,8 +47,6 @@ from evolution.models import (
     TreeEntry,
     Trial,
 )
-from evolution.recipes import RecipeError
-from evolution.selectors import recipe_for_start
 from evolution.services import annotations as annotation_services
 from evolution.services import review as review_services
 from evolution.services.snapshots import tree_diff
@@ -130,30 +128,24 @@ class RunViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelV
 
     @extend_schema(request=out.RunStartSerializer, responses={201: out.RunDetailSerializer, 400: ERROR})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        """Start a run of a preset recipe (or ``run-<id>``: an earlier run's) with overrides."""
+        """Start a run of a preset recipe (or ``run-<id>``: an earlier run's; ``own``: the experiment's) with
+        overrides, through ``lifecycle.run_start``; a refusal is a 400 with its ``detail``."""
         form = out.RunStartSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
-        experiment = data["experiment"]
         try:
-            recipe = recipe_for_start(
-                name=data["recipe"], experiment=experiment, candidates_per_round=data.get("candidates_per_round")
-            )
-        except (RecipeError, lifecycle.LoopError) as exc:
-            raise ValidationError({"recipe": [str(exc)]}) from exc
-        try:
-            run = lifecycle.run_create(
-                experiment=experiment,
-                recipe=recipe,
+            run = lifecycle.run_start(
+                experiment=data["experiment"],
+                recipe=data["recipe"],
                 rounds=data.get("rounds"),
                 k=data.get("k"),
+                candidates_per_round=data.get("candidates_per_round"),
                 proposer=data.get("proposer") or None,
-                user=request.user,
                 start=data.get("start_candidate"),
+                user=request.user,
             )
-        except (RecipeError, lifecycle.LoopError) as exc:
-            field = "proposer" if data.get("proposer") and "propos" in str(exc).lower() else "non_field_errors"
-            raise ValidationError({field: [str(exc)]}) from exc
+        except lifecycle.LoopError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         return Response(out.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: out.RunDetailSerializer, 409: ERROR})

@@ -16,9 +16,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from evolution import example, models, operators
+from evolution import models, operators
 from evolution.loop import lifecycle
-from evolution.recipes import PRESET_NAMES, Recipe, RecipeError, load_preset, parse_recipe
+from evolution.recipes import PRESET_NAMES
+from evolution.selectors import OWN_RECIPE
 
 
 class ReadOnlyAdmin(admin.ModelAdmin[Any]):  # Any: one base for every model's admin
@@ -106,10 +107,6 @@ class SplitMembershipInline(ReadOnlyInline, admin.TabularInline[models.SplitMemb
     readonly_fields = fields
 
 
-# The start form's choice for "each selected experiment's own recipe" (no preset has this name).
-OWN_RECIPE = "own"
-
-
 class RunStartAdminForm(forms.Form):
     """The admin's start action: a recipe (a preset or the experiment's own),
     the rounds and the proposer, for every selected experiment."""
@@ -143,15 +140,6 @@ class RunStartAdminForm(forms.Form):
             ("", "the last run's, else the recipe's own"),
             *((name, name) for name in proposers),
         ]
-
-
-def _start_recipe(experiment: models.Experiment, choice: str) -> Recipe:
-    """The recipe ``choice`` names for ``experiment``. Raises RecipeError or LoopError."""
-    if choice != OWN_RECIPE:
-        return load_preset(choice)
-    if experiment.recipe is None:
-        raise lifecycle.LoopError("it has no recipe of its own yet (its first run sets one): choose a preset")
-    return parse_recipe(experiment.recipe.spec)
 
 
 @admin.register(models.ModelEndpoint)
@@ -208,24 +196,16 @@ class ExperimentAdmin(admin.ModelAdmin[models.Experiment]):
             # Keep the proposer that worked last time, whichever recipe is chosen.
             latest = experiment.runs.select_related("recipe").order_by("-pk").first()
             proposer = latest.recipe.spec.get("proposal", {}).get("operator") if latest else None
-        if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
-            proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
         try:
-            recipe = _start_recipe(experiment, data["recipe"])
-            start = None
-            if data.get("start_from"):
-                start = models.Candidate.objects.filter(pk=data["start_from"], experiment=experiment).first()
-                if start is None:
-                    raise lifecycle.LoopError(f"it has no candidate {data['start_from']}")
-            run = lifecycle.run_create(
+            run = lifecycle.run_start(
                 experiment=experiment,
-                recipe=recipe,
+                recipe=data["recipe"],
                 rounds=data["rounds"],
                 proposer=proposer,
+                start=data.get("start_from"),
                 user=request.user,
-                start=start,
             )
-        except (RecipeError, lifecycle.LoopError) as exc:
+        except lifecycle.LoopError as exc:
             self.message_user(request, f"{experiment.name}: no run started: {exc}", messages.ERROR)
             return
         spec = run.recipe.spec

@@ -24,7 +24,7 @@ from evolution.models import (
     SplitName,
     Trial,
 )
-from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict
+from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe
 
 
 def _count_of(queryset: QuerySet[Any]) -> Coalesce:
@@ -579,24 +579,30 @@ def in_flight(*, experiment: Experiment) -> InFlight:
     )
 
 
-def recipe_for_start(*, name: str, experiment: Experiment, candidates_per_round: int | None) -> Recipe:
-    """The recipe a start request names: a preset, or ``run-<pk>`` for the
-    recipe of one of the experiment's runs; with ``candidates_per_round``
-    overriding its own (``lifecycle.run_create`` overrides rounds, k and the
-    proposer itself, and checks the operators after its overrides, so they
-    are not checked here: the preset's proposer may be replaced).
-    Raises RecipeError or LoopError. The start form and ``POST /api/v1/runs/`` both call it."""
+# The start request's name for "the experiment's own recipe" (no preset has this name).
+OWN_RECIPE = "own"
+
+
+def recipe_for_start(*, name: str, experiment: Experiment) -> Recipe:
+    """The recipe a start request names: a preset, ``run-<pk>`` for the
+    recipe of one of the experiment's runs, or ``own`` for the experiment's
+    own recipe (the one its first run set). The operators are not checked
+    here (``lifecycle.run_create`` checks them after its overrides: the
+    preset's proposer may be replaced). Raises RecipeError or LoopError.
+    ``lifecycle.run_start``, the one way to start a run, calls it."""
     if name in PRESET_NAMES:
-        recipe = load_preset(name)
-    elif name.startswith("run-") and name[4:].isdigit():
+        return load_preset(name)
+    if name.startswith("run-") and name[4:].isdigit():
         run = Run.objects.filter(pk=int(name[4:]), experiment=experiment).select_related("recipe").first()
         if run is None:
             raise lifecycle.LoopError(f"no run {name[4:]} in this experiment")
-        recipe = parse_recipe(run.recipe.spec)
-    else:
-        raise lifecycle.LoopError(f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}) or a run's")
-    if candidates_per_round is not None and candidates_per_round != recipe.candidates_per_round:
-        data = recipe_to_dict(recipe)
-        data["candidates_per_round"] = candidates_per_round
-        recipe = parse_recipe(data)
-    return recipe
+        return parse_recipe(run.recipe.spec)
+    if name == OWN_RECIPE:
+        own = experiment.recipe
+        if own is None:
+            raise lifecycle.LoopError("it has no recipe of its own yet (its first run sets one): choose a preset")
+        return parse_recipe(own.spec)
+    raise lifecycle.LoopError(
+        f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}), a run's (run-<id>) or "
+        f"the experiment's own ({OWN_RECIPE})"
+    )

@@ -12,12 +12,12 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from evolution import operators
+from evolution import example, operators
 from evolution.loop.enqueue import advance_after_commit, propose_send
 from evolution.loop.state import RunState
 from evolution.models import Candidate, Evaluation, Experiment, Recipe, Run, Trial
+from evolution.recipes import PRESET_NAMES, RecipeError, parse_recipe, recipe_digest, recipe_to_dict
 from evolution.recipes import Recipe as RecipeSpec
-from evolution.recipes import parse_recipe, recipe_digest, recipe_to_dict
 from evolution.services.candidates import candidates_transition
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "IN_FLIGHT",
     "LIVE",
     "LoopError",
+    "default_proposer",
     "recipe_store",
     "run_candidates",
     "run_cancel",
@@ -32,6 +33,7 @@ __all__ = [
     "run_pause",
     "run_recipe",
     "run_resume",
+    "run_start",
     "stop_in_flight",
 ]
 
@@ -142,6 +144,57 @@ def run_create(
         Experiment.objects.filter(pk=locked.pk, recipe__isnull=True).update(recipe=run.recipe)
         advance_after_commit(run.pk)
     return run
+
+
+def default_proposer(*, experiment: Experiment, recipe: str | RecipeSpec) -> str | None:
+    """The proposal operator a run uses when its start names none: on the bundled example a preset (given by
+    name) runs with the example's offline proposer (the presets' ``llm`` needs an endpoint, which someone trying
+    the presets there should not need); anything else runs with its recipe's own (None)."""
+    if isinstance(recipe, str) and recipe in PRESET_NAMES:
+        return example.preset_proposer(benchmark=experiment.benchmark.name)
+    return None
+
+
+def run_start(
+    *,
+    experiment: Experiment,
+    recipe: str | RecipeSpec,
+    rounds: int | None = None,
+    k: int | None = None,
+    candidates_per_round: int | None = None,
+    proposer: str | None = None,
+    start: Candidate | int | None = None,
+    user: Any = None,
+) -> Run:
+    """Start a run: the one way the command, the admin, the dashboard and the API start one. ``recipe`` is a
+    spec, or a name (a preset, ``run-<id>`` for an earlier run's recipe, ``own`` for the experiment's;
+    ``selectors.recipe_for_start``); with no ``proposer`` the ``default_proposer``; ``start`` a candidate or
+    the id of one of the experiment's (default: ``run_create``'s). Every refusal is a LoopError whose
+    message is meant for the person starting the run; nothing is created then."""
+    from evolution.selectors import recipe_for_start
+
+    try:
+        spec = recipe_for_start(name=recipe, experiment=experiment) if isinstance(recipe, str) else recipe
+        if candidates_per_round is not None and candidates_per_round != spec.candidates_per_round:
+            data = recipe_to_dict(spec)
+            data["candidates_per_round"] = candidates_per_round
+            spec = parse_recipe(data)
+        if isinstance(start, int):
+            found = Candidate.objects.filter(pk=start, experiment=experiment).first()
+            if found is None:
+                raise LoopError(f"no candidate #{start} in this experiment")
+            start = found
+        return run_create(
+            experiment=experiment,
+            recipe=spec,
+            rounds=rounds,
+            k=k,
+            proposer=proposer or default_proposer(experiment=experiment, recipe=recipe),
+            user=user,
+            start=start,
+        )
+    except RecipeError as exc:
+        raise LoopError(str(exc)) from exc
 
 
 def _start_candidate(experiment: Experiment, start: Candidate | None) -> Candidate:

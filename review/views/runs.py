@@ -14,10 +14,10 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from evolution import access, example, operators, selectors
+from evolution import access, operators
 from evolution.loop import lifecycle
-from evolution.models import Candidate, Experiment, Run
-from evolution.recipes import PRESET_NAMES, RecipeError
+from evolution.models import Experiment, Run
+from evolution.recipes import PRESET_NAMES
 from review import hidden
 
 # action -> (what it did, why it may be refused)
@@ -100,28 +100,18 @@ def run_start(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, f"The run was not started: {problems}")
         return HttpResponseRedirect(dashboard)
     data = form.cleaned_data
-    start_id = form.start_id()
-    start = Candidate.objects.filter(pk=start_id, experiment=experiment).first() if start_id else None
-    if start_id and start is None:
-        messages.error(request, f"The run was not started: start from: no candidate #{start_id} in this experiment")
-        return HttpResponseRedirect(dashboard)
-    proposer = data["proposer"] or None
-    if proposer is None and data["recipe"] in PRESET_NAMES:  # the bundled example's offline proposer
-        proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
     try:
-        recipe = selectors.recipe_for_start(
-            name=data["recipe"], experiment=experiment, candidates_per_round=data["candidates"]
-        )
-        run = lifecycle.run_create(
+        run = lifecycle.run_start(
             experiment=experiment,
-            recipe=recipe,
+            recipe=data["recipe"],
             rounds=data["rounds"],
             k=data["k"],
-            proposer=proposer,
+            candidates_per_round=data["candidates"],
+            proposer=data["proposer"] or None,
+            start=form.start_id(),
             user=request.user,
-            start=start,
         )
-    except (RecipeError, lifecycle.LoopError) as exc:
+    except lifecycle.LoopError as exc:
         messages.error(request, f"The run was not started: {exc}")
         return HttpResponseRedirect(dashboard)
     spec = run.recipe.spec

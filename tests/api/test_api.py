@@ -254,7 +254,7 @@ def test_run_start_bad_input_is_400_by_field_and_creates_nothing(api_world: Worl
     assert set(response.json()) == {"experiment", "recipe", "rounds"}
     response = operator.post(f"{V1}/runs/", {"experiment": api_world.experiment.pk, "recipe": "nope"}, format="json")
     assert response.status_code == 400
-    assert "unknown recipe" in response.json()["recipe"][0]
+    assert response.json()["detail"].startswith("unknown recipe 'nope': choose a preset")
     assert not Run.objects.exists()
 
 

@@ -8,11 +8,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from evolution import example, limits, operators
+from evolution import limits, operators
 from evolution.loop import lifecycle
 from evolution.loop.state import RunState
-from evolution.models import Candidate, Experiment, Run
-from evolution.recipes import PRESET_NAMES, RecipeError, load_preset, parse_recipe
+from evolution.models import Experiment, Run
+from evolution.recipes import PRESET_NAMES, RecipeError, parse_recipe
+from evolution.recipes import Recipe as RecipeSpec
 
 
 def summary_table(run: Run) -> list[str]:
@@ -60,7 +61,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("experiment", type=int, help="experiment id")
-        parser.add_argument("--recipe", default="rrsi", help=f"preset ({', '.join(PRESET_NAMES)}) or a YAML/JSON file")
+        parser.add_argument(
+            "--recipe",
+            default="rrsi",
+            help=f"preset ({', '.join(PRESET_NAMES)}), run-<id> (an earlier run's), own (the experiment's) "
+            "or a YAML/JSON file",
+        )
         parser.add_argument("--rounds", type=int)
         parser.add_argument("--k", type=int, help="trials per task")
         parser.add_argument("--proposer", help="proposal operator (e.g. example, command); default: the recipe's")
@@ -79,35 +85,25 @@ class Command(BaseCommand):
         if experiment is None:
             raise CommandError(f"no experiment with id {options['experiment']}", returncode=2)
         name = options["recipe"]
-        proposer = options["proposer"]
         try:
-            if name in PRESET_NAMES:
-                recipe = load_preset(name)
-                if proposer is None:  # the bundled example runs presets with its own offline proposer
-                    proposer = example.preset_proposer(benchmark=experiment.benchmark.name)
-                    if proposer is not None:
-                        self.stdout.write(
-                            f"proposer {proposer}: the example's offline proposer (--proposer llm for the preset's own)"
-                        )
-            elif Path(name).is_file():
+            recipe: str | RecipeSpec = name
+            if name not in PRESET_NAMES and Path(name).is_file():
                 recipe = parse_recipe(_recipe_file(Path(name)), known_operators=operators.known_operators())
-            else:
-                raise CommandError(f"{name!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a file", returncode=2)
-            start = None
-            if options["start"] is not None:
-                start = Candidate.objects.filter(pk=options["start"], experiment=experiment).first()
-                if start is None:
-                    raise CommandError(f"experiment {experiment.pk} has no candidate {options['start']}", returncode=2)
-            run = lifecycle.run_create(
+            run = lifecycle.run_start(
                 experiment=experiment,
                 recipe=recipe,
                 rounds=options["rounds"],
                 k=options["k"],
-                proposer=proposer,
-                start=start,
+                proposer=options["proposer"],
+                start=options["start"],
             )
         except (RecipeError, lifecycle.LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        default = lifecycle.default_proposer(experiment=experiment, recipe=recipe)
+        if not options["proposer"] and default is not None:
+            self.stdout.write(
+                f"proposer {default}: the example's offline proposer (--proposer llm for the preset's own)"
+            )
         self.stdout.write(
             f"run {run.pk} of {experiment.name!r} with recipe {run.recipe.name} ({run.recipe.digest[:12]})"
         )
