@@ -52,33 +52,18 @@ def reaches_database(fixturenames: Iterable[str], markers: Iterable[str]) -> boo
     return "django_db" in set(markers) or not DATABASE_FIXTURES.isdisjoint(fixturenames)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("RSI_DATABASE_TESTS_ONLY") == "1":
-        # CI's PostgreSQL pass: a test that never reaches the database runs the
-        # same on both passes, so it runs on the SQLite pass alone, except the
-        # minutes-long tests, which that pass leaves to this one.
-        kept: list[pytest.Item] = []
-        deselected: list[pytest.Item] = []
-        for item in items:
-            markers = [marker.name for marker in item.iter_markers()]
-            keep = "slow" in markers or reaches_database(getattr(item, "fixturenames", ()), markers)
-            (kept if keep else deselected).append(item)
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = kept
-    skips = {
-        "slow": ("RSI_SKIP_SLOW", "this pass leaves the minutes-long tests to the other pass"),
-        "browser": ("RSI_SKIP_BROWSER", "this pass leaves the browser journey to the other pass"),
-        "trust": ("RSI_SKIP_TRUST", "the whole trust suite runs in a CI stream of its own"),
-        "story": ("RSI_SKIP_STORY", "the story across seeds runs in the trust suite's CI stream"),
-    }
-    for marker, (variable, why) in skips.items():
-        if os.environ.get(variable) != "1":
-            continue
-        skip = pytest.mark.skip(reason=f"{variable}=1: {why}")
-        for item in items:
-            if item.get_closest_marker(marker):
-                item.add_marker(skip)
+    """Mark every test that can reach the database of the pass ``database``.
+
+    Runs before pytest's own ``-m`` selection, so a pass chooses its tests by
+    markers alone: CI's PostgreSQL pass keeps ``-m "database or slow"`` (a
+    test that never reaches the database runs the same on both passes, so it
+    runs on the SQLite pass alone), and the SQLite pass ``-m "not slow"``."""
+    for item in items:
+        markers = [marker.name for marker in item.iter_markers()]
+        if reaches_database(getattr(item, "fixturenames", ()), markers):
+            item.add_marker(pytest.mark.database)
 
 
 def require_service(name: str, available: bool, why: str = "") -> None:
