@@ -1,11 +1,11 @@
-"""Drive a run to its end in this process (see evolution.services.inline)."""
+"""Drive a run to its end in this process (see evolution.loop.inline)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from evolution.loop.inline import run_drive
 from evolution.models import Run
-from evolution.services.inline import run_drive
 
 
 def drive(run: Run, *, max_steps: int = 2000, until: Callable[[Run], bool] | None = None) -> Run:

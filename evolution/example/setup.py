@@ -163,7 +163,7 @@ def example_run_drive(run: Run, *, on_round: Callable[[int, int], None] | None =
 
     Safe to repeat: it resumes from the state the database holds.
     """
-    from evolution.services.inline import run_drive
+    from evolution.loop.inline import run_drive
 
     seen = {"round": -1}
 

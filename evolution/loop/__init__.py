@@ -8,6 +8,8 @@
 - ``decision``: the round's decision, from measured candidates to a typed ``RoundDecision`` (pure).
 - ``regularization``: the math of docs/concepts.md, section 4, that the decision uses (pure).
 - ``state``: ``RunState``, the only code that knows the keys of ``Run.state``.
+- ``inline``: a run driven to its end in this process (no worker), with the functions the tasks call.
+- ``compare``: recipes compared across proposer seeds, each run driven by ``inline``.
 
 This package's ``__init__`` imports nothing: the pure modules can be imported without the ORM ones.
 """

@@ -993,8 +993,8 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     candidate a reviewer rejected: every kind of decision, certified."""
     from django.contrib.auth.models import User
 
+    from evolution.loop.inline import run_drive
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-    from evolution.services.inline import run_drive
     from evolution.services.review import review_decide
 
     data = recipe_to_dict(load_preset("rrsi"))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from evolution.example.setup import example_experiment_create
+from evolution.loop.compare import comparison_table, recipes_compare
 from evolution.models import Candidate, Evaluation, Run
-from evolution.services.compare import comparison_table, recipes_compare
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.story]
 

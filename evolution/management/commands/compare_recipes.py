@@ -1,5 +1,5 @@
 """Run several recipes from the same start with several proposer seeds and print what each one's final harness
-scores on train, gate and the transfer splits (evolution.services.compare)."""
+scores on train, gate and the transfer splits (evolution.loop.compare)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from evolution.loop.compare import CompareError, comparison_table, recipes_compare
 from evolution.loop.lifecycle import LoopError
 from evolution.models import Experiment
 from evolution.recipes import RecipeError
-from evolution.services.compare import CompareError, comparison_table, recipes_compare
 
 DEFAULT_RECIPES = "rrsi,unregularized,rrsi-no-selection,rrsi-no-proposal"
 
