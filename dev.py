@@ -155,11 +155,12 @@ def catch_stop_signals() -> None:
             signal.signal(signum, _raise_stop)
 
 
-def port_problem(host: str, port: str) -> str:
-    """Why the web server could not listen on ``host:port`` (it binds the
-    address as the server would, then lets it go), or "" when it could."""
+def port_problem(host: str, port: str, variable: str = "RSI_PORT") -> str:
+    """Why a server could not listen on ``host:port`` (it binds the address
+    as the server would, then lets it go), or "" when it could; ``variable``
+    names the setting the port came from."""
     if not port.isdigit() or not 0 < int(port) < 65536:
-        return f"RSI_PORT={port!r} is not a port number (1 to 65535)"
+        return f"{variable}={port!r} is not a port number (1 to 65535)"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -419,7 +420,7 @@ def run() -> int:
     llm_port = env.get("RSI_LLM_PORT", "") or "8088"
     # The local model's server listens on loopback whatever RSI_HOST says.
     for variable, where, number in (("RSI_PORT", host, port), ("RSI_LLM_PORT", "127.0.0.1", llm_port))[: 1 + llm]:
-        problem = port_problem(where, number)
+        problem = port_problem(where, number, variable)
         if problem:
             nearby = free_port_near(where, int(number)) if number.isdigit() and 0 < int(number) < 65536 else None
             hint = f"{variable}={nearby}" if nearby else f"{variable}=<port>"

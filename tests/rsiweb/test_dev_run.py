@@ -240,16 +240,21 @@ def test_dev_run_refuses_a_busy_port_before_starting_anything(tmp_path: Path) ->
     assert not (tmp_path / "var").exists()
 
 
-@pytest.mark.parametrize("port", ["eighty", "0", "70000"])
-def test_dev_run_refuses_a_port_that_is_not_one(port: str, tmp_path: Path) -> None:
-    env = {**_env(tmp_path, 0), "RSI_PORT": port}
+@pytest.mark.parametrize(
+    ("variable", "port"),
+    [("RSI_PORT", "eighty"), ("RSI_PORT", "0"), ("RSI_PORT", "70000"), ("RSI_LLM_PORT", "eighty")],
+)
+def test_dev_run_refuses_a_port_that_is_not_one(variable: str, port: str, tmp_path: Path) -> None:
+    env = {**_env(tmp_path, _free_port()), variable: port}
+    if variable == "RSI_LLM_PORT":
+        env["RSI_LLM"] = "local"  # the local model's server port is checked only when it is asked for
     result = subprocess.run(
         [sys.executable, str(DEV), "run"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     assert result.stdout == (
-        f"[rsiweb] RSI_PORT={port!r} is not a port number (1 to 65535): choose another port with RSI_PORT, "
-        "e.g. RSI_PORT=<port> python3.11 dev.py run\n"
+        f"[rsiweb] {variable}={port!r} is not a port number (1 to 65535): choose another port with {variable}, "
+        f"e.g. {variable}=<port> python3.11 dev.py run\n"
     )
     assert not (tmp_path / "var").exists()
 
