@@ -26,6 +26,7 @@ from evolution.models import (
     LedgerEntry,
     ParityCheck,
     ReviewDecision,
+    ReviewItem,
     Run,
     SplitMembership,
     TrajectoryStep,
@@ -122,6 +123,7 @@ def recipe_of(run: Run) -> Recipe | None:
 
 class _LatestRun(TypedDict):
     latest_run_id: int | None
+    waiting_review: int
 
 
 def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun]]:
@@ -132,7 +134,14 @@ def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun
         Q(status__in=[Run.Status.PENDING, *lifecycle.LIVE]) | Q(state__rounds__has_key="1")
     ).values("pk")[:1]
     latest = Coalesce(Subquery(with_evidence), Subquery(runs.values("pk")[:1]))
-    return list(selectors.experiment_overview().annotate(latest_run_id=latest))
+    # Flagged candidates whose review item nobody has decided yet (open or claimed).
+    waiting = ReviewItem.objects.filter(
+        candidate__experiment=OuterRef("pk"), state__in=[ReviewItem.State.OPEN, ReviewItem.State.CLAIMED]
+    )
+    waiting_count = Coalesce(
+        Subquery(waiting.order_by().values("candidate__experiment").annotate(n=Count("pk")).values("n")[:1]), 0
+    )
+    return list(selectors.experiment_overview().annotate(latest_run_id=latest, waiting_review=waiting_count))
 
 
 def runs_by_id(*, run_ids: Iterable[int]) -> dict[int, Run]:

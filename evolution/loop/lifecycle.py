@@ -262,8 +262,15 @@ def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
         ).update(status=Run.Status.CANCELLED, stop_reason=reason, finished_at=timezone.now())
         if updated:
             stop_in_flight(run.pk)
-            Experiment.objects.filter(pk=run.experiment_id).update(status=Experiment.Status.CANCELLED)
+            Experiment.objects.filter(pk=run.experiment_id).update(status=_status_after_cancel(run))
     return bool(updated)
+
+
+def _status_after_cancel(run: Run) -> str:
+    """The experiment's status once ``run`` is cancelled: Finished when another of its runs finished (a run
+    cancelled on top of finished ones does not undo them), else Cancelled."""
+    finished = Run.objects.filter(experiment_id=run.experiment_id, status=Run.Status.FINISHED).exclude(pk=run.pk)
+    return Experiment.Status.FINISHED if finished.exists() else Experiment.Status.CANCELLED
 
 
 def run_candidates(run_id: int) -> QuerySet[Candidate]:

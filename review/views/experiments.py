@@ -19,6 +19,7 @@ from django.db.models import F
 from django.db.models.expressions import OrderBy
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
@@ -43,8 +44,10 @@ from review import selectors as review_selectors
 from review.http import HtmxHttpRequest
 from review.views.runs import RunStartForm, start_form_initial
 
-# A run that may still change on its own: the progress section polls while one is shown.
+# A run that may still change on its own.
 MOVING = (Run.Status.PENDING, Run.Status.RUNNING)
+# The progress section polls while its run is unfinished: a paused run's in-flight trials still finish, and it
+# may be resumed or cancelled from another tab, the API or the admin.
 UNFINISHED = (Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED)
 TRIAL_FINISHED = (Trial.State.DONE, Trial.State.ERROR, Trial.State.CANCELLED)
 MEASURED_PURPOSES = (Evaluation.Purpose.BASELINE, Evaluation.Purpose.NOISE, Evaluation.Purpose.CANDIDATE)
@@ -78,6 +81,11 @@ class RunProgress:
     @property
     def unfinished(self) -> bool:
         return self.run.status in UNFINISHED
+
+    @property
+    def poll_seconds(self) -> int:
+        """How often the live section asks again: 2 s while the run moves, 5 s while it is paused."""
+        return 2 if self.moving else 5
 
     @property
     def phase(self) -> str:
@@ -593,6 +601,11 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
     }
 
 
+def _run_rows(runs: list[Run], counts: dict[int, dict[str, int]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """The runs table: each run's progress and outcome (the live section refreshes it too)."""
+    return [{"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r)} for r in runs]
+
+
 def _parity_fact(experiment: Experiment) -> dict[str, Any] | None:
     """The latest parity check of the experiment's evaluator, as the facts list shows it."""
     check = review_selectors.last_parity_check(evaluator_id=experiment.evaluator_id)
@@ -630,9 +643,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "state_counts": review_selectors.candidate_state_counts(experiment=experiment),
         "parity": _parity_fact(experiment),
         "unexplored": [],
-        "run_rows": [
-            {"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r)} for r in runs
-        ],
+        "run_rows": _run_rows(runs, counts, sizes),
         "best": review_selectors.best_harness(experiment=experiment),
         "runs_chart": charts.runs_chart(
             [
@@ -658,19 +669,22 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @access.permission_required()
 def experiment_progress(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """The live progress section. It polls itself while the run moves; the
-    answer for a run that stopped has no trigger, so polling ends, and when
-    the poller saw it moving (``was=moving``) the page reloads to show the
-    final charts."""
+    """The live progress section, with the runs table swapped out of band so both show the same counts. It polls
+    itself while the run is unfinished (paused too); the answer for a run that ended has no trigger, so polling
+    ends, and when the poller saw it unfinished (``was=moving``) the page reloads to show the final charts."""
     experiment = get_object_or_404(Experiment.objects.select_related("endpoint"), pk=pk)
     runs = review_selectors.experiment_runs(experiment=experiment)
     run = _selected_run(experiment, runs, request.GET.get("run"))
     if run is None:
         raise Http404("this experiment has no run")
     sizes = review_selectors.split_sizes(experiment_ids=[experiment.pk])[experiment.pk]
-    context = _progress_context(request, experiment, run, sizes)
+    counts = _trial_counts([r.pk for r in runs])
+    context = _progress_context(request, experiment, run, sizes, all_counts=counts)
     response = render(request, "review/experiments/dashboard.html#progress", context)
-    if request.GET.get("was") == "moving" and run.status not in MOVING and request.htmx:
+    if request.htmx:
+        table = {"experiment": experiment, "run": run, "run_rows": _run_rows(runs, counts, sizes), "oob": True}
+        response.write(render_to_string("review/experiments/dashboard.html#runs-table", table, request=request))
+    if request.GET.get("was") == "moving" and run.status not in UNFINISHED and request.htmx:
         response["HX-Refresh"] = "true"
     return response
 

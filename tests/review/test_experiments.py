@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from evolution.loop import lifecycle
-from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, ModelEndpoint, Run, Trial
+from evolution.models import AtomicEdit, Candidate, Experiment, LedgerEntry, ModelEndpoint, ReviewItem, Run, Trial
 from evolution.recipes import load_preset
 from evolution.services.evaluation import evaluation_start, trial_claim
 from tests.factories import make_tiny_experiment, seed_of
@@ -70,6 +70,34 @@ def test_home_lists_each_experiment_with_its_counts_and_latest_run(example_world
     assert f"run #{run.pk}" in cells[6] and "Finished" in cells[6]
     assert f"{run.rounds} of {run.rounds} rounds gated" in cells[7]
     assert f'href="/experiments/{example_world.pk}/lineage/"' in row.group(0)
+
+
+def test_home_keeps_an_experiment_finished_when_an_empty_run_is_cancelled_and_says_what_waits_for_review(
+    example_world, client_as
+) -> None:
+    finished = example_world.runs.get()
+    empty = lifecycle.run_create(experiment=example_world, recipe=load_preset("rrsi"), proposer="example")
+    assert lifecycle.run_cancel(run=empty)
+    example_world.refresh_from_db()
+    assert example_world.status == Experiment.Status.FINISHED
+    waiting = ReviewItem.objects.filter(
+        candidate__experiment=example_world, state__in=[ReviewItem.State.OPEN, ReviewItem.State.CLAIMED]
+    ).count()
+    assert waiting >= 2
+    response = client_as("viewer").get(reverse("review:home"))
+    row = re.search(rf'<tr>\s*<td><a href="/experiments/{example_world.pk}/">.*?</tr>', response.content.decode(), re.S)
+    assert row is not None
+    text = _text(row.group(0).encode())
+    assert "Finished" in text and "Cancelled" not in text
+    assert f"run #{finished.pk}" in text  # the run with evidence, not the empty one
+    assert f"{waiting} flagged candidates waiting for review" in text
+    assert f'href="/review/?experiment={example_world.pk}"' in row.group(0)
+
+    # An experiment whose only run was cancelled is Cancelled.
+    lonely = make_tiny_experiment()
+    assert lifecycle.run_cancel(run=_active_run(lonely))
+    lonely.refresh_from_db()
+    assert lonely.status == Experiment.Status.CANCELLED
 
 
 def test_home_needs_the_viewer_permission(example_world, client_as) -> None:
@@ -302,7 +330,7 @@ def test_a_bad_ledger_filter_value_is_ignored(example_world, client_as) -> None:
 # --- Live progress -------------------------------------------------------------------
 
 
-def test_progress_polls_only_while_the_run_moves(client_as) -> None:
+def test_progress_polls_while_the_run_is_unfinished_and_refreshes_the_runs_table(client_as) -> None:
     experiment = make_tiny_experiment()
     run = _active_run(experiment)
     client = client_as("viewer")
@@ -313,19 +341,26 @@ def test_progress_polls_only_while_the_run_moves(client_as) -> None:
         assert found is not None
         return found.group(0)
 
-    moving = section(client.get(url, HTTP_HX_REQUEST="true"))
-    assert 'hx-trigger="every 2s"' in moving
-    assert f"?run={run.pk}&amp;was=moving" in moving
+    moving = client.get(url, HTTP_HX_REQUEST="true")
+    assert 'hx-trigger="every 2s"' in section(moving)
+    assert f"?run={run.pk}&amp;was=moving" in section(moving)
+    # The runs table comes along out of band, so it shows the same counts as the card.
+    assert '<table class="compact" id="runs-table" hx-swap-oob="true">' in moving.content.decode()
     dashboard = client.get(reverse("review:experiment", args=[experiment.pk]))
     assert 'hx-trigger="every 2s"' in section(dashboard)
+    assert "hx-swap-oob" not in dashboard.content.decode()
     assert "<progress" in dashboard.content.decode()
 
+    # Paused: its in-flight trials still finish and it may be resumed elsewhere, so it keeps polling, slower,
+    # and the page does not reload.
     lifecycle.run_pause(run=run)
     paused = client.get(url, {"run": run.pk, "was": "moving"}, HTTP_HX_REQUEST="true")
-    assert "hx-trigger" not in section(paused)
-    assert paused["HX-Refresh"] == "true"  # the page reloads once, with the final state
+    assert 'hx-trigger="every 5s"' in section(paused)
+    assert "HX-Refresh" not in paused
 
     lifecycle.run_cancel(run=run)
+    ended = client.get(url, {"run": run.pk, "was": "moving"}, HTTP_HX_REQUEST="true")
+    assert ended["HX-Refresh"] == "true"  # the page reloads once, with the final state
     cancelled = client.get(url, {"run": run.pk}, HTTP_HX_REQUEST="true")
     assert "hx-trigger" not in section(cancelled) and "HX-Refresh" not in cancelled
     assert "Cancelled" in cancelled.content.decode()
