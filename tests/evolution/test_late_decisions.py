@@ -58,14 +58,19 @@ def alice() -> User:
     return User.objects.create_user("alice")
 
 
-@pytest.fixture
-def ended() -> tuple[Run, list[ReviewItem]]:
-    """A finished rrsi run whose two mixed candidates (two leaky edits, one generic) still wait for review."""
+def ended_with_two_open_reviews() -> tuple[Run, list[ReviewItem]]:
+    """Drive an rrsi run with mixed candidates to its end; its two review items are still open."""
     run = drive(start("rrsi", proposal={"operator": "review-test-mixed"}))
     assert run.status == Run.Status.FINISHED, run.error
     items = list(ReviewItem.objects.filter(candidate__run=run, state=ReviewItem.State.OPEN).order_by("pk"))
     assert len(items) == 2
     return run, items
+
+
+@pytest.fixture
+def ended() -> tuple[Run, list[ReviewItem]]:
+    """A finished rrsi run whose two mixed candidates (two leaky edits, one generic) still wait for review."""
+    return ended_with_two_open_reviews()
 
 
 def assert_gated_late(run: Run, candidate: Candidate) -> GateDecision:

@@ -43,8 +43,8 @@ from evolution.services.bundles import BundleError, bundle_build, bundle_import,
 from evolution.services.records import records_verify
 from evolution.services.review import review_decide
 from tests.evolution.test_decision_records import reviewed_run
-from tests.evolution.test_late_decisions import settle, user_in
-from tests.evolution.test_loop import start, tiny_recipe
+from tests.evolution.test_late_decisions import ended_with_two_open_reviews, settle, user_in
+from tests.evolution.test_loop import tiny_recipe
 from tests.factories import make_tiny_experiment
 from tests.loop_driver import drive
 
@@ -54,11 +54,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def ended() -> tuple[Run, list[ReviewItem]]:
     """A finished rrsi run whose two flagged candidates still wait for review."""
-    run = drive(start("rrsi", proposal={"operator": "review-test-mixed"}))
-    assert run.status == Run.Status.FINISHED, run.error
-    items = list(ReviewItem.objects.filter(candidate__run=run, state=ReviewItem.State.OPEN).order_by("pk"))
-    assert len(items) == 2
-    return run, items
+    return ended_with_two_open_reviews()
 
 
 def problems_of(experiment_id: int) -> list[str]:
