@@ -183,6 +183,41 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
+def _bootstrap(base: list[list[float]], new: list[list[float]], *, seed: int, resamples: int) -> list[float]:
+    """The ``resamples`` differences S(new) - S(base) of the paired bootstrap, each side's tasks given as their
+    trial values (``trial_value``), paired by position.
+
+    It draws the same numbers in the same order as drawing with ``random.Random(seed).choices`` (the tasks,
+    then within each drawn task the base's trials and the new's), and sums in the same order as ``totals``, so
+    it gives the bootstrap of summing ``Totals`` of drawn rows to the last bit; it only skips building rows and
+    totals (``choices(population, k=n)`` is ``population[floor(random() * n)]``, n times; ``int`` is ``floor``
+    for these non-negative numbers). Pure; deterministic given ``seed``.
+    """
+    draw = random.Random(seed).random
+    tasks = len(base)
+    task_range = float(tasks)
+    sizes = [(len(b), float(len(b)), len(n), float(len(n))) for b, n in zip(base, new, strict=True)]
+    differences = []
+    for _ in range(resamples):
+        base_sum = new_sum = 0.0
+        base_count = new_count = 0
+        for task in [int(draw() * task_range) for _ in range(tasks)]:
+            base_values, new_values = base[task], new[task]
+            base_size, base_range, new_size, new_range = sizes[task]
+            drawn = 0.0
+            for _ in range(base_size):
+                drawn += base_values[int(draw() * base_range)]
+            base_sum += drawn
+            drawn = 0.0
+            for _ in range(new_size):
+                drawn += new_values[int(draw() * new_range)]
+            new_sum += drawn
+            base_count += base_size
+            new_count += new_size
+        differences.append(new_sum / new_count - base_sum / base_count)
+    return differences
+
+
 def paired_delta(
     base: dict[str, list[TrialRow]],
     new: dict[str, list[TrialRow]],
@@ -206,16 +241,12 @@ def paired_delta(
     shared = sorted(task for task in base.keys() & new.keys() if base[task] and new[task])
     if len(shared) < MIN_PAIRS:
         return DeltaEstimate(s_new - s_base, None, None, len(shared), metric, confidence)
-    rng = random.Random(seed)
-    differences = []
-    for _ in range(resamples):
-        drawn_base = Totals()
-        drawn_new = Totals()
-        for task in rng.choices(shared, k=len(shared)):
-            drawn_base += totals(rng.choices(base[task], k=len(base[task])))
-            drawn_new += totals(rng.choices(new[task], k=len(new[task])))
-        difference = (score(drawn_new, metric) or 0.0) - (score(drawn_base, metric) or 0.0)
-        differences.append(difference)
+    differences = _bootstrap(
+        [[trial_value(row, metric) for row in base[task]] for task in shared],
+        [[trial_value(row, metric) for row in new[task]] for task in shared],
+        seed=seed,
+        resamples=resamples,
+    )
     differences.sort()
     tail = (1.0 - confidence) / 2.0
     return DeltaEstimate(
