@@ -280,6 +280,17 @@ class CandidateSerializer(serializers.ModelSerializer):
         read_only_fields: tuple[str, ...] = fields
 
 
+# dS, its interval and dC, as the candidate detail gives them (at decision, or current).
+_ESTIMATE_SCHEMA: dict[str, Any] = {
+    "dS": {"type": "number"},
+    "low": {"type": "number", "nullable": True},
+    "high": {"type": "number", "nullable": True},
+    "confidence": {"type": "number", "nullable": True},
+    "paired_tasks": {"type": "integer", "nullable": True},
+    "dC": {"type": "number", "nullable": True},
+}
+
+
 class CandidateDetailSerializer(CandidateSerializer):
     edits = AtomicEditSerializer(many=True, read_only=True)
     gate_decisions = GateDecisionSerializer(many=True, read_only=True)
@@ -291,7 +302,10 @@ class CandidateDetailSerializer(CandidateSerializer):
         help_text=(
             "dS against the harness the gate compared it with (else its parent), in the recipe's metric on the "
             "evolve splits, the gate's number, with a paired bootstrap interval over the tasks both were "
-            "measured on (null low/high: not enough paired tasks); null for the seed or without certified trials"
+            "measured on (null low/high: not enough paired tasks) and dC. For a decided candidate these are the "
+            "numbers its gate decision kept (at_decision true; the same as its certified record), and current "
+            "holds the estimate on the trials measured now when later measurements moved it (else null). Null "
+            "for the seed or without certified trials on both sides"
         )
     )
 
@@ -308,13 +322,11 @@ class CandidateDetailSerializer(CandidateSerializer):
                 "gated": {"type": "boolean"},
                 "metric": {"type": "string"},
                 "splits": {"type": "array", "items": {"type": "string"}},
-                "dS": {"type": "number"},
-                "low": {"type": "number", "nullable": True},
-                "high": {"type": "number", "nullable": True},
-                "confidence": {"type": "number"},
-                "paired_tasks": {"type": "integer"},
-                "dC": {"type": "number", "nullable": True},
+                **_ESTIMATE_SCHEMA,
                 "noise_delta": {"type": "number", "nullable": True},
+                "at_decision": {"type": "boolean"},
+                "decision": {"type": "integer", "nullable": True},
+                "current": {"type": "object", "nullable": True, "properties": _ESTIMATE_SCHEMA},
             },
         }
     )
@@ -323,18 +335,37 @@ class CandidateDetailSerializer(CandidateSerializer):
         if delta is None:
             return None
         e = delta.estimate
-        return {
-            "against": delta.base_id,
-            "gated": delta.gated,
-            "metric": e.metric,
-            "splits": list(delta.splits),
+        current = {
             "dS": e.delta,
             "low": e.low,
             "high": e.high,
             "confidence": e.confidence,
             "paired_tasks": e.pairs,
             "dC": delta.delta_cost,
+        }
+        at = delta.at_decision
+        shown = (
+            current
+            if at is None
+            else {
+                "dS": at.delta,
+                "low": at.low,
+                "high": at.high,
+                "confidence": at.confidence,
+                "paired_tasks": at.pairs,
+                "dC": at.delta_cost,
+            }
+        )
+        return {
+            "against": delta.base_id,
+            "gated": delta.gated,
+            "metric": e.metric,
+            "splits": list(delta.splits),
+            **shown,
             "noise_delta": delta.noise_delta,
+            "at_decision": at is not None,
+            "decision": at.decision_id if at is not None else None,
+            "current": current if delta.moved else None,
         }
 
 

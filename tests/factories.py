@@ -92,12 +92,14 @@ def make_tiny_experiment(
     split_lists: Mapping[str, list[str]] | None = None,
     like: Experiment | None = None,
     agent_network: bool = False,
+    agent: str = TINY_AGENT,
 ) -> Experiment:
     """An experiment over ``tasks`` tasks whose expected answer is "yes" for
     even task numbers and "no" for odd ones; the default seed harness
     answers "yes" everywhere, so it passes half the tasks. With ``like``, a
     twin of that experiment (same benchmark, evaluator, seed and splits).
-    ``agent_network``: the evaluator's agent keeps the host's network."""
+    ``agent_network``: the evaluator's agent keeps the host's network. ``agent``: the agent's source (the
+    default answers from the harness, the same every time)."""
     number = next(_counter)
     if like is not None:
         # Same benchmark, evaluator and seed harness: records comparable with like's.
@@ -117,7 +119,7 @@ def make_tiny_experiment(
     )
     evaluator = evaluator_upsert(
         name=f"tiny-evaluator-{number}",
-        files=tiny_evaluator_tree(),
+        files=tiny_evaluator_tree(agent=agent),
         runner_argv=[
             "{python}",
             "{evaluator}/agent.py",

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.core.cache import cache
 from django.db.models import Q
 
 from evolution.loop import measure
@@ -17,9 +21,13 @@ from evolution.surfaces import STRUCTURAL_KINDS, kinds_present, parse_surface, r
 
 __all__ = [
     "MEASURED_PURPOSES",
+    "AtDecision",
     "best_candidate",
     "ComparedDelta",
+    "Comparison",
     "candidate_delta",
+    "comparison",
+    "comparison_key",
     "candidate_stats",
     "candidate_task_rows",
     "candidate_totals",
@@ -151,35 +159,173 @@ def reachable_components(experiment: Experiment) -> list[str]:
 
 
 def candidate_task_rows(candidate_id: int, splits: Sequence[str]) -> dict[str, list[measure.TrialRow]]:
-    """The candidate's trials the gate measures it by (``candidate_totals``'s), as rows by task."""
-    found: dict[str, list[measure.TrialRow]] = {}
-    for task, *row in Trial.objects.filter(
-        candidate_id=candidate_id,
-        split__in=splits,
-        evaluation__state=Evaluation.State.CERTIFIED,
-        evaluation__purpose__in=MEASURED_PURPOSES,
-    ).values_list("task__external_id", *ROW):
-        found.setdefault(task, []).append(measure.TrialRow(*row))
+    """The candidate's trials the gate measures it by (``candidate_totals``'s), as rows by task, each task's in
+    trial order (the bootstrap draws by position)."""
+    return {task: [row for _, row in rows] for task, rows in _identified_task_rows(candidate_id, splits).items()}
+
+
+def _identified_task_rows(candidate_id: int, splits: Sequence[str]) -> dict[str, list[tuple[int, measure.TrialRow]]]:
+    found: dict[str, list[tuple[int, measure.TrialRow]]] = {}
+    for pk, task, *row in (
+        Trial.objects.filter(
+            candidate_id=candidate_id,
+            split__in=splits,
+            evaluation__state=Evaluation.State.CERTIFIED,
+            evaluation__purpose__in=MEASURED_PURPOSES,
+        )
+        .order_by("pk")
+        .values_list("pk", "task__external_id", *ROW)
+    ):
+        found.setdefault(task, []).append((pk, measure.TrialRow(*row)))
     return found
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """dS of a harness against another with its paired bootstrap interval, and dC, on given trials."""
+
+    estimate: measure.DeltaEstimate
+    delta_cost: float | None  # relative change in tokens per trial (None: no cost on one side, or from 0)
+
+    def numbers(self) -> dict[str, object]:
+        """The interval as a gate decision keeps it in its numbers (and so in its certified record)."""
+        e = self.estimate
+        return {"dS_low": e.low, "dS_high": e.high, "paired_tasks": e.pairs, "confidence": e.confidence}
+
+
+COMPARISON_CACHE_SECONDS = 7 * 24 * 3600
+
+
+def comparison(base_id: int, candidate_id: int, splits: Sequence[str], metric: str) -> Comparison | None:
+    """dS of candidate ``candidate_id`` against ``base_id`` in ``metric`` over ``splits``, on the trials the gate
+    reads, with its paired bootstrap interval (``measure.paired_delta``, seeded by the candidate's id) and dC;
+    None when either side has no such trial.
+
+    The bootstrap is a pure function of the two sets of trials, so its result is cached (Django's cache) under
+    a digest of them (each trial's id and every value the measurement reads, the metric, the seed): a repeat
+    asks the database for the trials and nothing more, and a trial added, removed or changed on either side
+    is a new key. Safe to call from any request."""
+    base, new = _identified_task_rows(base_id, splits), _identified_task_rows(candidate_id, splits)
+    key = _comparison_key(base, new, metric=metric, seed=candidate_id)
+    found = cache.get(key)
+    if isinstance(found, Comparison):
+        return found
+    base_rows = {task: [row for _, row in rows] for task, rows in base.items()}
+    rows = {task: [row for _, row in task_rows] for task, task_rows in new.items()}
+    estimate = measure.paired_delta(base_rows, rows, metric, seed=candidate_id)
+    if estimate is None:
+        return None
+    base_cost = measure.cost(measure.totals(row for task in base_rows.values() for row in task))
+    cost = measure.cost(measure.totals(row for task in rows.values() for row in task))
+    delta_cost = relative_cost_change(cost, base_cost) if cost is not None and base_cost is not None else None
+    result = Comparison(estimate, delta_cost)
+    cache.set(key, result, COMPARISON_CACHE_SECONDS)
+    return result
+
+
+def comparison_key(base_id: int, candidate_id: int, splits: Sequence[str], metric: str) -> str:
+    """The cache key ``comparison`` files its answer under, for the trials as they are now."""
+    base, new = _identified_task_rows(base_id, splits), _identified_task_rows(candidate_id, splits)
+    return _comparison_key(base, new, metric=metric, seed=candidate_id)
+
+
+def _comparison_key(
+    base: dict[str, list[tuple[int, measure.TrialRow]]],
+    new: dict[str, list[tuple[int, measure.TrialRow]]],
+    *,
+    metric: str,
+    seed: int,
+) -> str:
+    def side(rows: dict[str, list[tuple[int, measure.TrialRow]]]) -> list[object]:
+        return [[task, [[pk, *row] for pk, row in trials]] for task, trials in sorted(rows.items())]
+
+    text = json.dumps([COMPARISON_VERSION, metric, seed, side(base), side(new)], separators=(",", ":"))
+    return f"evolution:comparison:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+# Part of every comparison's cache key: raise it when what ``comparison`` computes changes.
+COMPARISON_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AtDecision:
+    """dS, its interval and dC as the gate decision kept them (``GateDecision.numbers``, certified with it).
+    ``pairs`` is None for a decision made before decisions kept their interval (``low``/``high`` None then)."""
+
+    decision_id: int
+    delta: float
+    low: float | None
+    high: float | None
+    pairs: int | None
+    confidence: float | None
+    delta_cost: float | None
+
+    @classmethod
+    def of(cls, decision: GateDecision) -> AtDecision | None:
+        numbers = decision.numbers if isinstance(decision.numbers, dict) else {}
+        d_score = numbers.get("dS")
+        if not isinstance(d_score, int | float):
+            return None
+        pairs = numbers.get("paired_tasks")
+        confidence = numbers.get("confidence")
+        return cls(
+            decision_id=decision.pk,
+            delta=float(d_score),
+            low=_number(numbers.get("dS_low")),
+            high=_number(numbers.get("dS_high")),
+            pairs=pairs if isinstance(pairs, int) else None,
+            confidence=_number(confidence),
+            delta_cost=_number(numbers.get("dC")),
+        )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    # The gate and the page sum the same trials, possibly in another order: equal up to rounding.
+    return (a is None) == (b is None) and (a is None or b is None or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))
+
+
+@dataclass(frozen=True)
 class ComparedDelta:
-    """dS of a candidate against the harness it is compared with, as the gate compared them."""
+    """dS of a candidate against the harness it is compared with: the numbers its gate decision kept
+    (``at_decision``; None when no gate decided it) and the current estimate on the trials measured now
+    (``estimate``, ``delta_cost``)."""
 
     base_id: int
     gated: bool  # True: the harness the gate compared it with; False: its parent (not gated yet)
     splits: tuple[str, ...]
-    estimate: measure.DeltaEstimate
-    delta_cost: float | None  # relative change in tokens per trial (None: no cost on one side, or from 0)
+    estimate: measure.DeltaEstimate  # the current estimate
+    delta_cost: float | None  # the current dC: relative change in tokens per trial (None: no cost on one side)
     noise_delta: float | None  # the run's noise band, beside dS
+    at_decision: AtDecision | None = None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the current estimate differs from the decision's numbers (later measurements of either
+        side), or the decision kept no interval; False when no gate decided it."""
+        at = self.at_decision
+        if at is None:
+            return False
+        e = self.estimate
+        return (
+            at.pairs is None
+            or not _same(at.delta, e.delta)
+            or not _same(at.low, e.low)
+            or not _same(at.high, e.high)
+            or at.pairs != e.pairs
+            or not _same(at.delta_cost, self.delta_cost)
+        )
 
 
 def candidate_delta(candidate: Candidate) -> ComparedDelta | None:
     """The one dS of ``candidate``: against the harness its latest gate decision compared it with (else its
     parent), in its run's recipe's metric over the recipe's evolve splits, on the trials the gate reads, with
-    its paired bootstrap interval (``measure.paired_delta``). None for the seed or without certified trials on
-    both sides. The gate's dS in its decision, the ledger's, this and the API's are one number."""
+    its paired bootstrap interval and dC (``comparison``, cached by the trials). A decided candidate also has
+    the numbers its decision kept (``at_decision``). None for the seed or without certified trials on both
+    sides. The gate's dS in its decision, the ledger's, this and the API's are one number."""
     decision = (
         GateDecision.objects.filter(candidate=candidate, round__gt=0, current__isnull=False)
         .select_related("run__recipe")
@@ -199,12 +345,9 @@ def candidate_delta(candidate: Candidate) -> ComparedDelta | None:
     evaluation = parse_recipe(spec).evaluation if spec else None
     metric = evaluation.score_metric if evaluation else "pass_at_1"
     splits = evaluation.evolve_splits if evaluation else EVOLVE_SPLIT_CHOICES
-    base_rows, rows = candidate_task_rows(base_id, splits), candidate_task_rows(candidate.pk, splits)
-    estimate = measure.paired_delta(base_rows, rows, metric, seed=candidate.pk)
-    if estimate is None:
+    found = comparison(base_id, candidate.pk, splits, metric)
+    if found is None:
         return None
-    base_cost = measure.cost(measure.totals(row for task in base_rows.values() for row in task))
-    cost = measure.cost(measure.totals(row for task in rows.values() for row in task))
-    delta_cost = relative_cost_change(cost, base_cost) if cost is not None and base_cost is not None else None
     noise = run.noise_delta if run is not None else None
-    return ComparedDelta(base_id, gated, tuple(splits), estimate, delta_cost, noise)
+    at_decision = AtDecision.of(decision) if decision is not None and gated else None
+    return ComparedDelta(base_id, gated, tuple(splits), found.estimate, found.delta_cost, noise, at_decision)

@@ -378,7 +378,7 @@ def gate_decide(
         best_floor_score=best_floor,
     )
     by_id = {pk: c for pk, (c, _) in measured.items()}
-    _write_decision(run, current, decided, by_id)
+    _write_decision(run, current, decided, by_id, splits=splits, metric=metric)
     return decided, by_id
 
 
@@ -496,10 +496,17 @@ def _write_decision(
     current: Candidate,
     decided: decisions.RoundDecision,
     candidates: dict[regularization.CandidateId, Candidate],
+    *,
+    splits: Sequence[str],
+    metric: str,
 ) -> None:
-    """The decision's rows: each candidate's new state, its certified gate decision, the ledger."""
+    """The decision's rows: each candidate's new state, its certified gate decision, the ledger. The decision
+    keeps, beside the gate's numbers, the paired bootstrap interval of its dS (``load.comparison``) as the
+    trials stood when it was made: the candidate page and the API show it as the numbers "at decision"."""
     for item in decided.candidates:
         candidate = candidates[item.candidate_id]
+        compared = load.comparison(current.pk, candidate.pk, splits, metric)
+        numbers = {**item.numbers, **(compared.numbers() if compared is not None else {})}
         if item.accepted:
             candidate_accept(candidate=candidate, reason=item.reason)
         else:
@@ -514,7 +521,7 @@ def _write_decision(
                 "chosen": item.chosen,
                 "rule": item.rule,
                 "explanation": item.explanation,
-                "numbers": item.numbers,
+                "numbers": numbers,
             },
         )
         gate_decision_certify(decision=row)

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
@@ -85,6 +86,10 @@ NUMBER_LABELS: tuple[tuple[str, str, str], ...] = (
     ("S_best", "S_best: best accepted score so far", "score"),
     ("dS", "dS = S - S_current", "signed_score"),
     ("dS_best", "S - S_best", "signed_score"),
+    ("dS_low", "lower end of dS's paired bootstrap interval, at decision", "signed_score"),
+    ("dS_high", "upper end of that interval", "signed_score"),
+    ("confidence", "confidence of the interval", "percent"),
+    ("paired_tasks", "tasks measured on both sides (the interval's pairs)", "int"),
     ("delta", "delta: noise band used by the gate", "score"),
     ("delta_estimated", "delta estimated from repeated seed runs", "score"),
     ("floor", "floor = S_best - delta", "score"),
@@ -152,16 +157,54 @@ def gate_numbers(numbers: dict[str, Any]) -> list[NumberRow]:
 
 
 def delta_text(delta: load.ComparedDelta) -> str:
-    """dS with its interval and how many paired tasks it rests on, or why there is no interval."""
+    """The current estimate: dS with its interval and how many paired tasks it rests on, or why there is no
+    interval."""
     e = delta.estimate
-    text = f"dS = {e.delta:+.3f}"
-    if e.low is not None and e.high is not None:
-        text += f" ({e.confidence:.0%} CI {e.low:+.3f} .. {e.high:+.3f} over {e.pairs} paired tasks)"
-    else:
-        text += f" (not enough data for an interval: {e.pairs} paired task{'s' if e.pairs != 1 else ''})"
+    text = interval_text(e.delta, e.low, e.high, e.pairs, e.confidence)
     if delta.noise_delta is not None:
         text += f"; noise band δ = {delta.noise_delta:.3f}"
     return text
+
+
+def interval_text(
+    d_score: float, low: float | None, high: float | None, pairs: int | None, confidence: float | None
+) -> str:
+    text = f"dS = {d_score:+.3f}"
+    if low is not None and high is not None and confidence is not None:
+        text += f" ({confidence:.0%} CI {low:+.3f} .. {high:+.3f} over {pairs} paired tasks)"
+    elif pairs is None:
+        text += " (the decision kept no interval)"
+    else:
+        text += f" (not enough data for an interval: {pairs} paired task{'s' if pairs != 1 else ''})"
+    return text
+
+
+def cost_text(delta_cost: float | None) -> str:
+    return "" if delta_cost is None else f"dC = {delta_cost * 100:+.1f}%"
+
+
+@dataclass(frozen=True)
+class DeltaView:
+    """What the candidate page says of dS and dC: the decision's numbers ("at decision") when a gate decided
+    the candidate, and the current estimate when there is no decision or later measurements moved it."""
+
+    decided_text: str  # "" when no gate decided it
+    decided_cost: str
+    current_text: str  # "" when the decision's numbers are still the current ones
+    current_cost: str
+
+    @classmethod
+    def of(cls, delta: load.ComparedDelta) -> DeltaView:
+        at = delta.at_decision
+        current, current_cost = delta_text(delta), cost_text(delta.delta_cost)
+        if at is None:
+            return cls("", "", current, current_cost)
+        decided = interval_text(at.delta, at.low, at.high, at.pairs, at.confidence)
+        if delta.noise_delta is not None:
+            decided += f"; noise band δ = {delta.noise_delta:.3f}"
+        if not delta.moved:
+            return cls(decided, cost_text(at.delta_cost), "", "")
+        return cls(decided, cost_text(at.delta_cost), current, current_cost)
 
 
 def gate_summary(numbers: dict[str, Any]) -> str:
@@ -418,12 +461,8 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
         for split, summary in sorted(result.splits.items(), key=lambda item: order.get(item[0], 99))
     ]
     overall = sum(row.contribution_value for row in split_rows if row.split != SplitName.HELDOUT)
-    ci_text = dc_text = ""
     delta = result.delta
-    if delta is not None:
-        ci_text = delta_text(delta)
-        if delta.delta_cost is not None:
-            dc_text = f"dC = {delta.delta_cost * 100:+.1f}%"
+    delta_view = DeltaView.of(delta) if delta is not None else None
 
     # Kept apart from the certified numbers above, which never count them.
     external_results = [ExternalResultView.of(found) for found in selectors.candidate_external_results(candidate=cand)]
@@ -451,10 +490,9 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
             "split_rows": split_rows,
             "external_results": external_results,
             "overall": f"{overall * 100:.1f}%",
-            "dc_text": dc_text,
             "evolve_splits": evolve,
-            "ci_text": ci_text,
             "delta": delta,
+            "delta_view": delta_view,
             "children": children,
             "choices": others,
             "review_item": review_item,
@@ -497,14 +535,24 @@ class _Choice(TypedDict):
     round: int | None
 
 
-def _candidate_choices(cand: Candidate) -> list[_Choice]:
-    """Every candidate of the experiment for the "compare with" select (one query)."""
-    return list(
-        Candidate.objects.filter(experiment_id=cand.experiment_id)
-        .exclude(pk=cand.pk)
-        .order_by("pk")
-        .values("pk", "label", "state", "round")
-    )
+# The "compare with" select lists at most this many of the other candidates (an experiment may have thousands).
+COMPARE_CHOICES = 200
+
+
+def _candidate_choices(cand: Candidate, *, also: Candidate | None = None) -> list[_Choice]:
+    """The candidates of the "compare with" select, by number: the seed, the parent and ``also`` (the one
+    compared with now), then the latest (by number) ``COMPARE_CHOICES`` of its children, its siblings and the
+    experiment's accepted candidates. Two queries however large the experiment; any other candidate is
+    compared with by its number (``?against=``)."""
+    others = Candidate.objects.filter(experiment_id=cand.experiment_id).exclude(pk=cand.pk)
+    first = {cand.experiment.seed_candidate_id, cand.parent_id, also.pk if also is not None else None} - {None}
+    fields = ("pk", "label", "state", "round")
+    pinned = list(others.filter(pk__in=first).values(*fields))
+    related = Q(parent_id=cand.pk) | Q(state=Candidate.State.ACCEPTED)
+    if cand.parent_id is not None:
+        related |= Q(parent_id=cand.parent_id)
+    latest = list(others.filter(related).exclude(pk__in=first).order_by("-pk").values(*fields)[:COMPARE_CHOICES])
+    return cast("list[_Choice]", sorted([*pinned, *latest], key=lambda choice: choice["pk"]))
 
 
 # --- Diff ---------------------------------------------------------------------------
@@ -689,7 +737,7 @@ def candidate_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context = _diff_context(request, req, files, flags)
     if request.GET.get("partial"):
         return render(request, "review/candidates/diff.html#diff-body", context)
-    context["choices"] = _candidate_choices(req.candidate)
+    context["choices"] = _candidate_choices(req.candidate, also=req.against)
     return render(request, "review/candidates/diff.html", context)
 
 
@@ -711,7 +759,7 @@ def diff_file(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         context["f"] = files[0]
         return render(request, "review/candidates/diff.html#file-load", context)
     context["single"] = True
-    context["choices"] = _candidate_choices(req.candidate)
+    context["choices"] = _candidate_choices(req.candidate, also=req.against)
     return render(request, "review/candidates/diff.html", context)
 
 
