@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -34,6 +35,7 @@ from django.utils import timezone
 
 from evolution import digests, selectors
 from evolution.access import roles_ensure
+from evolution.loop import load
 from evolution.loop.lifecycle import recipe_store
 from evolution.models import (
     Annotation,
@@ -54,7 +56,7 @@ from evolution.models import (
     TreeEntry,
     Trial,
 )
-from evolution.recipes import load_preset
+from evolution.recipes import load_preset, parse_recipe
 from evolution.services.records import split_stats_store
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
@@ -68,14 +70,19 @@ BATCH = 2000
 STATES = (Candidate.State.FLAGGED, *([Candidate.State.REJECTED_GATE] * 15), *([Candidate.State.ACCEPTED] * 4))
 
 
+# The screens that show a candidate's dS against another harness (``load.candidate_delta``).
+COMPARING = ("candidate page (flags)", "API candidate detail")
+
+
 @dataclass
 class World:
     experiment: Experiment
     run: Run
     trial_pk: int  # the trial holding the long trajectory
+    candidate_pk: int = 0  # a decided candidate with leakage flags
 
 
-def _world(*, name: str, tasks: int) -> World:
+def _world(*, name: str, tasks: int, k: int) -> World:
     seed_tree = tree_store(entries=[FileEntry("prompt.md", "100644", b"Answer carefully.\n")])
     experiment = bench_experiment(name=name, seed_tree=seed_tree, tasks=tasks)
     recipe = recipe_store(recipe=load_preset("rrsi"))
@@ -85,6 +92,23 @@ def _world(*, name: str, tasks: int) -> World:
     )
     seed = selectors.experiment_seed(experiment)
     Candidate.objects.filter(pk=seed.pk).update(state=Candidate.State.ACCEPTED, certified_at=now, run=run, round=0)
+    # The seed's baseline, which every candidate's dS is measured against.
+    split_names = sorted(set(experiment.split_memberships.values_list("split", flat=True)))
+    task_count = experiment.split_memberships.count()
+    baseline = Evaluation.objects.create(
+        experiment=experiment,
+        candidate=seed,
+        run=run,
+        purpose=Evaluation.Purpose.BASELINE,
+        splits=split_names,
+        k=k,
+        state=Evaluation.State.CERTIFIED,
+        trials_total=task_count * k,
+        trials_finished=task_count * k,
+        finished_at=now,
+    )
+    _insert_trials(experiment.pk, first_label_pk=seed.pk, k=k, now=now)
+    split_stats_store(evaluations=Evaluation.objects.filter(pk=baseline.pk))
     return World(experiment=experiment, run=run, trial_pk=0)
 
 
@@ -230,9 +254,31 @@ def grow(world: World, *, candidates: int, k: int, annotations: int, steps: int,
     _annotate(experiment.pk, annotations=annotations, author=author, now=now)
     if steps:
         world.trial_pk = _long_trajectory(measured[-1][0] if measured else seed, steps=steps)
+    if len(measured) > 1:
+        # The candidate page measured: a gated candidate a reviewer looked at, with leakage flags, and its
+        # decision's numbers kept as the gate keeps them (dS, dC and the interval of ``load.comparison``).
+        shown, shown_edit = measured[-2]  # [-1] has the long trajectory's extra trial
+        world.candidate_pk = shown.pk
+        LeakageFlag.objects.bulk_create(
+            [
+                LeakageFlag(candidate=shown, edit=shown_edit, rule=rule, path=shown_edit.paths[0], line=shown.label)
+                for rule in ("task-id", "expected-answer", "task-text")
+            ]
+        )
+        _decide(shown, seed, run)
     # The per-split totals certification stores (result_certify does the same),
     # once the evaluations' trials are all written.
     split_stats_store(evaluations=Evaluation.objects.filter(experiment=experiment, candidate_id__gte=made[0].pk))
+
+
+def _decide(candidate: Candidate, base: Candidate, run: Run) -> None:
+    """Give ``candidate``'s gate decision the numbers the gate keeps (``steps._write_decision``)."""
+    evaluation = parse_recipe(run.recipe.spec).evaluation
+    found = load.comparison(base.pk, candidate.pk, evaluation.evolve_splits, evaluation.score_metric)
+    assert found is not None  # both have certified trials on the evolve splits
+    GateDecision.objects.filter(candidate=candidate, round=_round(candidate)).update(
+        numbers={"dS": found.estimate.delta, "dC": found.delta_cost, **found.numbers()}
+    )
 
 
 def _insert_trials(experiment_id: int, *, first_label_pk: int, k: int, now: datetime) -> None:
@@ -329,6 +375,9 @@ def _screens(world: World) -> dict[str, str]:
         "results matrix": reverse("review:matrix", args=[pk]),
         "review queue": reverse("review:queue"),
         "trajectory page": reverse("review:trial", args=[world.trial_pk]),
+        "candidate page (flags)": reverse("review:candidate", args=[world.candidate_pk]),
+        "diff page": reverse("review:candidate_diff", args=[world.candidate_pk]),
+        "API candidate detail": reverse("api:candidate-detail", args=[world.candidate_pk]),
     }
 
 
@@ -365,6 +414,19 @@ def _raw_sql(world: World) -> dict[str, tuple[str, list[object]]]:
             "SELECT s.step_id, s.source, s.message, s.tool_calls FROM evolution_trajectorystep s "
             "JOIN evolution_trajectory j ON j.id = s.trajectory_id WHERE j.trial_id = %s ORDER BY s.step_id LIMIT 100",
             [world.trial_pk],
+        ),
+        "candidate page (flags)": (
+            "SELECT t.task_id, t.split, t.outcome, t.score, t.tokens FROM evolution_trial t WHERE t.candidate_id = %s",
+            [world.candidate_pk],
+        ),
+        "diff page": (
+            "SELECT e.path, b.content FROM evolution_treeentry e JOIN evolution_blob b ON b.digest = e.blob_id "
+            "WHERE e.tree_id = (SELECT tree_id FROM evolution_candidate WHERE id = %s) ORDER BY e.path",
+            [world.candidate_pk],
+        ),
+        "API candidate detail": (
+            "SELECT t.task_id, t.split, t.outcome, t.score, t.tokens FROM evolution_trial t WHERE t.candidate_id = %s",
+            [world.candidate_pk],
         ),
     }
 
@@ -412,7 +474,7 @@ def _small_counts(*, k: int, tasks: int) -> dict[str, int]:
     """The query count of each page on the small world (a few candidates),
     built in the current database."""
     admin, client = _signed_in_admin(create=True)
-    world = _world(name="bench-pages", tasks=tasks)
+    world = _world(name="bench-pages", tasks=tasks, k=k)
     with transaction.atomic():
         grow(world, candidates=40, k=k, annotations=10, steps=150, author=admin)
     return _query_counts(client, _screens(world))
@@ -427,6 +489,11 @@ def _found_world() -> World:
         experiment=experiment,
         run=Run.objects.filter(experiment=experiment).order_by("pk")[0],
         trial_pk=longest.trial_id,
+        candidate_pk=Candidate.objects.filter(
+            experiment=experiment, leakage_flags__isnull=False, gate_decisions__isnull=False
+        )
+        .order_by("-pk")
+        .values_list("pk", flat=True)[0],
     )
 
 
@@ -500,6 +567,14 @@ def run(
         if keep:
             lines.append(f"kept database {database}: --reuse-data {database} measures it again (drop it when done)")
         raw = _raw_sql(world)
+        # The pages that compare two sets of trials, once with nothing cached (the first request after the
+        # trials changed, or in a fresh process): reported, the target is on the median.
+        cold_lines = []
+        for name in COMPARING:
+            cache.clear()
+            with stopwatch() as cold:
+                client.get(screens[name])
+            cold_lines.append(f"{name}, first request with an empty cache: {cold[0] * 1000:.1f} ms")
         worst = 0.0
         for name, url in screens.items():
             page_ms = _median_ms(lambda url=url: client.get(url), repeat)
@@ -514,6 +589,7 @@ def run(
     if vendor != "postgresql" and total_candidates > 10_000:  # not a --quick smoke run
         checks["postgresql"] = False
     lines.append(f"median of {repeat} requests each; target < {TARGET_MS:g} ms per page")
+    lines.extend(cold_lines)
     return BenchResult(
         ratio=worst / TARGET_MS,
         target=1.0,

@@ -54,7 +54,7 @@ def test_pages_benchmark_keeps_query_counts_constant() -> None:
     sizes = {**REGISTRY["pages"].quick, "repeat": 1}
     result = pages_bench.run(**sizes, scratch=False)
     constancy = {name: ok for name, ok in result.checks.items() if name.startswith("queries constant")}
-    assert len(constancy) == 6, result.lines
+    assert len(constancy) == 9, result.lines
     assert all(constancy.values()), result.lines
     assert "postgresql" not in result.checks  # smoke sizes are not held to the PostgreSQL target
     # The generated rows are what the benchmark reports.
@@ -62,13 +62,35 @@ def test_pages_benchmark_keeps_query_counts_constant() -> None:
     assert Candidate.objects.filter(experiment__name="bench-pages").count() == candidates + 1  # and the seed
     measured = Candidate.objects.filter(experiment__name="bench-pages", evaluations__isnull=False).count()
     trials = Trial.objects.filter(candidate__experiment__name="bench-pages").count()
+    # The seed's baseline included (every candidate's dS is measured against it).
     assert trials == measured * sizes["tasks"] * sizes["k"] + 2  # and the two long-trajectory trials
+    assert Candidate.objects.filter(
+        experiment__name="bench-pages", seed_of__isnull=False, evaluations__isnull=False
+    ).exists()
     assert Annotation.objects.count() == sizes["annotations"]
     assert TrajectoryStep.objects.filter(trajectory__trial__candidate__experiment__name="bench-pages").count() == (
         150 + sizes["steps"]
     )
     pages = [line for line in result.lines if re.search(r"median .* ms .* queries", line)]
-    assert len(pages) == 6
+    assert [line.split(" median")[0].strip() for line in pages] == [
+        "experiments list",
+        "dashboard",
+        "candidate list (lineage)",
+        "results matrix",
+        "review queue",
+        "trajectory page",
+        "candidate page (flags)",
+        "diff page",
+        "API candidate detail",
+    ]
+    # The candidate measured has flags and a decision that kept its interval, as the gate keeps it.
+    shown = Candidate.objects.filter(experiment__name="bench-pages", leakage_flags__isnull=False).exclude(
+        evaluations__isnull=True
+    )
+    assert shown.distinct().count() == 2  # one in the small world, one in the grown
+    for candidate in shown.distinct():
+        assert {"dS", "dC", "dS_low", "dS_high", "paired_tasks"} <= set(candidate.gate_decisions.get().numbers)
+    assert sum("first request with an empty cache" in line for line in result.lines) == 2
     for line in pages:
         found = re.search(r"queries (\d+) small / (\d+) large", line)
         assert found is not None
