@@ -545,7 +545,9 @@ def _candidate_choices(cand: Candidate, *, also: Candidate | None = None) -> lis
     experiment's accepted candidates. Two queries however large the experiment; any other candidate is
     compared with by its number (``?against=``)."""
     others = Candidate.objects.filter(experiment_id=cand.experiment_id).exclude(pk=cand.pk)
-    first = {cand.experiment.seed_candidate_id, cand.parent_id, also.pk if also is not None else None} - {None}
+    first = {
+        pk for pk in (cand.experiment.seed_candidate_id, cand.parent_id, also.pk if also else None) if pk is not None
+    }
     fields = ("pk", "label", "state", "round")
     pinned = list(others.filter(pk__in=first).values(*fields))
     related = Q(parent_id=cand.pk) | Q(state=Candidate.State.ACCEPTED)
