@@ -50,3 +50,50 @@
     if (note) { note.textContent = "Step " + field.value + " picked: the label will point at it."; }
   });
 })();
+
+// Keys typed while the annotation panel is still loading (0.1-0.3 s after the page) are kept, never lost:
+// the loading line says how many wait, and once htmx has put the panel in they are pressed again, in order,
+// so "3" then "s" picks the third label and saves. Only the panel's own keys wait (label keys 1-9, s, n).
+(function () {
+  "use strict";
+  var queued = [];
+  var PANEL_KEYS = /^[1-9sn]$/;
+
+  function pending() {
+    var host = document.getElementById("annotations");
+    return !!(host && host.hasAttribute("hx-get") && !host.querySelector(".annotation-panel"));
+  }
+
+  function typing(target) {
+    return !!(target && target.closest && target.closest("input, textarea, select, [contenteditable]"));
+  }
+
+  window.addEventListener("keydown", function (event) {
+    if (!pending() || event.ctrlKey || event.metaKey || event.altKey || event.isComposing) { return; }
+    if (!PANEL_KEYS.test(event.key) || typing(event.target)) { return; }
+    event.preventDefault();
+    event.stopImmediatePropagation();
+    queued.push(event.key);
+    var host = document.getElementById("annotations");
+    var note = host.querySelector(".keys-waiting");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "keys-waiting small";
+      note.setAttribute("role", "status");
+      host.appendChild(note);
+    }
+    note.textContent = queued.length + (queued.length === 1 ? " key" : " keys") + " kept (" + queued.join(" ") +
+      "): applied as soon as the panel is shown.";
+  }, true);
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (!queued.length || pending()) { return; }
+    var target = event.detail && event.detail.target;
+    if (!target || target.id !== "annotations") { return; }
+    var keys = queued;
+    queued = [];
+    keys.forEach(function (key) {
+      document.body.dispatchEvent(new KeyboardEvent("keydown", {key: key, bubbles: true, cancelable: true}));
+    });
+  });
+})();
