@@ -69,8 +69,13 @@ QUEUE_SHOW = {
     "all": "all failed trials",
     "unlabelled": "labelled by nobody",
     "todo": "not labelled by me",
+    "others": "labelled by others, not by me",
     "mine": "labelled by me",
 }
+# Annotators wanted per trial (as a Langfuse annotation queue assigns N per item): "labelled by others, not by
+# me" lists the trials that have fewer, so a second annotator is sent to a colleague's items. ``?per_trial=``.
+ANNOTATORS_PER_TRIAL = 2
+ANNOTATORS_PER_TRIAL_MAX = 10
 
 
 # --- helpers ------------------------------------------------------------------
@@ -199,6 +204,10 @@ def annotate_queue(request: HttpRequest) -> HttpResponse:
     if show not in QUEUE_SHOW:
         show = "all"
     split = request.GET.get("split", "")
+    raw_per_trial = request.GET.get("per_trial", "")
+    per_trial = ANNOTATORS_PER_TRIAL
+    if raw_per_trial.isdigit() and 2 <= int(raw_per_trial) <= ANNOTATORS_PER_TRIAL_MAX:
+        per_trial = int(raw_per_trial)
 
     trials = _failed_trials(request.user, experiment_id=experiment_id)
     progress = _progress(trials, request.user)
@@ -210,6 +219,8 @@ def annotate_queue(request: HttpRequest) -> HttpResponse:
         listed = listed.filter(annotators=0)
     elif show == "todo":
         listed = listed.filter(labelled_by_me=False)
+    elif show == "others":
+        listed = listed.filter(annotators__gte=1, annotators__lt=per_trial, labelled_by_me=False)
     elif show == "mine":
         listed = listed.filter(labelled_by_me=True)
     listed = listed.select_related("candidate__experiment", "task").prefetch_related(
@@ -226,6 +237,8 @@ def annotate_queue(request: HttpRequest) -> HttpResponse:
         "experiment_id": experiment_id,
         "show": show,
         "show_choices": QUEUE_SHOW,
+        "per_trial": per_trial,
+        "per_trial_choices": range(2, ANNOTATORS_PER_TRIAL_MAX + 1),
         "split": split,
         "splits": ["train", "gate", "sealed", "heldout"]
         if access.can_see_sealed(request.user)

@@ -93,8 +93,8 @@ def test_label_keys_typed_while_the_panel_loads_all_land(
     assert page.locator("#annotations form.annotation-form").count() == 0  # still loading
     screen.key("3")
     screen.key("s")
-    # The panel says the keys are kept for it.
-    assert "2 keys" in page.locator("#annotations").inner_text()
+    # The loading line says the keys are kept for the panel (checked last: first, that they land).
+    loading = page.locator("#annotations").inner_text()
     held[0].continue_()
     page.unroute(f"**{panel_url}")  # before the save that the replayed "s" posts to the same address
     # The keys wait for the panel, then apply in order: label 3, then save.
@@ -105,4 +105,60 @@ def test_label_keys_typed_while_the_panel_loads_all_land(
     screen.go(reverse("review:trial", args=[_failed_trial(example_world, skip=1).pk]))
     third = page.locator("#annotations .label-keys button").nth(2)
     assert str(annotation.label_id) == third.get_attribute("data-label-pick")
+    assert "2 keys kept (3 s)" in loading
     screen.check()
+
+
+def test_a_second_annotator_is_sent_to_a_colleagues_trial_and_both_labels_count_in_agreement(
+    browser: Any, live_server: Any, example_world: Experiment, make_user: Any
+) -> None:
+    ensure_default_labels()
+    make_user("annotator", username="ann")
+    make_user("annotator", username="bob")
+    trial = _failed_trial(example_world, skip=2)
+    screens = []
+    for name in ("ann", "bob"):
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        made = Screen(context, live_server.url)
+        made.login(name)
+        screens.append((made, context))
+    (ann, _), (bob, _) = screens
+
+    # Ann labels one trial.
+    ann.go(reverse("review:trial", args=[trial.pk]))
+    ann.page.wait_for_selector("#annotations .label-keys button")
+    ann.key("2")
+    ann.key("s")
+    ann.page.wait_for_selector("#annotations .annotation-list")
+    first = Annotation.objects.get(trial=trial)
+    assert first.author.username == "ann"
+
+    # Bob asks the queue for trials labelled by others, not by him: the one trial Ann labelled, one of two.
+    queue = bob.page
+    bob.go(reverse("review:annotate_queue") + f"?experiment={example_world.pk}")
+    queue.click("a:has-text('labelled by others, not by me')")
+    queue.wait_for_url("**show=others**")
+    rows = queue.locator("table.annotation-queue tbody tr[data-trial]")
+    assert rows.count() == 1 and rows.first.get_attribute("data-trial") == str(trial.pk)
+    assert "1 of 2" in rows.first.inner_text()
+    # The row keys: j selects the row, Enter opens its trial.
+    bob.key("j")
+    assert "is-selected" in (rows.first.get_attribute("class") or "")
+    bob.key("Enter")
+    queue.wait_for_url(f"**/trials/{trial.pk}/**")
+    queue.wait_for_selector("#annotations .label-keys button")
+    bob.key("2")
+    bob.key("s")
+    queue.wait_for_selector("#annotations .annotation-list li:nth-child(2)")
+    assert sorted(Annotation.objects.filter(trial=trial).values_list("author__username", flat=True)) == ["ann", "bob"]
+
+    # Both labels count in agreement: the pair has one trial in common.
+    bob.go(reverse("review:annotation_stats", args=[example_world.pk]))
+    pair = queue.locator("tr[data-pair='ann|bob']")
+    assert pair.locator("td").nth(1).inner_text() == "1"
+    # The trial has its two annotators: nothing is left for Bob under "labelled by others".
+    bob.go(reverse("review:annotate_queue") + f"?experiment={example_world.pk}&show=others")
+    assert queue.locator("table.annotation-queue tbody tr[data-trial]").count() == 0
+    for made, context in screens:
+        made.check()
+        context.close()

@@ -132,7 +132,7 @@ def test_the_queue_shows_labels_progress_and_links(example_world: Experiment, cl
     row = html[html.index(f'data-trial="{first.pk}"') :]
     row = row[: row.index("</tr>")]
     assert "Tool misuse" in row and "Judgment error (right data, wrong rule)" in row
-    assert '<td class="num">2</td>' in row  # two annotators
+    assert '<td class="num">2 <span class="muted small">of 2</span></td>' in row  # two annotators of the two wanted
     assert f'href="{reverse("review:trial", args=[first.pk])}#annotations"' in row
     assert f'href="{reverse("review:candidate", args=[first.candidate_id])}"' in row
     assert first.task.external_id in row
