@@ -1,8 +1,18 @@
 // Keyboard shortcuts of every review screen, and the "?" overlay that lists them.
-// Loaded as a file on every page (the CSP forbids inline scripts). No key fires
-// while the focus is in a text field, a text area, a select or an editable
-// element, nor with Ctrl, Alt or Meta held (the browser's own shortcuts), with
-// one exception: Ctrl+Enter (or Cmd+Enter) in a form's text area submits it.
+// Loaded as a file on every page (the CSP forbids inline scripts).
+//
+// Keys act only when the focus is on the page itself: never while a person
+// types (a text field, a text area, a select, an editable element) and never
+// while the focus is on a control (a button, a checkbox, a link, a summary,
+// any element with a control's role), so a sentence typed with the focus in
+// the wrong place cannot become commands or decisions, and a focused
+// control's own keys (Enter on a button, Space on a checkbox) always win.
+// The one control keys do act on is the one this script moved the focus to
+// itself (the current file's name after j, the selected row's link), so
+// j j k keeps working. Esc leaves a field or a control: keys work again.
+// Nothing fires with Ctrl, Alt or Meta held (the browser's own shortcuts),
+// except Ctrl+Enter (or Cmd+Enter) in a form's text area, which submits it;
+// in the decision form with edits ticked it rejects those edits only.
 //
 // Two kinds of keys:
 // - declared by the page: an element with data-key="c" is activated by "c"
@@ -29,17 +39,54 @@
     ["o", "Enter", "Open the selected row"]
   ];
 
+  // Elements that take keys of their own: with the focus on one, page keys rest.
+  var CONTROLS = "a[href], area[href], button, input, select, textarea, summary, iframe, audio[controls], " +
+    "video[controls], [contenteditable]:not([contenteditable='false']), [role=button], [role=link], " +
+    "[role=checkbox], [role=radio], [role=switch], [role=tab], [role=menuitem], [role=option], " +
+    "[role=textbox], [role=combobox], [role=slider], [role=spinbutton], [role=searchbox]";
+
+  // The element this script last moved the focus to (j/k on files and rows): keys stay live there.
+  var keyFocused = null;
+
+  function focusByKeys(el) {
+    el.focus({preventScroll: true});
+    keyFocused = el;
+    lastControl = null;
+  }
+
+  // The control the person last put the focus on. When a swap removes it (an
+  // expand button replaced by the lines it fetched), the focus falls to the
+  // page, but the person still types "on" it: keys rest until a click or Esc.
+  var lastControl = null;
+  document.addEventListener("focusin", function (event) {
+    var el = control(event.target);
+    if (el !== keyFocused) lastControl = el;
+  });
+  document.addEventListener("mousedown", function () { lastControl = null; }, true);
+
   function typing(target) {
     if (!target || !target.closest) return false;
     if (target.isContentEditable) return true;
     var field = target.closest("input, textarea, select, [contenteditable], [contenteditable=''], [contenteditable='true']");
     if (!field) return false;
     if (field.tagName === "INPUT") {
-      // Checkboxes, radios and buttons take no text: keys stay live there.
       var kind = (field.getAttribute("type") || "text").toLowerCase();
       return ["checkbox", "radio", "button", "submit", "reset", "image", "file", "range", "color"].indexOf(kind) === -1;
     }
     return field.getAttribute("contenteditable") !== "false";
+  }
+
+  function control(target) {
+    if (!target || !target.closest || target === document.body || target === document.documentElement) return null;
+    return target.closest(CONTROLS);
+  }
+
+  // Keys rest while the person types or the focus is on a control this script did not put it on.
+  function resting(target) {
+    if (typing(target)) return true;
+    if (lastControl && !lastControl.isConnected && !control(target)) return true;
+    var el = control(target);
+    return !!el && el !== keyFocused;
   }
 
   function visible(el) {
@@ -95,7 +142,7 @@
     });
     file.scrollIntoView({block: "start"});
     var link = file.querySelector(".diff-file-head a.path");
-    if (link) link.focus({preventScroll: true});
+    if (link) focusByKeys(link);
   }
 
   function step(delta) {
@@ -175,7 +222,7 @@
     if (selected && selected !== list[index]) selected.removeAttribute("aria-selected");
     list[index].scrollIntoView({block: "nearest"});
     var link = list[index].querySelector("a[href]");
-    if (link) link.focus({preventScroll: true});
+    if (link) focusByKeys(link);
     return true;
   }
 
@@ -237,8 +284,8 @@
     if (rows().length) ROW_KEYS.forEach(function (k) { add("Table", k[0], k[1], k[2]); });
     if (files().length) DIFF_KEYS.forEach(function (k) { add("Diff", k[0], k[1], k[2]); });
     add("Everywhere", "?", "", "Show or hide this list");
-    add("Everywhere", "Esc", "", "Close this list, or leave the field you are typing in");
-    if (document.querySelector("form textarea")) add("Everywhere", "Ctrl+Enter", "", "In a text area: submit its form");
+    add("Everywhere", "Esc", "", "Close this list, or leave the field or control the focus is on");
+    if (document.querySelector("form textarea")) add("Everywhere", "Ctrl+Enter", "", "In a text area: submit its form (a decision with edits ticked rejects those edits only)");
 
     var box = document.createElement("div");
     box.id = "keys-overlay";
@@ -278,53 +325,137 @@
     });
     var note = document.createElement("p");
     note.className = "muted small";
-    note.textContent = "Keys do nothing while you type in a field. docs/review.md lists every screen's keys.";
+    note.textContent = "Keys do nothing while you type in a field or while the focus is on a button, a checkbox or a link (Esc leaves it). docs/review.md lists every screen's keys.";
     panel.appendChild(note);
+    var close = document.createElement("button");
+    close.type = "button";
+    close.className = "keys-close";
+    close.textContent = "Close";
+    close.addEventListener("click", closeOverlay);
+    panel.appendChild(close);
+    // The dialog takes the focus (and gives it back when it closes); Tab stays inside it.
+    panel.setAttribute("tabindex", "-1");
+    box.setAttribute("aria-labelledby", "keys-overlay-title");
+    title.id = "keys-overlay-title";
+    box.removeAttribute("aria-label");
     box.appendChild(panel);
     box.addEventListener("click", function (event) { if (event.target === box) closeOverlay(); });
+    overlayReturn = document.activeElement;
     document.body.appendChild(box);
+    panel.focus();
   }
+
+  var overlayReturn = null;
 
   function closeOverlay() {
     var existing = document.getElementById("keys-overlay");
-    if (existing) existing.remove();
+    if (!existing) return;
+    existing.remove();
+    var back = overlayReturn;
+    overlayReturn = null;
+    if (back && back !== document.body && document.contains(back) && back.focus) back.focus({preventScroll: true});
+  }
+
+  function trapTab(event, box) {
+    var stops = Array.prototype.filter.call(box.querySelectorAll("button, a[href], [tabindex]"), visible);
+    if (!stops.length) return;
+    var index = stops.indexOf(document.activeElement);
+    var next = event.shiftKey ? (index <= 0 ? stops.length - 1 : index - 1) : (index + 1) % stops.length;
+    event.preventDefault();
+    stops[next].focus();
+  }
+
+  // --- Deciding ------------------------------------------------------------------
+
+  // The edits ticked for rejection in a decision form, and how many it has.
+  function ticked(form) {
+    var boxes = Array.prototype.slice.call(
+      document.querySelectorAll('input[name="edits"][form="' + form.id + '"], #' + form.id + ' input[name="edits"]'));
+    var names = [];
+    boxes.forEach(function (box) {
+      if (!box.checked) return;
+      var edit = box.closest("[id^='edit-']");
+      names.push(edit ? "#" + edit.id.slice(5) : box.value);
+    });
+    return {names: names, total: boxes.length};
+  }
+
+  // The verdict a form is about to get when some of its edits are ticked: a
+  // proper subset ticked turns "reject" into "reject the ticked edits".
+  function verdictWithTicks(form, verdict) {
+    var picked = ticked(form);
+    var partial = form.querySelector('button[name=verdict][value="reject_edits"]');
+    if (verdict === "reject" && partial && picked.names.length && picked.names.length < picked.total) return "reject_edits";
+    return verdict;
+  }
+
+  function say(form, words) {
+    var hint = form.querySelector(".verdict-hint");
+    if (hint) hint.textContent = words;
+  }
+
+  // Ctrl+Enter in the reason: the verdict picked with a or r, or, with edits
+  // ticked, the rejection of those edits. Approving with edits ticked asks first.
+  function submitReason(form) {
+    var picked = ticked(form);
+    var chosen = form.getAttribute("data-verdict");
+    if (picked.names.length && form.querySelector("button[name=verdict]")) {
+      var edits = "edit" + (picked.names.length > 1 ? "s " : " ") + picked.names.join(", ");
+      if (chosen === "approve") {
+        say(form, "You ticked " + edits + " for rejection but picked approve: untick them to approve, or press Esc, then r to reject only them.");
+        return;
+      }
+      chosen = verdictWithTicks(form, chosen || "reject");
+    }
+    var submitter = chosen ? form.querySelector('button[name=verdict][value="' + chosen + '"]') : null;
+    if (!submitter && form.querySelector("button[name=verdict]")) {
+      // A decision needs its verdict: say how to pick one rather than post without it.
+      say(form, "Pick a verdict first: Esc, then a (approve) or r (reject).");
+      return;
+    }
+    if (submitter && submitter.disabled) return;
+    if (form.requestSubmit) form.requestSubmit(submitter || undefined); else form.submit();
   }
 
   // --- Dispatch ----------------------------------------------------------------
 
+  // Set while a key press activates a declared element: a verdict key then
+  // takes the ticked edits into account, a click with the mouse does not.
+  var byKey = false;
+
   document.addEventListener("keydown", function (event) {
     if (event.defaultPrevented || event.isComposing) return;
+    var box = document.getElementById("keys-overlay");
+    if (box) {
+      // The list is a modal dialog: Esc or ? closes it, Tab stays inside it, nothing else acts.
+      if (event.key === "Escape" || event.key === "?") { event.preventDefault(); closeOverlay(); }
+      else if (event.key === "Tab") trapTab(event, box);
+      return;
+    }
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
       var area = event.target.closest ? event.target.closest("textarea") : null;
       if (area && area.form) {
         event.preventDefault();
-        var chosen = area.form.getAttribute("data-verdict");
-        var submitter = chosen ? area.form.querySelector('button[name=verdict][value="' + chosen + '"]') : null;
-        if (!submitter && area.form.querySelector("button[name=verdict]")) {
-          // A decision needs its verdict: say how to pick one rather than post without it.
-          var hint = area.form.querySelector(".verdict-hint");
-          if (hint) hint.textContent = "Pick a verdict first: Esc, then a (approve) or r (reject).";
-          return;
-        }
-        if (area.form.requestSubmit) area.form.requestSubmit(submitter || undefined); else area.form.submit();
+        submitReason(area.form);
       }
       return;
     }
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     if (event.key === "Escape") {
-      // Esc closes the list, or leaves the field being typed in so keys work again.
-      if (document.getElementById("keys-overlay")) closeOverlay();
-      else if (typing(event.target) && event.target.blur) event.target.blur();
+      // Esc leaves the field being typed in, or the focused control, so keys work again.
+      if ((typing(event.target) || control(event.target)) && event.target.blur) event.target.blur();
+      keyFocused = null;
+      lastControl = null;
       return;
     }
-    if (typing(event.target)) return;
+    if (resting(event.target)) return;
     var key = event.key;
     if (key === "?") { event.preventDefault(); overlay(); return; }
-    if (document.getElementById("keys-overlay")) return;
     var el = declared(key);
     var done = false;
     if (el) {
-      activate(el);
+      byKey = true;
+      try { activate(el); } finally { byKey = false; }
       done = true;
     } else if (/^[1-9]$/.test(key)) {
       done = pickLabel(parseInt(key, 10));
@@ -348,6 +479,7 @@
 
   // Decision keys: with a reason already written, decide at once; without one,
   // remember the verdict and put the cursor in the reason (Ctrl+Enter decides).
+  // By key, "reject" with a proper subset of the edits ticked rejects those edits.
   document.addEventListener("click", function (event) {
     var trigger = event.target.closest ? event.target.closest("[data-verdict-key]") : null;
     if (!trigger) return;
@@ -355,13 +487,16 @@
     if (!form) return;
     event.preventDefault();
     var verdict = trigger.getAttribute("data-verdict-key");
+    if (byKey) verdict = verdictWithTicks(form, verdict);
     var reason = form.querySelector("textarea[name=reason]");
     var button = form.querySelector('button[name=verdict][value="' + verdict + '"]');
     if (!button || button.disabled) return;
     if (reason && !reason.value.trim()) {
       form.setAttribute("data-verdict", verdict);
-      var hint = form.querySelector(".verdict-hint");
-      if (hint) hint.textContent = "Write the reason, then Ctrl+Enter to " + button.textContent.trim().split(":")[0].toLowerCase() + ".";
+      var what = verdict === "reject_edits"
+        ? "reject edit" + (ticked(form).names.length > 1 ? "s " : " ") + ticked(form).names.join(", ") + " and keep the rest"
+        : button.textContent.trim().split(":")[0].toLowerCase();
+      say(form, "Write the reason, then Ctrl+Enter to " + what + ".");
       reason.focus();
       return;
     }
