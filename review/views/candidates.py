@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
+from django.utils.cache import patch_vary_headers
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
@@ -407,11 +408,47 @@ def _flag_title(flag: ShownFlag) -> str:
     return hidden.reveal_text(title)
 
 
+def _embedded_diff(cand: Candidate, query: Any) -> dict[str, Any]:
+    """The embedded diff's comparison and layout as the URL names them
+    (``?against=&layout=``, what the form pushes into the address bar), so a
+    reload or a shared link shows the same diff; unknown values fall back."""
+    against = query.get("against", "").strip()
+    compared = None
+    if against.isdigit():
+        others = Candidate.objects.filter(experiment_id=cand.experiment_id).exclude(pk=cand.pk)
+        compared = others.filter(pk=int(against)).first()
+    against = str(compared.pk) if compared is not None else ""
+    choices = _candidate_choices(cand, also=compared)
+    layout = query.get("layout", "")
+    if layout not in ("split", "unified"):
+        layout = ""
+    diff_url = reverse("review:candidate_diff", args=[cand.pk])
+    chosen = {name: value for name, value in (("against", against), ("layout", layout)) if value}
+    embed_query = urlencode({"partial": "1", **chosen})
+    return {
+        "candidate": cand,
+        "choices": choices,
+        "against_choice": against,
+        "layout_choice": layout,
+        "diff_url": diff_url,
+        "embed_url": f"{diff_url}?{embed_query}",
+    }
+
+
 @require_GET
 @access.permission_required()
-def candidate(request: HttpRequest, pk: int) -> HttpResponse:
+def candidate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Screen 3: one candidate, why the gate decided what it did, its edits,
-    flags and per-split results (aggregates only), with its diff embedded."""
+    flags and per-split results (aggregates only), with its diff embedded.
+
+    The diff's "compare with" and layout choices are in the URL; the form
+    that changes them (htmx) gets only the embedded diff's placeholder back
+    and pushes the URL, so a reload keeps them."""
+    if request.htmx and request.htmx.target == "diff-embed" and not request.htmx.history_restore_request:
+        cand = get_object_or_404(Candidate.objects.select_related("experiment"), pk=pk)
+        response = render(request, "review/candidates/candidate.html#diff-embed", _embedded_diff(cand, request.GET))
+        patch_vary_headers(response, ["HX-Request", "HX-Target"])
+        return response
     cand = get_object_or_404(
         Candidate.objects.select_related("experiment", "parent", "run__recipe", "tree", "review_item"), pk=pk
     )
@@ -433,7 +470,7 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
 
     decisions = cast(
         "list[ShownDecision]",
-        list(GateDecision.objects.filter(candidate=cand).select_related("current").order_by("round")),
+        list(GateDecision.objects.filter(candidate=cand).select_related("current", "run").order_by("run_id", "round")),
     )
     for decision in decisions:
         decision.words = RULE_WORDS.get(decision.rule, "")
@@ -468,14 +505,13 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
     external_results = [ExternalResultView.of(found) for found in selectors.candidate_external_results(candidate=cand)]
 
     children = list(Candidate.objects.filter(parent=cand).order_by("pk").only("pk", "label", "state", "round"))
-    others = _candidate_choices(cand)
     review_item = getattr(cand, "review_item", None)  # reverse one-to-one: absent raises AttributeError
     derived_from = (
         ReviewDecision.objects.filter(derived_candidate=cand).select_related("item__candidate").first()
         if cand.origin == Candidate.Origin.DERIVED
         else None
     )
-    return render(
+    response = render(
         request,
         "review/candidates/candidate.html",
         {
@@ -486,6 +522,7 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
             "flag_rules": _count_by(flags, "rule"),
             "decisions": decisions,
             "certified": certified,
+            "failing_records": [record for record in certified if not record.verified],
             "metrics": result,
             "split_rows": split_rows,
             "external_results": external_results,
@@ -494,13 +531,14 @@ def candidate(request: HttpRequest, pk: int) -> HttpResponse:
             "delta": delta,
             "delta_view": delta_view,
             "children": children,
-            "choices": others,
             "review_item": review_item,
             "derived_from": derived_from.item.candidate if derived_from is not None else None,
             "evaluable": cand.state in late.MEASURABLE,
-            "diff_url": diff_url,
+            **_embedded_diff(cand, request.GET),
         },
     )
+    patch_vary_headers(response, ["HX-Request", "HX-Target"])
+    return response
 
 
 @require_POST

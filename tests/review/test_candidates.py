@@ -98,6 +98,32 @@ def test_candidate_page_explains_the_gate_in_words_and_numbers(example_world, cl
     assert f"{numbers['S_best']:.3f} ({numbers['S_best'] * 100:.2f} points)" in html
     if decision.chosen:
         assert "chosen as next harness" in html
+    # Each decision names its run (a candidate can join several runs' gates).
+    assert f"<strong>Run {decision.run_id}, round {decision.round}:</strong>" in html
+
+
+def test_candidate_page_renders_the_diff_choices_its_url_names(example_world, client_as) -> None:
+    seed = seed_of(example_world)
+    base = child(seed, {"a.py": "a = 1\n"})
+    cand = child(base, {"a.py": "a = 2\n"})
+    client = client_as("viewer")
+    url = reverse("review:candidate", args=[cand.pk])
+    diff_url = reverse("review:candidate_diff", args=[cand.pk])
+
+    html = page(client.get(url, {"against": base.pk, "layout": "unified"}))
+    assert f'<option value="{base.pk}" selected>' in html
+    assert '<option value="unified" selected>' in html
+    assert f'hx-get="{diff_url}?partial=1&amp;against={base.pk}&amp;layout=unified"' in html
+    assert 'hx-push-url="true"' in html
+    # Unknown values fall back to the parent and the split layout.
+    html = page(client.get(url, {"against": "999999", "layout": "sideways"}))
+    assert " selected>" not in html.split('name="against"')[1].split("</select>")[0]
+    assert f'hx-get="{diff_url}?partial=1"' in html
+    # The form's htmx request gets only the embedded diff's placeholder.
+    part = page(client.get(url, {"against": base.pk, "layout": "split"}, HTTP_HX_TARGET="diff-embed", **HTMX))
+    assert part.strip().startswith('<div id="diff-embed"')
+    assert f'hx-get="{diff_url}?partial=1&amp;against={base.pk}&amp;layout=split"' in part
+    assert "Gate decision" not in part
 
 
 def test_candidate_page_shows_identity_edits_and_links(example_world, client_as) -> None:
@@ -161,7 +187,9 @@ def test_candidate_page_links_to_its_verified_records(example_world, client_as) 
     html = page(client_as("viewer").get(reverse("review:candidate", args=[seed.pk])))
     for record in records:
         assert f'href="{reverse("review:record", args=[record.pk])}"' in html
-        assert f"certified ✓ record #{record.seq}</a>" in html
+    # One summary badge in the header, not one a record (issue 40 item 9).
+    assert html.count('class="badge certified"') == 1
+    assert f"certified ✓ {len(records)} records</a>" in html
     assert html.count('<span class="badge ok">verified</span>') == len(records)
     assert "certification fails" not in html
 
@@ -592,7 +620,7 @@ def test_record_page_shows_the_chain_payload_and_checks(example_world, client_as
         rf'<td class="num">{len(train)}</td><td class="num">{passed}</td>',
         html,
     )
-    assert '<pre class="payload">{' in html and "&quot;schema&quot;: &quot;rsiweb.certified-result/1&quot;" in html
+    assert re.search(r'<pre class="payload"[^>]*>\{', html) and "&quot;schema&quot;: &quot;rsiweb.certified-result/1&quot;" in html
 
 
 def test_record_page_hides_sealed_rows_without_the_permission(example_world, client_as) -> None:

@@ -131,7 +131,7 @@ def test_candidate_page_shows_external_results_apart_from_its_certified_record(
     assert '<span class="badge external">external results ×2</span>' in html
     # The certified parts are exactly as before: the record badges, the certification and the results per split.
     records = CertifiedResult.objects.filter(candidate=child).count()
-    assert html.count("badge certified") == before.count("badge certified") == records
+    assert records and html.count("badge certified") == before.count("badge certified") == 1
     assert _section(html, "certification") == _section(before, "certification")
     assert _section(html, "results") == _section(before, "results")
 
