@@ -726,7 +726,7 @@ def cost_chart(
         )
     parts.append(legend)
     return format_html(
-        '<svg class="chart cost-chart" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+        '<svg class="chart cost-chart" viewBox="0 0 {} {}" width="{}" height="{}" role="group" '
         'aria-label="cost versus evolve score of each evaluated candidate" font-family="{}">{}</svg>',
         width,
         height,
