@@ -620,7 +620,8 @@ def test_record_page_shows_the_chain_payload_and_checks(example_world, client_as
         rf'<td class="num">{len(train)}</td><td class="num">{passed}</td>',
         html,
     )
-    assert re.search(r'<pre class="payload"[^>]*>\{', html) and "&quot;schema&quot;: &quot;rsiweb.certified-result/1&quot;" in html
+    assert re.search(r'<pre class="payload"[^>]*>\{', html)
+    assert "&quot;schema&quot;: &quot;rsiweb.certified-result/1&quot;" in html
 
 
 def test_record_page_hides_sealed_rows_without_the_permission(example_world, client_as) -> None:

@@ -168,3 +168,28 @@ def test_a_reload_keeps_the_candidate_pages_compare_and_layout_choice(
     assert page.locator("select[name=against]").input_value() == str(base.pk)
     body = page.locator("#diff-embed").inner_text()
     assert "'parent'" in body and "'child'" in body
+
+
+def test_the_keys_overlay_takes_the_focus_keeps_it_and_gives_it_back(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("reviewer", username="rhea")
+    screen.login("rhea")
+    screen.go(reverse("review:queue"))
+    page = screen.page
+    screen.key("j")
+    row_link = page.evaluate("() => document.activeElement.getAttribute('href')")
+    assert row_link and row_link.startswith("/review/")
+    screen.key("?")
+    inside = "() => !!document.activeElement.closest('#keys-overlay')"
+    assert page.evaluate(inside)
+    for _ in range(3):
+        page.keyboard.press("Tab")
+        assert page.evaluate(inside)
+    page.keyboard.press("Shift+Tab")
+    assert page.evaluate(inside)
+    screen.key("Escape")
+    assert page.locator("#keys-overlay").count() == 0
+    assert page.evaluate("() => document.activeElement.getAttribute('href')") == row_link
+    screen.key("j")  # keys work again where they were
+    assert page.locator("#waiting tr.is-selected").count() == 1
