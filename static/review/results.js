@@ -64,8 +64,10 @@
     return !!(host && host.hasAttribute("hx-get") && !host.querySelector(".annotation-panel"));
   }
 
+  // Like keys.js: no key is kept while the person types or the focus is on a control (its own keys win).
   function typing(target) {
-    return !!(target && target.closest && target.closest("input, textarea, select, [contenteditable]"));
+    return !!(target && target.closest && target.closest(
+      "input, textarea, select, [contenteditable], button, a[href], summary, [role=button], [role=link]"));
   }
 
   window.addEventListener("keydown", function (event) {
