@@ -178,19 +178,41 @@ def layout(
         for node_id in sorted(keys, key=lambda i: (column_of[keys[i]], ys[i]))
     ]
     placed = {node.id: node for node in nodes}
+    # Per column, the rows its nodes take (top, bottom), sorted: an edge that skips columns runs along a lane
+    # free in every column it crosses, so it never passes through another node.
+    taken: dict[int, list[tuple[float, float]]] = {}
+    for node in nodes:
+        taken.setdefault(node.column, []).append((node.y, node.y + node_height))
+    for spans in taken.values():
+        spans.sort()
     edges = []
+    lowest_lane = 0.0
     for node in nodes:
         placed_parent = placed.get(node.parent_id) if node.parent_id is not None else None
         if placed_parent is None:
             continue
         x1, y1 = placed_parent.x + node_width, placed_parent.y + node_height / 2
         x2, y2 = node.x, node.y + node_height / 2
-        middle = (x1 + x2) / 2
+        if node.column - placed_parent.column > 1:
+            crossed = [taken.get(c, []) for c in range(placed_parent.column + 1, node.column)]
+            lane = _free_lane(crossed, y1, y2, clearance=row_gap / 2)
+            lowest_lane = max(lowest_lane, lane)
+            # Into the lane within the gap after the parent's column, along it, out of it in the gap before the
+            # child's column: the curves stay in the gaps, where no node is.
+            a, b = x1 + column_gap, x2 - column_gap
+            path = (
+                f"M{x1:.1f} {y1:.1f} C{x1 + column_gap / 2:.1f} {y1:.1f} {x1 + column_gap / 2:.1f} {lane:.1f} "
+                f"{a:.1f} {lane:.1f} L{b:.1f} {lane:.1f} C{b + column_gap / 2:.1f} {lane:.1f} "
+                f"{b + column_gap / 2:.1f} {y2:.1f} {x2:.1f} {y2:.1f}"
+            )
+        else:
+            middle = (x1 + x2) / 2
+            path = f"M{x1:.1f} {y1:.1f} C{middle:.1f} {y1:.1f} {middle:.1f} {y2:.1f} {x2:.1f} {y2:.1f}"
         edges.append(
             Edge(
                 source=placed_parent.id,
                 target=node.id,
-                path=f"M{x1:.1f} {y1:.1f} C{middle:.1f} {y1:.1f} {middle:.1f} {y2:.1f} {x2:.1f} {y2:.1f}",
+                path=path,
                 on_path=placed_parent.on_path and node.on_path,
             )
         )
@@ -213,8 +235,25 @@ def layout(
         Column(x=column_x(n), title=_column_title(key), count=len(members[n])) for n, key in enumerate(column_keys)
     ]
     width = margin * 2 + max(len(column_keys), 1) * (node_width + column_gap) - column_gap
-    height = max((node.y for node in nodes), default=header) + node_height + margin
+    height = max(max((node.y for node in nodes), default=header) + node_height, lowest_lane) + margin
     return Layout(nodes, edges, columns, width, height, node_width, node_height)
+
+
+def _free_lane(columns: list[list[tuple[float, float]]], y1: float, y2: float, *, clearance: float) -> float:
+    """A height free of nodes in every one of ``columns`` (each a sorted list of the (top, bottom) its nodes
+    take), as near as can be to the edge's ends ``y1`` and ``y2``: their own heights when free, else the middle
+    of a gap between two nodes of a column, else just below the lowest node crossed."""
+
+    def free(y: float) -> bool:
+        return all(not (top - clearance < y < bottom + clearance) for spans in columns for top, bottom in spans)
+
+    choices = [y1, y2]
+    for spans in columns:
+        for (_, above), (below, _) in zip(spans, spans[1:], strict=False):
+            choices.append((above + below) / 2)
+    lowest = max((bottom for spans in columns for _, bottom in spans), default=max(y1, y2))
+    choices.append(lowest + 2 * clearance + 4)
+    return min((y for y in choices if free(y)), key=lambda y: (abs(y - y1) + abs(y - y2), y))
 
 
 def _column_title(key: tuple[int, int, int]) -> str:

@@ -297,9 +297,14 @@ def ledger_entries(
 
 
 def _of_run(experiment: Experiment, run: Run | None) -> QuerySet[Candidate]:
-    """The experiment's candidates, or one run's (those it proposed and its start)."""
+    """The experiment's candidates, or one run's: those it proposed, its start, and those that joined its gate (a
+    candidate of an ended run approved later is evaluated for, and gated by, the live run)."""
     found = Candidate.objects.filter(experiment=experiment)
-    return found if run is None else found.filter(Q(run=run) | Q(pk=run.start_candidate_id))
+    if run is None:
+        return found
+    joined = Evaluation.objects.filter(run=run, purpose=Evaluation.Purpose.CANDIDATE).values("candidate_id")
+    gated = GateDecision.objects.filter(run=run).values("candidate_id")
+    return found.filter(Q(run=run) | Q(pk=run.start_candidate_id) | Q(pk__in=joined) | Q(pk__in=gated))
 
 
 def lineage_counts(*, experiment: Experiment, run: Run | None = None) -> list[tuple[int | None, str, str, int]]:

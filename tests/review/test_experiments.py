@@ -785,6 +785,23 @@ def test_lineage_draws_every_candidate_linked_and_coloured_by_state(example_worl
     assert 'flagged, awaiting review <span class="muted">' + str(len(flagged)) in html
 
 
+def test_a_runs_lineage_filter_shows_the_candidates_that_joined_its_gate(example_world, client_as) -> None:
+    first = example_world.runs.get()
+    second = lifecycle.run_create(experiment=example_world, recipe=load_preset("rrsi"), proposer="example")
+    # A candidate of the first run, approved after it ended, is evaluated for the second run's gate.
+    joined = example_world.candidates.filter(run=first, state=Candidate.State.FLAGGED).order_by("pk").first()
+    assert joined is not None
+    Candidate.objects.filter(pk=joined.pk).update(state=Candidate.State.APPROVED)  # as the reviewer's approval
+    evaluation_start(candidate=joined, splits=["train", "gate"], run=second)
+    client = client_as("viewer")
+    html = client.get(reverse("review:lineage", args=[example_world.pk]), {"run": second.pk}).content.decode()
+    assert f'<a href="/candidates/{joined.pk}/" class="node cat-' in html
+    # Its parent is drawn too, with the edge between them.
+    assert f'<a href="/candidates/{joined.parent_id}/" class="node cat-' in html
+    other = example_world.candidates.filter(run=first, state=Candidate.State.FLAGGED).exclude(pk=joined.pk).first()
+    assert other is not None and f'<a href="/candidates/{other.pk}/" class="node' not in html
+
+
 # --- Query counts ------------------------------------------------------------------------
 
 

@@ -120,3 +120,57 @@ def test_each_run_gets_its_own_columns_and_derived_candidates_a_dashed_link() ->
     assert derived == [(4, 6)]
     parents = {(e.source, e.target) for e in result.edges if not e.derived}
     assert (3, 6) in parents and (4, 6) not in parents
+
+
+def _points(path: str, samples: int = 40) -> list[tuple[float, float]]:
+    """Points along an SVG path of M, C and L commands (as the layout writes them)."""
+    tokens = path.replace("M", " M ").replace("C", " C ").replace("L", " L ").split()
+    points: list[tuple[float, float]] = []
+    here = (0.0, 0.0)
+    i = 0
+    while i < len(tokens):
+        command = tokens[i]
+        if command == "M":
+            here = (float(tokens[i + 1]), float(tokens[i + 2]))
+            i += 3
+        elif command == "L":
+            end = (float(tokens[i + 1]), float(tokens[i + 2]))
+            points += [
+                (here[0] + (end[0] - here[0]) * t / samples, here[1] + (end[1] - here[1]) * t / samples)
+                for t in range(samples + 1)
+            ]
+            here, i = end, i + 3
+        else:  # C
+            c1, c2, end = ((float(tokens[i + k]), float(tokens[i + k + 1])) for k in (1, 3, 5))
+            for step in range(samples + 1):
+                t = step / samples
+                points.append(
+                    tuple(  # type: ignore[arg-type]
+                        (1 - t) ** 3 * p0 + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t**2 * p2 + t**3 * p3
+                        for p0, p1, p2, p3 in zip(here, c1, c2, end, strict=True)
+                    )
+                )
+            here, i = end, i + 7
+    return points
+
+
+def test_edges_that_skip_columns_go_around_the_nodes_between() -> None:
+    # Two runs: the second starts from #3 (round 2 of the first), so its edges skip run 1's later columns,
+    # which are full of nodes.
+    rows = [NodeInput(1, None, "accepted", origin="seed", round=0), NodeInput(2, 1, "accepted", round=1, run=1)]
+    rows += [NodeInput(10 + n, 1, "rejected_gate", round=1, run=1) for n in range(6)]
+    rows += [NodeInput(20 + n, 2, "rejected_gate", round=2, run=1) for n in range(6)]
+    rows += [NodeInput(30 + n, 2, "rejected_gate", round=3, run=1) for n in range(6)]
+    rows += [NodeInput(40, 1, "accepted", round=1, run=2), NodeInput(41, 40, "accepted", round=2, run=2)]
+    result = layout(rows)
+    crossing = []
+    for edge in result.edges:
+        others = [n for n in result.nodes if n.id not in (edge.source, edge.target)]
+        for x, y in _points(edge.path):
+            for n in others:
+                if n.x < x < n.x + result.node_width and n.y < y < n.y + result.node_height:
+                    crossing.append((edge.source, edge.target, n.id))
+    assert sorted(set(crossing)) == []
+    skipping = [e for e in result.edges if (e.source, e.target) == (1, 40)]
+    assert len(skipping) == 1 and " L" in skipping[0].path
+    assert all(y <= result.height for e in result.edges for _, y in _points(e.path))
