@@ -186,17 +186,27 @@ class Comparison:
 
     estimate: measure.DeltaEstimate
     delta_cost: float | None  # relative change in tokens per trial (None: no cost on one side, or from 0)
+    trials: str = ""  # the digest of the two sets of trials (and metric and seed) it was computed on
 
     def numbers(self) -> dict[str, object]:
-        """The interval as a gate decision keeps it in its numbers (and so in its certified record)."""
+        """The interval as a gate decision keeps it in its numbers (and so in its certified record), with the
+        digest of the trials it was computed on."""
         e = self.estimate
-        return {"dS_low": e.low, "dS_high": e.high, "paired_tasks": e.pairs, "confidence": e.confidence}
+        return {
+            "dS_low": e.low,
+            "dS_high": e.high,
+            "paired_tasks": e.pairs,
+            "confidence": e.confidence,
+            "trials_digest": self.trials,
+        }
 
 
 COMPARISON_CACHE_SECONDS = 7 * 24 * 3600
 
 
-def comparison(base_id: int, candidate_id: int, splits: Sequence[str], metric: str) -> Comparison | None:
+def comparison(
+    base_id: int, candidate_id: int, splits: Sequence[str], metric: str, *, kept: AtDecision | None = None
+) -> Comparison | None:
     """dS of candidate ``candidate_id`` against ``base_id`` in ``metric`` over ``splits``, on the trials the gate
     reads, with its paired bootstrap interval (``measure.paired_delta``, seeded by the candidate's id) and dC;
     None when either side has no such trial.
@@ -204,9 +214,14 @@ def comparison(base_id: int, candidate_id: int, splits: Sequence[str], metric: s
     The bootstrap is a pure function of the two sets of trials, so its result is cached (Django's cache) under
     a digest of them (each trial's id and every value the measurement reads, the metric, the seed): a repeat
     asks the database for the trials and nothing more, and a trial added, removed or changed on either side
-    is a new key. Safe to call from any request."""
+    is a new key. ``kept``: the numbers a gate decision kept; when they were computed on these very trials
+    they are the answer (nothing is computed or cached). Safe to call from any request."""
     base, new = _identified_task_rows(base_id, splits), _identified_task_rows(candidate_id, splits)
     key = _comparison_key(base, new, metric=metric, seed=candidate_id)
+    digest = key.rsplit(":", 1)[1]
+    if kept is not None and kept.trials == digest and kept.pairs is not None and kept.confidence is not None:
+        at = measure.DeltaEstimate(kept.delta, kept.low, kept.high, kept.pairs, metric, kept.confidence)
+        return Comparison(at, kept.delta_cost, digest)
     found = cache.get(key)
     if isinstance(found, Comparison):
         return found
@@ -218,7 +233,7 @@ def comparison(base_id: int, candidate_id: int, splits: Sequence[str], metric: s
     base_cost = measure.cost(measure.totals(row for task in base_rows.values() for row in task))
     cost = measure.cost(measure.totals(row for task in rows.values() for row in task))
     delta_cost = relative_cost_change(cost, base_cost) if cost is not None and base_cost is not None else None
-    result = Comparison(estimate, delta_cost)
+    result = Comparison(estimate, delta_cost, digest)
     cache.set(key, result, COMPARISON_CACHE_SECONDS)
     return result
 
@@ -259,6 +274,7 @@ class AtDecision:
     pairs: int | None
     confidence: float | None
     delta_cost: float | None
+    trials: str | None = None  # the digest of the trials the interval was computed on (``Comparison.trials``)
 
     @classmethod
     def of(cls, decision: GateDecision) -> AtDecision | None:
@@ -276,6 +292,7 @@ class AtDecision:
             pairs=pairs if isinstance(pairs, int) else None,
             confidence=_number(confidence),
             delta_cost=_number(numbers.get("dC")),
+            trials=str(numbers["trials_digest"]) if isinstance(numbers.get("trials_digest"), str) else None,
         )
 
 
@@ -345,9 +362,9 @@ def candidate_delta(candidate: Candidate) -> ComparedDelta | None:
     evaluation = parse_recipe(spec).evaluation if spec else None
     metric = evaluation.score_metric if evaluation else "pass_at_1"
     splits = evaluation.evolve_splits if evaluation else EVOLVE_SPLIT_CHOICES
-    found = comparison(base_id, candidate.pk, splits, metric)
+    at_decision = AtDecision.of(decision) if decision is not None and gated else None
+    found = comparison(base_id, candidate.pk, splits, metric, kept=at_decision)
     if found is None:
         return None
     noise = run.noise_delta if run is not None else None
-    at_decision = AtDecision.of(decision) if decision is not None and gated else None
     return ComparedDelta(base_id, gated, tuple(splits), found.estimate, found.delta_cost, noise, at_decision)

@@ -91,6 +91,7 @@ NUMBER_LABELS: tuple[tuple[str, str, str], ...] = (
     ("dS_high", "upper end of that interval", "signed_score"),
     ("confidence", "confidence of the interval", "percent"),
     ("paired_tasks", "tasks measured on both sides (the interval's pairs)", "int"),
+    ("trials_digest", "digest of the two sets of trials the interval was computed on", "text"),
     ("delta", "delta: noise band used by the gate", "score"),
     ("delta_estimated", "delta estimated from repeated seed runs", "score"),
     ("floor", "floor = S_best - delta", "score"),

@@ -89,7 +89,9 @@ def test_pages_benchmark_keeps_query_counts_constant() -> None:
     )
     assert shown.distinct().count() == 2  # one in the small world, one in the grown
     for candidate in shown.distinct():
-        assert {"dS", "dC", "dS_low", "dS_high", "paired_tasks"} <= set(candidate.gate_decisions.get().numbers)
+        assert {"dS", "dC", "dS_low", "dS_high", "paired_tasks", "trials_digest"} <= set(
+            candidate.gate_decisions.get().numbers
+        )
     assert sum("first request with an empty cache" in line for line in result.lines) == 2
     for line in pages:
         found = re.search(r"queries (\d+) small / (\d+) large", line)

@@ -147,11 +147,24 @@ def test_a_comparison_is_cached_by_its_two_sets_of_trials() -> None:
     candidate, base = decision.candidate, decision.current
     assert base is not None
     splits, metric = ["train", "gate"], "pass_at_1"
+    key = load.comparison_key(base.pk, candidate.pk, splits, metric)
+    # The decision kept the digest of the trials its interval was computed on: while they are the same, its
+    # numbers are the answer, and nothing is computed (or cached).
+    assert decision.numbers["trials_digest"] == key.rsplit(":", 1)[1]
     cache.clear()
+    shown = load.candidate_delta(candidate)
+    assert shown is not None and shown.at_decision is not None and not shown.moved
+    assert (shown.estimate.delta, shown.estimate.low, shown.estimate.high) == (
+        decision.numbers["dS"],
+        decision.numbers["dS_low"],
+        decision.numbers["dS_high"],
+    )
+    assert cache.get(key) is None
+
     first = load.comparison(base.pk, candidate.pk, splits, metric)
     assert first is not None
-    key = load.comparison_key(base.pk, candidate.pk, splits, metric)
     assert cache.get(key) == first
+    assert (first.estimate.low, first.estimate.high) == (decision.numbers["dS_low"], decision.numbers["dS_high"])
     # A repeat reads the cache and computes nothing: what the key holds is the answer.
     held = load.Comparison(dataclasses.replace(first.estimate, low=-1.0), first.delta_cost)
     cache.set(key, held)
