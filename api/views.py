@@ -31,6 +31,7 @@ from api.permissions import requires
 from evolution import access
 from evolution.flags import flag_task_visible, with_task_access
 from evolution.loop import late, lifecycle
+from evolution.loop import review as loop_review
 from evolution.models import (
     Annotation,
     Benchmark,
@@ -406,11 +407,11 @@ class ReviewDecisionViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.Rea
         verdict = data["verdict"]
         try:
             if verdict == ReviewDecision.Verdict.REJECT_EDITS:
-                decision = review_services.review_decide_partial(
+                decision = loop_review.review_decide_partial(
                     item=item, user=request.user, rejected_edits=data["rejected_edits"], reason=data["reason"]
                 )
             else:
-                decision = review_services.review_decide(
+                decision = loop_review.review_decide(
                     item=item,
                     user=request.user,
                     approve=verdict == ReviewDecision.Verdict.APPROVE,

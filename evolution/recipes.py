@@ -35,7 +35,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -43,6 +43,9 @@ from evolution import limits
 from evolution.digests import json_digest
 from evolution.loop.measure import SCORE_METRICS
 from evolution.loop.regularization import NOISE_RULES, SCORE_UNITS, GateParams, score_unit_size
+
+if TYPE_CHECKING:
+    from evolution.models import Run
 
 __all__ = [
     "BUILTIN_OPERATORS",
@@ -69,6 +72,7 @@ __all__ = [
     "parse_recipe",
     "recipe_digest",
     "recipe_to_dict",
+    "run_recipe",
 ]
 
 PRESET_DIR = Path(__file__).with_name("recipe_presets")
@@ -323,6 +327,14 @@ def parse_recipe(
     if not isinstance(data, Mapping):
         raise RecipeError("", "a recipe must be a mapping of keys to values")
     return _parse(_resolve_base(data, ()), known_operators)
+
+
+def run_recipe(run: Run) -> Recipe:
+    """The recipe ``run`` follows: its stored spec, checked against every registered operator. A read of the
+    run's row (no query beyond ``run.recipe``), so services and the loop alike may call it."""
+    from evolution.operators import known_operators
+
+    return parse_recipe(run.recipe.spec, known_operators=known_operators())
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

@@ -15,11 +15,12 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from evolution import dispatch
+from evolution.loop import certify as loop_certify
 from evolution.loop import late as loop_late
 from evolution.loop import propose as loop_propose
 from evolution.loop import steps as loop_steps
 from evolution.services import evaluation as evaluation_services
-from evolution.services import records as record_services
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -34,7 +35,7 @@ def task(name: str) -> Callable[[Callable[_P, _R]], Task[_P, _R]]:
 HELD_BACK_MAX_SECONDS = 30.0
 
 
-@task("evolution.trial_run")
+@task(dispatch.TRIAL_RUN)
 def trial_run(trial_id: int, held_back: int = 0) -> bool:
     """Run one trial, on the trial queue (a thread-pool worker's slots).
 
@@ -47,32 +48,32 @@ def trial_run(trial_id: int, held_back: int = 0) -> bool:
         return evaluation_services.trial_execute(trial_id=trial_id)
     except evaluation_services.TrialHeldBack:
         wait = min(HELD_BACK_MAX_SECONDS, settings.RSI_TRIAL_DEFER_SECONDS * 1.5 ** min(held_back, 20))
-        trial_run.apply_async((trial_id, held_back + 1), countdown=wait * random.uniform(1.0, 1.5))
+        dispatch.trial_run_later(trial_id, held_back + 1, countdown=wait * random.uniform(1.0, 1.5))
         return False
     finally:
         if not connection.in_atomic_block:
             close_old_connections()
 
 
-@task("evolution.result_certify")
+@task(dispatch.RESULT_CERTIFY)
 def result_certify(evaluation_id: int) -> bool:
-    return record_services.result_certify(evaluation_id=evaluation_id) is not None
+    return loop_certify.result_certify(evaluation_id=evaluation_id) is not None
 
 
-@task("evolution.lease_reap")
+@task(dispatch.LEASE_REAP)
 def lease_reap() -> dict[str, int]:
     counts = evaluation_services.lease_reap()
     # A lost run_advance message would stall a run; every step is idempotent,
     # so nudging every active run costs nothing when nothing was lost.
     runs = loop_steps.runs_to_nudge()
     for run_id in runs:
-        run_advance.delay(run_id)
+        dispatch.run_advance_after_commit(run_id)
     # No candidate may wait with nothing scheduled for it (approved after its run ended, say).
     stranded = loop_late.stranded_reap()
     return {**counts, "runs": len(runs), **{f"stranded_{key}": value for key, value in stranded.items()}}
 
 
-@task("evolution.candidate_evaluate_late")
+@task(dispatch.CANDIDATE_EVALUATE_LATE)
 def candidate_evaluate_late(candidate_id: int, scope: str) -> str:
     try:
         return loop_late.candidate_evaluate_late(candidate_id=candidate_id, scope=scope).message
@@ -80,11 +81,11 @@ def candidate_evaluate_late(candidate_id: int, scope: str) -> str:
         return str(exc)
 
 
-@task("evolution.run_advance")
+@task(dispatch.RUN_ADVANCE)
 def run_advance(run_id: int) -> str:
     return loop_steps.run_advance(run_id=run_id)
 
 
-@task("evolution.round_propose")
+@task(dispatch.ROUND_PROPOSE)
 def round_propose(run_id: int, round_number: int) -> int:
     return loop_propose.round_propose(run_id=run_id, round_number=round_number)

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
+from evolution.loop.certify import result_certify
 from evolution.models import Candidate, Evaluation, Experiment, Tree, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.experiments import (
@@ -22,7 +23,6 @@ from evolution.services.experiments import (
     experiment_twin,
     surface_create,
 )
-from evolution.services.records import result_certify
 from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
 

@@ -1,9 +1,11 @@
 """The evolution loop (docs/concepts.md, section 3), one module a job.
 
-- ``lifecycle``: create, pause, resume and cancel a run; the recipe a run follows.
+- ``lifecycle``: create, pause, resume and cancel a run.
 - ``steps``: the database-driven state machine; ``run_advance`` does one step (lock, load, call, write).
 - ``propose``: filling a round's proposal slots and what the proposer may see.
-- ``enqueue``: the Celery messages a step sends after its transaction commits.
+- ``enqueue``: the Celery messages a step sends after its transaction commits (through ``evolution.dispatch``).
+- ``certify``: certification as the loop sees it: certify, then pause the run on infrastructure errors, advance it.
+- ``review``: a reviewer's decision, then the evaluation of what was approved.
 - ``measure``: the only place S, cost and valid rate are computed (pure).
 - ``decision``: the round's decision, from measured candidates to a typed ``RoundDecision`` (pure).
 - ``regularization``: the math of docs/concepts.md, section 4, that the decision uses (pure).

@@ -26,13 +26,13 @@ from django.db import transaction
 from evolution import example, operators
 from evolution.critic import build_index, critique
 from evolution.loop import lifecycle, load, measure
+from evolution.loop.certify import result_certify
 from evolution.loop.inline import run_drive
 from evolution.models import Candidate, Evaluation, Experiment, Run, SplitName
 from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict
 from evolution.services import evaluation as evaluation_services
 from evolution.services import proposals
 from evolution.services.experiments import experiment_twin
-from evolution.services.records import result_certify
 from evolution.services.snapshots import tree_diff
 
 __all__ = ["COLUMNS", "Comparison", "CompareError", "RunOutcome", "comparison_table", "recipes_compare"]

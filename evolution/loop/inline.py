@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from evolution.loop import propose as loop_propose
 from evolution.loop import steps as loop_steps
+from evolution.loop.certify import result_certify
 from evolution.loop.state import RunState
 from evolution.models import Evaluation, Run, Trial
 from evolution.services import evaluation as evaluation_services
-from evolution.services.records import result_certify
 
 
 def run_drive(

@@ -16,7 +16,7 @@ from evolution import example, operators
 from evolution.loop.enqueue import advance_after_commit, propose_send
 from evolution.loop.state import RunState
 from evolution.models import Candidate, Evaluation, Experiment, Recipe, Run, Trial
-from evolution.recipes import PRESET_NAMES, RecipeError, parse_recipe, recipe_digest, recipe_to_dict
+from evolution.recipes import PRESET_NAMES, RecipeError, parse_recipe, recipe_digest, recipe_to_dict, run_recipe
 from evolution.recipes import Recipe as RecipeSpec
 from evolution.services.candidates import candidates_transition
 
@@ -54,10 +54,6 @@ def recipe_store(*, recipe: RecipeSpec) -> Recipe:
         digest=digest, defaults={"name": recipe.name, "version": recipe.version, "spec": recipe_to_dict(recipe)}
     )
     return row
-
-
-def run_recipe(run: Run) -> RecipeSpec:
-    return parse_recipe(run.recipe.spec, known_operators=operators.known_operators())
 
 
 def check_llm_endpoints(recipe: RecipeSpec) -> None:

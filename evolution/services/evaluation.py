@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from evolution import digests, faults
+from evolution import digests, dispatch, faults
 from evolution.models import (
     Candidate,
     Evaluation,
@@ -112,17 +112,8 @@ def _infra_error(message: str) -> TrialResult:
 
 
 def _enqueue_trials(trial_ids: Sequence[int]) -> None:
-    from evolution.tasks import trial_run
-
-    faults.checkpoint("publish:trials")
-    for trial_id in trial_ids:
-        trial_run.delay(trial_id)
-
-
-def _enqueue_certify(evaluation_id: int) -> None:
-    from evolution.tasks import result_certify
-
-    result_certify.delay(evaluation_id)
+    # One name for the tests to watch; the messages leave after commit.
+    dispatch.trials_run_after_commit(trial_ids)
 
 
 def evaluation_start(
@@ -197,7 +188,7 @@ def evaluation_start(
             to=Candidate.State.EVALUATING,
         )
         trial_ids = list(Trial.objects.filter(evaluation=evaluation).order_by("pk").values_list("pk", flat=True))
-        transaction.on_commit(lambda: _enqueue_trials(trial_ids))
+        _enqueue_trials(trial_ids)
     return evaluation
 
 
@@ -638,7 +629,7 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
                     candidates=Candidate.objects.filter(pk=trial.candidate_id), to=Candidate.State.EVALUATED
                 )
             evaluation_id = trial.evaluation_id
-            transaction.on_commit(lambda: _enqueue_certify(evaluation_id))
+            dispatch.certify_after_commit(evaluation_id)
     return True
 
 
@@ -697,5 +688,5 @@ def lease_reap(*, now: Any = None, enqueue_trial: Callable[[int], None] | None =
         Evaluation.objects.filter(state=Evaluation.State.COMPLETE, finished_at__lt=stale).values_list("pk", flat=True)
     )
     for evaluation_id in evaluation_ids:
-        _enqueue_certify(evaluation_id)
+        dispatch.certify_after_commit(evaluation_id)
     return {"trials": len(trial_ids), "evaluations": len(evaluation_ids)}

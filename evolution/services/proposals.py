@@ -207,7 +207,7 @@ def _critic_flags(
     from evolution import operators
     from evolution.critic import Flag, critique, hidden_flags
     from evolution.gitdiff import parse_git_diff
-    from evolution.loop.lifecycle import run_recipe
+    from evolution.recipes import run_recipe
 
     spec = run_recipe(run).critique
     if spec.operator in ("rules", "none", ""):

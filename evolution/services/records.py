@@ -18,7 +18,6 @@ from django.utils import timezone
 
 from evolution import digests, faults, records
 from evolution.fields import json_or_text, json_value
-from evolution.loop.lifecycle import run_pause
 from evolution.models import (
     Candidate,
     CertifiedDecision,
@@ -43,12 +42,6 @@ from evolution.services.experiments import split_digests_compute
 from evolution.services.snapshots import tree_verify
 
 logger = logging.getLogger(__name__)
-
-
-def _enqueue_run_advance(run_id: int) -> None:
-    from evolution.tasks import run_advance
-
-    run_advance.delay(run_id)
 
 
 def evaluation_sandbox_profile(profiles: set[str]) -> str:
@@ -249,16 +242,42 @@ def _infra_errors(evaluation: Evaluation) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Certification:
+    """What ``evaluation_certify`` did, for its caller to act on (the loop pauses or advances the run).
+
+    ``record``: the evaluation's record, new or existing (None when nothing is certified). ``run_id``: the
+    evaluation's run when this call changed the evaluation (certified or refused it), else None. ``refused``: why
+    certification was refused now ("" otherwise); ``infra_errors``: the same reason when it was that more trials
+    than the recipe allows ended in infrastructure errors (a team fixes its sandbox or grader, then resumes).
+    """
+
+    record: CertifiedResult | None
+    run_id: int | None = None
+    candidate_id: int | None = None
+    purpose: str = ""
+    refused: str = ""
+    infra_errors: str = ""
+
+
 def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
+    """``evaluation_certify``'s record. Touches no run: a run's evaluations are certified by
+    ``evolution.loop.certify.result_certify`` (the task's), which also pauses or advances the run."""
+    return evaluation_certify(evaluation_id=evaluation_id).record
+
+
+def evaluation_certify(*, evaluation_id: int) -> Certification:
     """Certify a complete evaluation: append a signed record to the
     experiment's chain and mark the candidate certified.
 
     Safe to repeat and to run concurrently: the evaluation row is locked and
     only a COMPLETE evaluation is certified, in one transaction with the
     record and the new chain head, so a crash anywhere leaves either nothing
-    or everything. Returns the record (existing or new), or None when the
+    or everything. The record (existing or new) is None when the
     evaluation is not complete or certification was refused (the evaluation
-    is then FAILED with the reason).
+    is then FAILED with the reason, which the answer carries). Sends nothing
+    and never pauses a run: the caller decides what the answer means for the
+    evaluation's run; calling inside the caller's transaction makes both one.
     """
     with transaction.atomic():
         evaluation = (
@@ -269,9 +288,9 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
             .get(pk=evaluation_id)
         )
         if evaluation.state == Evaluation.State.CERTIFIED:
-            return evaluation.certified_result
+            return Certification(evaluation.certified_result)
         if evaluation.state != Evaluation.State.COMPLETE:
-            return None
+            return Certification(None)
         # The lock on the experiment row serializes appends to its chain.
         experiment = Experiment.objects.select_for_update(no_key=True).get(pk=evaluation.experiment_id)
         evaluation.experiment = experiment
@@ -294,15 +313,14 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
                 to=Candidate.State.FAILED,
                 reason=reason,
             )
-            if infra and evaluation.run_id and evaluation.purpose == Evaluation.Purpose.CANDIDATE:
-                # A team fixes its sandbox or grader, then resumes: the round goes on without this candidate.
-                run_pause(
-                    run=Run.objects.get(pk=evaluation.run_id), reason=f"candidate {evaluation.candidate_id}: {infra}"
-                )
-            if evaluation.run_id:
-                run_id = evaluation.run_id
-                transaction.on_commit(lambda: _enqueue_run_advance(run_id))
-            return None
+            return Certification(
+                None,
+                run_id=evaluation.run_id,
+                candidate_id=evaluation.candidate_id,
+                purpose=evaluation.purpose,
+                refused=reason,
+                infra_errors=infra,
+            )
 
         seq = experiment.chain_length + 1
         prev = experiment.chain_head or records.GENESIS
@@ -343,10 +361,9 @@ def result_certify(*, evaluation_id: int) -> CertifiedResult | None:
                 certified_at=now,
             )
         faults.checkpoint("certify:before_commit")
-        if evaluation.run_id:
-            run_id = evaluation.run_id
-            transaction.on_commit(lambda: _enqueue_run_advance(run_id))
-        return record
+        return Certification(
+            record, run_id=evaluation.run_id, candidate_id=evaluation.candidate_id, purpose=evaluation.purpose
+        )
 
 
 # --- Decisions in the chain ---------------------------------------------------------------

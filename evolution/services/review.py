@@ -4,13 +4,15 @@ One decision per review item, whoever acts first: the item is claimed and
 decided with conditional updates under a row lock, and the loser of a race
 gets a ``ReviewConflict`` with a clear message. An approved candidate is
 evaluated at once and joins the next gate of its run (or, when its run has
-ended, of the experiment's live run, or a late gate against its parent:
-``evolution.loop.late``); a rejected one is dropped. A reviewer may also reject some of a candidate's atomic edits and
+ended, of the experiment's live run, or a late gate against its parent):
+that is the loop's part, so the screens and the API decide through
+``evolution.loop.review``, which calls these functions and then evaluates
+(``evolution.loop.late``); a rejected one is dropped. A reviewer may also reject some of a candidate's atomic edits and
 keep the rest (``review_decide_partial``): the flagged candidate is
 rejected and a *derived* candidate without the rejected edits goes through
 the same checks as a proposal (surface, budget, duplicates, the critic)
-and, when clean, is evaluated and gated like an approved one. The review
-screens (review app) call only these functions.
+and, when clean, is evaluated and gated like an approved one. These
+functions decide and record, and start nothing (services sit below the loop).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from evolution import digests, operators
-from evolution.loop.state import RunState
 from evolution.models import AtomicEdit, Candidate, ReviewDecision, ReviewItem, Run
 from evolution.services.candidates import candidate_transition
 from evolution.services.records import review_decision_certify
@@ -100,7 +101,8 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
     """Approve (the edit is generic) or reject (it leaks) a flagged candidate.
 
     A reason is required. The item must be open or claimed by ``user``.
-    Approving evaluates the candidate for its run; rejecting drops it.
+    Approving makes the candidate APPROVED (``evolution.loop.review.review_decide`` then evaluates it for its
+    run, in the same transaction); rejecting drops it.
     """
     reason = _required_reason(reason)
     with transaction.atomic():
@@ -118,22 +120,7 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
             reason=reason,
         )
         review_decision_certify(decision=decision)
-        if approve:
-            _evaluate(candidate)
         return decision
-
-
-def _evaluate(candidate: Candidate) -> None:
-    """An approved candidate is evaluated now: for its run's next gate, for the live run's when its own run has
-    ended, or for a late gate against its parent when no run is live (``evolution.loop.late``). When that is
-    impossible the decision still stands; the reaper's check ends the candidate with the reason."""
-    from evolution.loop.late import LateError, candidate_evaluate_late
-
-    try:
-        candidate_evaluate_late(candidate_id=candidate.pk, scope="gate")
-    except LateError:
-        logger.warning("approved candidate %s could not be evaluated", candidate.pk, exc_info=True)
-    candidate.refresh_from_db()
 
 
 # --- Rejecting some edits and keeping the rest ---------------------------------
@@ -172,7 +159,7 @@ def _tree_digest(entries: Sequence[FileEntry]) -> str:
 
 
 def review_decide_partial(
-    *, item: ReviewItem, user: Any, rejected_edits: Iterable[int | str], reason: str
+    *, item: ReviewItem, user: Any, rejected_edits: Iterable[int | str], reason: str, edit_budget: int | None
 ) -> ReviewDecision:
     """Reject the selected atomic edits of a flagged candidate and keep the rest.
 
@@ -183,14 +170,17 @@ def review_decide_partial(
     (``candidate_freeze``), duplicates (a tree already in the experiment is
     refused with "identical to candidate N"), then the critic with the run's
     recipe policy, so a derived candidate that still leaks is flagged (or
-    rejected) again. When the critic approves it, its evaluation starts and
-    it is gated like an approved candidate (``_evaluate``).
+    rejected) again. ``edit_budget`` is the edit budget of the flagged
+    candidate's round (the loop knows it). When the critic approves the
+    derived candidate it is APPROVED, and the decision names it
+    (``derived_candidate``): ``evolution.loop.review.review_decide_partial``
+    then evaluates and gates it like an approved candidate.
 
     A reason is required; the item must be open or claimed by ``user``.
     Everything happens in one transaction: on ReviewError or ReviewConflict
     nothing is written. Not repeatable: a second call gets ReviewConflict.
     """
-    from evolution.loop.lifecycle import run_recipe
+    from evolution.recipes import run_recipe
     from evolution.services import proposals
 
     reason = _required_reason(reason)
@@ -249,7 +239,6 @@ def review_decide_partial(
             files={entry.path: entry.data for entry in files},
             edits=[operators.EditDeclaration(edit.component, edit.hypothesis, list(edit.paths)) for edit in kept],
         )
-        budget = RunState.of(run).round_budgets.get(flagged.round or 0)
         try:
             outcome = proposals.candidate_freeze(
                 run=run,
@@ -257,7 +246,7 @@ def review_decide_partial(
                 proposal=proposal,
                 round=flagged.round or 0,
                 slot=0,
-                edit_budget=budget,
+                edit_budget=edit_budget,
                 origin=Candidate.Origin.DERIVED,
                 label=f"{flagged.label or f'candidate {flagged.pk}'} without {numbers}"[:200],
             )
@@ -276,8 +265,6 @@ def review_decide_partial(
             policy = recipe.critique.leakage_policy if recipe.critique.enabled else "off"
             proposals.candidate_critique(run=run, candidate=derived, policy=policy)
             derived.refresh_from_db()
-        if derived.state == Candidate.State.APPROVED:
-            _evaluate(derived)
 
         locked.state = ReviewItem.State.PARTIAL
         locked.save(update_fields=["state"])

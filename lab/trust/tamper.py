@@ -994,8 +994,8 @@ def decided_experiment(experiment: Experiment) -> Experiment:
     from django.contrib.auth.models import User
 
     from evolution.loop.inline import run_drive
+    from evolution.loop.review import review_decide
     from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-    from evolution.services.review import review_decide
 
     data = recipe_to_dict(load_preset("rrsi"))
     data.update(rounds=1, candidates_per_round=3)

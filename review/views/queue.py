@@ -5,7 +5,8 @@ an item page answers "does this edit leak": the candidate's atomic edits with
 their hypotheses, the critic's evidence line by line with the matched text
 marked and the task it came from (when the reader may see that task), the
 diff, and the decision. Decisions are written only through
-``evolution.services.review``; one decision per item whoever acts first.
+``evolution.loop.review`` (the review service, then the evaluation of what
+was approved); one decision per item whoever acts first.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from evolution import access
 from evolution.flags import flag_matched, flag_task_visible, with_task_access
+from evolution.loop.review import review_decide, review_decide_partial
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -37,15 +39,7 @@ from evolution.models import (
     ReviewDecision,
     ReviewItem,
 )
-from evolution.services.review import (
-    LIVE_RUNS,
-    ReviewConflict,
-    ReviewError,
-    review_claim,
-    review_decide,
-    review_decide_partial,
-    review_release,
-)
+from evolution.services.review import LIVE_RUNS, ReviewConflict, ReviewError, review_claim, review_release
 from review.hidden import marked_spans, reveal_html
 
 if TYPE_CHECKING:

@@ -24,6 +24,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 
 from evolution import digests, records
+from evolution.loop.review import review_decide
 from evolution.models import (
     Candidate,
     CertifiedDecision,
@@ -39,7 +40,6 @@ from evolution.models import (
 )
 from evolution.services.bundles import bundle_build, bundle_verify, bundle_write
 from evolution.services.records import records_verify
-from evolution.services.review import review_decide
 from tests.evolution.test_loop import start
 from tests.loop_driver import drive
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import pytest
 
+from evolution.loop import certify as loop_certify
 from evolution.loop import lifecycle, load
 from evolution.loop.state import RunState
 from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, Run, Trial
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
 from evolution.services import evaluation as evaluation_services
+from evolution.services import records as record_services
 from evolution.services.experiments import evaluator_upsert
 from tests.factories import (
     TINY_AGENT,
@@ -138,3 +140,39 @@ def test_a_run_whose_candidate_evaluation_fails_so_pauses_and_says_why() -> None
     events = RunState.of(run).special_events()
     assert [e["kind"] for e in events] == ["pause"]
     assert events[0]["text"] == f"paused: candidate {evaluation.candidate_id}: {evaluation.error}"
+
+
+def test_certification_reports_infrastructure_errors_and_the_loop_decides_to_pause() -> None:
+    experiment = with_evaluator(make_tiny_experiment(tasks=8, k=2), verifier=crashing_verifier(set(range(8))))
+    run = lifecycle_run(experiment, recipe_to_dict(load_preset("rrsi")))
+    evaluation = evaluation_services.evaluation_start(
+        candidate=seed_of(experiment), splits=["train", "gate"], purpose=Evaluation.Purpose.CANDIDATE, run=run
+    )
+    for trial_id in Trial.objects.filter(evaluation=evaluation).values_list("pk", flat=True):
+        evaluation_services.trial_execute(trial_id=trial_id, owner="inline")
+
+    # The service refuses and says why; the run is the loop's business, so it is left running.
+    outcome = record_services.evaluation_certify(evaluation_id=evaluation.pk)
+    evaluation.refresh_from_db()
+    assert evaluation.state == Evaluation.State.FAILED
+    assert outcome.record is None
+    assert outcome.refused == outcome.infra_errors == evaluation.error
+    assert evaluation.error.startswith("not a score: ")
+    assert (outcome.run_id, outcome.candidate_id, outcome.purpose) == (run.pk, evaluation.candidate_id, "candidate")
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    assert RunState.of(run).special_events() == []
+    # Asked again (a duplicate message), neither the service nor the loop finds anything changed: no pause.
+    assert record_services.evaluation_certify(evaluation_id=evaluation.pk).run_id is None
+    assert loop_certify.result_certify(evaluation_id=evaluation.pk) is None
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+
+    # The loop's certification of the same refusal pauses the run, in the refusal's transaction.
+    Evaluation.objects.filter(pk=evaluation.pk).update(state=Evaluation.State.COMPLETE, error="")
+    assert loop_certify.result_certify(evaluation_id=evaluation.pk) is None
+    run.refresh_from_db()
+    assert run.status == Run.Status.PAUSED
+    assert [e["text"] for e in RunState.of(run).special_events()] == [
+        f"paused: candidate {evaluation.candidate_id}: {Evaluation.objects.get(pk=evaluation.pk).error}"
+    ]

@@ -13,6 +13,8 @@ from django.contrib.auth.models import User
 
 from evolution.loop import late, lifecycle, load
 from evolution.loop import steps as loop_steps
+from evolution.loop.certify import result_certify
+from evolution.loop.review import review_decide, review_decide_partial
 from evolution.models import (
     Candidate,
     CertifiedDecision,
@@ -25,8 +27,7 @@ from evolution.models import (
 )
 from evolution.services import evaluation as evaluation_services
 from evolution.services import review as review_services
-from evolution.services.records import records_verify, result_certify
-from evolution.services.review import review_decide, review_decide_partial
+from evolution.services.records import records_verify
 from tests.conftest import wait_until
 from tests.evolution.test_loop import start, tiny_recipe
 from tests.factories import make_tiny_experiment
@@ -159,21 +160,20 @@ def test_a_flagged_candidate_is_not_evaluated_before_review(ended: tuple[Run, li
     assert not Evaluation.objects.filter(candidate_id=first.candidate_id).exists()
 
 
-def approve_only(monkeypatch: pytest.MonkeyPatch, item: ReviewItem, user: User) -> None:
-    """A certified review approval that starts nothing: what the code before issue 19 left behind."""
-    with monkeypatch.context() as patched:
-        patched.setattr(review_services, "_evaluate", lambda candidate: None)
-        review_decide(item=item, user=user, approve=True, reason="generic enough")
+def approve_only(item: ReviewItem, user: User) -> None:
+    """A certified review approval that starts nothing (the review service alone, without the loop's
+    evaluation): what the code before issue 19 left behind."""
+    review_services.review_decide(item=item, user=user, approve=True, reason="generic enough")
 
 
 def test_the_reaper_check_schedules_or_ends_candidates_left_waiting(
-    ended: tuple[Run, list[ReviewItem]], alice: User, monkeypatch: pytest.MonkeyPatch
+    ended: tuple[Run, list[ReviewItem]], alice: User
 ) -> None:
     run, (first, second) = ended
     # As the code before this change left them: approved after the run, never evaluated.
-    approve_only(monkeypatch, first, alice)
+    approve_only(first, alice)
     # Evaluating, but its only evaluation was cancelled.
-    approve_only(monkeypatch, second, alice)
+    approve_only(second, alice)
     cancelled = late.candidate_evaluate_late(candidate_id=second.candidate_id).evaluations
     Evaluation.objects.filter(pk__in=cancelled).update(state=Evaluation.State.CANCELLED)
 
@@ -240,7 +240,7 @@ def user_in(role: str) -> User:
 
 
 def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
-    ended: tuple[Run, list[ReviewItem]], alice: User, monkeypatch: pytest.MonkeyPatch
+    ended: tuple[Run, list[ReviewItem]], alice: User
 ) -> None:
     from django.test import Client
     from django.urls import reverse
@@ -258,7 +258,7 @@ def test_the_candidate_page_and_the_api_evaluate_on_the_operator_s_request(
     )
     assert not Evaluation.objects.filter(candidate_id=first.candidate_id).exists()
     # Left approved with nothing scheduled (as before this change): the API evaluates it on every split.
-    approve_only(monkeypatch, first, alice)
+    approve_only(first, alice)
     api.force_authenticate(viewer)
     endpoint = f"/api/v1/candidates/{first.candidate_id}/evaluate/"
     assert api.post(endpoint, {"scope": "all"}, format="json").status_code == 403

@@ -23,6 +23,7 @@ from rest_framework.test import APIClient
 
 from evolution import digests, records
 from evolution.loop import late, lifecycle
+from evolution.loop.review import review_decide
 from evolution.models import (
     Benchmark,
     Candidate,
@@ -41,7 +42,6 @@ from evolution.models import (
 )
 from evolution.services.bundles import BundleError, bundle_build, bundle_import, bundle_verify
 from evolution.services.records import records_verify
-from evolution.services.review import review_decide
 from tests.evolution.test_decision_records import reviewed_run
 from tests.evolution.test_late_decisions import ended_with_two_open_reviews, settle, user_in
 from tests.evolution.test_loop import tiny_recipe

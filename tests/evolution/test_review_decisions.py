@@ -11,6 +11,7 @@ from django.db import connection
 
 from evolution import operators
 from evolution.loop import lifecycle
+from evolution.loop.review import review_decide, review_decide_partial
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -22,15 +23,7 @@ from evolution.models import (
     ReviewItem,
     Run,
 )
-from evolution.services.review import (
-    ReviewConflict,
-    ReviewError,
-    derive_files,
-    review_claim,
-    review_decide,
-    review_decide_partial,
-    review_release,
-)
+from evolution.services.review import ReviewConflict, ReviewError, derive_files, review_claim, review_release
 from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from tests.evolution.test_loop import start

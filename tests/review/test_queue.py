@@ -14,6 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from evolution.loop.review import review_decide, review_decide_partial
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -25,7 +26,7 @@ from evolution.models import (
     SplitName,
     Task,
 )
-from evolution.services.review import review_claim, review_decide, review_decide_partial
+from evolution.services.review import review_claim
 from evolution.services.snapshots import tree_entries
 from review.views.queue import mark_matches, track_record
 from tests.review.world import grow

@@ -21,6 +21,16 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "evolution": ("review", "api", "lab"),
     "api": ("review", "lab"),
 }
+# Inside ``evolution``: the modules a layer may not import, even inside a function (docs/architecture.md). The
+# services sit below the loop and the tasks: the loop calls a service and acts on its result, never the reverse.
+INNER_FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "evolution.services": ("evolution.loop", "evolution.tasks"),
+}
+# Layers that may not import each other in a circle, counting the imports inside functions.
+LAYERS = ("evolution.services", "evolution.loop", "evolution.tasks")
+# The one module that sends Celery messages, each after its transaction commits; no other module sends one.
+DISPATCH = "evolution.dispatch"
+SENDS = frozenset({"delay", "apply_async", "send_task", "delay_on_commit", "apply_async_on_commit"})
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -97,15 +107,20 @@ def boundary_violations(root: Path) -> list[str]:
     return found
 
 
-def import_cycles(root: Path) -> list[list[str]]:
-    """Strongly connected components of more than one module among ``evolution``'s module-level imports."""
+def import_graph(root: Path, *, lazy: bool = False) -> dict[str, set[str]]:
+    """``evolution``'s modules and the ones each imports: at module level, or anywhere with ``lazy``."""
     known = project_modules(root, ("evolution",))
     graph: dict[str, set[str]] = {module: set() for module in known}
     for module, path in known.items():
         for imported, names, top, _ in imports(ast.parse(path.read_text(encoding="utf-8"))):
-            if top:
+            if top or lazy:
                 graph[module] |= targets(imported, names, known) - {module}
-    # Tarjan's algorithm, iterative so a deep graph cannot exhaust the stack.
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative so a deep graph
+    cannot exhaust the stack)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -144,6 +159,55 @@ def import_cycles(root: Path) -> list[list[str]]:
                 if len(component) > 1:
                     cycles.append(sorted(component))
     return cycles
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Strongly connected components of more than one module among ``evolution``'s module-level imports."""
+    return strongly_connected(import_graph(root))
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(f"{prefix}.")
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Imports (anywhere in a file) by a module of an ``INNER_FORBIDDEN`` layer of what that layer may not import."""
+    found = []
+    modules = project_modules(root, ("evolution",))
+    for layer, above in INNER_FORBIDDEN.items():
+        for module, path in modules.items():
+            if not _within(module, layer):
+                continue
+            for imported, names, _, line in imports(ast.parse(path.read_text(encoding="utf-8"))):
+                reached = [imported] + [f"{imported}.{name}" for name in names]
+                for name in reached:
+                    if any(_within(name, forbidden) for forbidden in above):
+                        found.append(f"{path.relative_to(root)}:{line} imports {name}")
+                        break
+    return found
+
+
+def layer_cycles(root: Path) -> list[list[str]]:
+    """Import circles (imports inside functions included) that run through more than one of ``LAYERS``."""
+    return [
+        component
+        for component in strongly_connected(import_graph(root, lazy=True))
+        if len({layer for module in component for layer in LAYERS if _within(module, layer)}) > 1
+    ]
+
+
+def task_sends(root: Path, packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
+    """Calls of ``.delay``, ``.apply_async``, ``send_task`` (and their ``_on_commit`` forms) outside ``DISPATCH``."""
+    found = []
+    for module, path in project_modules(root, packages).items():
+        if module == DISPATCH:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                if name in SENDS:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} calls {name}")
+    return sorted(found)
 
 
 def private_reads(root: Path, packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
@@ -210,6 +274,18 @@ def test_evolution_modules_import_each_other_without_a_cycle() -> None:
     assert import_cycles(REPO_ROOT) == []
 
 
+def test_services_import_neither_the_loop_nor_the_tasks() -> None:
+    assert layer_violations(REPO_ROOT) == []
+
+
+def test_services_loop_and_tasks_import_each_other_in_no_circle() -> None:
+    assert layer_cycles(REPO_ROOT) == []
+
+
+def test_only_the_dispatch_module_sends_tasks() -> None:
+    assert task_sends(REPO_ROOT) == []
+
+
 def test_no_module_reads_another_modules_private_names() -> None:
     assert private_reads(REPO_ROOT) == []
 
@@ -254,3 +330,39 @@ def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
         "review/access.py:4 reads evolution.d._step",
     ]
     assert markup_in_views(root) == ["review/views/page.py:3 calls mark_safe"]
+
+
+def test_the_layer_and_dispatch_rules_fire_on_a_tree_that_breaks_them(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path,
+        {
+            "evolution/__init__.py": "",
+            "evolution/dispatch.py": "from celery import current_app\n\ndef send():\n    current_app.send_task('a')\n",
+            "evolution/services/__init__.py": "",
+            "evolution/services/records.py": (
+                "from evolution.loop.lifecycle import run_pause\n"
+                "from evolution.services import snapshots\n\n"
+                "def later():\n    from evolution import tasks\n    tasks.run_advance.delay(1)\n"
+            ),
+            "evolution/services/snapshots.py": "from evolution import dispatch\n",
+            "evolution/loop/__init__.py": "",
+            "evolution/loop/lifecycle.py": "def pause():\n    from evolution.services import records\n",
+            "evolution/loop/steps.py": "def go(task):\n    task.apply_async((1,), countdown=2)\n",
+            "evolution/tasks.py": "from evolution.loop import lifecycle, steps\n",
+            "review/__init__.py": "",
+            "review/views.py": "def approve(task):\n    task.delay_on_commit(3)\n",
+        },
+    )
+
+    assert layer_violations(root) == [
+        "evolution/services/records.py:1 imports evolution.loop.lifecycle",
+        "evolution/services/records.py:5 imports evolution.tasks",
+    ]
+    # records -> lifecycle at module level, lifecycle -> records inside a function: a circle only lazily.
+    assert import_cycles(root) == []
+    assert layer_cycles(root) == [["evolution.loop.lifecycle", "evolution.services.records", "evolution.tasks"]]
+    assert task_sends(root, ("evolution", "review")) == [
+        "evolution/loop/steps.py:2 calls apply_async",
+        "evolution/services/records.py:6 calls delay",
+        "review/views.py:2 calls delay_on_commit",
+    ]

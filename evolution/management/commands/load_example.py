@@ -14,7 +14,7 @@ from evolution.example.setup import (
     example_run_create,
     example_run_drive,
 )
-from evolution.loop.enqueue import enqueue_advance
+from evolution.loop.enqueue import advance_after_commit
 from evolution.loop.lifecycle import LoopError
 from evolution.models import Experiment, Run
 
@@ -107,7 +107,7 @@ class Command(BaseCommand):
                 f"{run.rounds}, {where}"
             )
             if through_workers:
-                enqueue_advance(run.pk)
+                advance_after_commit(run.pk)
         else:
             reason = f" ({run.stop_reason})" if run.stop_reason else ""
             hint = "; resume it from the dashboard" if run.status == Run.Status.PAUSED else ""
