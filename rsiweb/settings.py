@@ -291,6 +291,8 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 # Content-Security-Policy of every non-admin page (review.middleware has the default).
 RSI_CSP = env_str("RSI_CSP", "")
+# The model price table that turns tokens into money (evolution/pricing.py); empty: evolution/prices.json.
+RSI_PRICE_TABLE = env_str("RSI_PRICE_TABLE", "")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

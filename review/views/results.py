@@ -27,7 +27,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import access, hidden_chars
+from evolution import access, hidden_chars, pricing
 from evolution.models import (
     EVOLVE_SPLITS,
     CertifiedResult,
@@ -508,6 +508,11 @@ def _trajectory_summary(trajectory: Trajectory | None) -> dict[str, Any] | None:
         "cached_tokens": final.get("total_cached_tokens"),
         "cost_usd": final.get("total_cost_usd"),
         "total_tokens": total,
+        "priced": pricing.token_cost(
+            model=str(agent.get("model_name") or ""),
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            completion_tokens=completion if isinstance(completion, int) else None,
+        ),
         "final_steps": final.get("total_steps"),
         "final_extra": tj.text_block(tj.pretty_json(other_final)) if other_final else None,
         "notes": tj.text_block(trajectory.notes) if trajectory.notes else None,

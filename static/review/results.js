@@ -99,3 +99,38 @@
     });
   });
 })();
+
+// A transcript search (?q=) marks each match in the matching steps, so the eye finds it: text nodes only,
+// each occurrence wrapped in <mark class="search-hit"> (no markup from the page is parsed).
+(function () {
+  "use strict";
+  var wanted = (new URLSearchParams(window.location.search).get("q") || "").trim();
+  if (!wanted) { return; }
+  function mark() {
+    var lower = wanted.toLowerCase();
+    Array.prototype.forEach.call(document.querySelectorAll("ol.steps.matches li.step"), function (step) {
+      var walker = document.createTreeWalker(step, NodeFilter.SHOW_TEXT);
+      var nodes = [];
+      while (walker.nextNode()) { nodes.push(walker.currentNode); }
+      nodes.forEach(function (node) {
+        var text = node.nodeValue;
+        var at = text.toLowerCase().indexOf(lower);
+        if (at === -1 || (node.parentNode && node.parentNode.closest && node.parentNode.closest("mark, button"))) { return; }
+        var fragment = document.createDocumentFragment();
+        var from = 0;
+        while (at !== -1) {
+          fragment.appendChild(document.createTextNode(text.slice(from, at)));
+          var hit = document.createElement("mark");
+          hit.className = "search-hit";
+          hit.textContent = text.slice(at, at + wanted.length);
+          fragment.appendChild(hit);
+          from = at + wanted.length;
+          at = text.toLowerCase().indexOf(lower, from);
+        }
+        fragment.appendChild(document.createTextNode(text.slice(from)));
+        node.parentNode.replaceChild(fragment, node);
+      });
+    });
+  }
+  if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", mark); } else { mark(); }
+})();
