@@ -12,6 +12,7 @@ Every task is safe to receive twice, so a message sent again (the reaper's, a re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from celery import current_app
@@ -19,16 +20,20 @@ from django.db import transaction
 
 from evolution import faults
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "CANDIDATE_EVALUATE_LATE",
     "LEASE_REAP",
     "RESULT_CERTIFY",
+    "REVIEW_SETTLE",
     "ROUND_PROPOSE",
     "RUN_ADVANCE",
     "TASK_NAMES",
     "TRIAL_RUN",
     "certify_after_commit",
     "propose_after_commit",
+    "review_settle_after_commit",
     "run_advance_after_commit",
     "trial_run_later",
     "trials_run_after_commit",
@@ -41,7 +46,16 @@ LEASE_REAP = "evolution.lease_reap"
 CANDIDATE_EVALUATE_LATE = "evolution.candidate_evaluate_late"
 RUN_ADVANCE = "evolution.run_advance"
 ROUND_PROPOSE = "evolution.round_propose"
-TASK_NAMES = (TRIAL_RUN, RESULT_CERTIFY, LEASE_REAP, CANDIDATE_EVALUATE_LATE, RUN_ADVANCE, ROUND_PROPOSE)
+REVIEW_SETTLE = "evolution.review_settle"
+TASK_NAMES = (
+    TRIAL_RUN,
+    RESULT_CERTIFY,
+    LEASE_REAP,
+    CANDIDATE_EVALUATE_LATE,
+    RUN_ADVANCE,
+    ROUND_PROPOSE,
+    REVIEW_SETTLE,
+)
 
 
 def _send(name: str, *args: int, countdown: float | None = None) -> None:
@@ -84,3 +98,16 @@ def run_advance_after_commit(run_id: int) -> None:
 def propose_after_commit(run_id: int, round_number: int) -> None:
     """``round_propose`` for the run's round, after commit."""
     transaction.on_commit(lambda: _send(ROUND_PROPOSE, run_id, round_number))
+
+
+def review_settle_after_commit(item_id: int, countdown: float) -> None:
+    """``review_settle`` for a review item, after commit, to arrive once its undo window has passed. A broker
+    that is down loses nothing: the next reader of the item, the queue or the candidate settles it."""
+
+    def send() -> None:
+        try:
+            _send(REVIEW_SETTLE, item_id, countdown=countdown)
+        except Exception:  # noqa: BLE001  (the readers and the reaper settle it; the decision is committed)
+            logger.warning("review_settle for item %s not sent", item_id, exc_info=True)
+
+    transaction.on_commit(send)

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import MD5
 
 from evolution.fields import CanonicalJSONField
 from evolution.surfaces import COMPONENT_KINDS
@@ -362,12 +363,15 @@ class Candidate(models.Model):
             }
         ),
         State.FLAGGED: frozenset({State.APPROVED, State.REJECTED_REVIEW, State.CANCELLED}),
-        State.APPROVED: frozenset({State.EVALUATING, State.CANCELLED}),
-        State.EVALUATING: frozenset({State.EVALUATED, State.FAILED, State.CANCELLED}),
-        State.EVALUATED: frozenset({State.CERTIFIED, State.FAILED, State.CANCELLED}),
-        State.CERTIFIED: frozenset({State.ACCEPTED, State.REJECTED_GATE, State.EVALUATING}),
-        State.ACCEPTED: frozenset({State.EVALUATING}),
-        State.REJECTED_GATE: frozenset({State.EVALUATING}),
+        # REJECTED_REVIEW out of APPROVED and the states after it, and APPROVED out of REJECTED_REVIEW:
+        # a reviewer's certified correction of an earlier review decision (``review_correct``).
+        State.APPROVED: frozenset({State.EVALUATING, State.CANCELLED, State.REJECTED_REVIEW}),
+        State.EVALUATING: frozenset({State.EVALUATED, State.FAILED, State.CANCELLED, State.REJECTED_REVIEW}),
+        State.EVALUATED: frozenset({State.CERTIFIED, State.FAILED, State.CANCELLED, State.REJECTED_REVIEW}),
+        State.CERTIFIED: frozenset({State.ACCEPTED, State.REJECTED_GATE, State.EVALUATING, State.REJECTED_REVIEW}),
+        State.ACCEPTED: frozenset({State.EVALUATING, State.REJECTED_REVIEW}),
+        State.REJECTED_GATE: frozenset({State.EVALUATING, State.REJECTED_REVIEW}),
+        State.REJECTED_REVIEW: frozenset({State.APPROVED}),
     }
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="candidates", db_index=False)
@@ -417,6 +421,8 @@ class AtomicEdit(models.Model):
 
     class Meta:
         constraints: ClassVar = [models.UniqueConstraint(fields=["candidate", "index"], name="edit_unique_index")]
+        # The review screens look up identical edits (the same diff) decided before, by the diff's MD5.
+        indexes: ClassVar = [models.Index(MD5("diff"), name="atomicedit_diff_md5")]
         ordering: ClassVar = ["candidate_id", "index"]
 
     def __str__(self) -> str:
@@ -825,11 +831,12 @@ class LeakageFlag(models.Model):
 
 
 class ReviewItem(models.Model):
-    """A flagged candidate in the review queue. One decision per item."""
+    """A flagged candidate in the review queue. One decision per item (later corrections name it)."""
 
     class State(models.TextChoices):
         OPEN = "open"
         CLAIMED = "claimed"
+        PENDING = "pending"  # decided, inside the undo window (``ReviewPending``)
         APPROVED = "approved"
         REJECTED = "rejected"
         PARTIAL = "partial"  # some edits rejected, a derived candidate made
@@ -865,6 +872,54 @@ class ReviewDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.verdict} by {self.reviewer_id}"
+
+
+class ReviewPending(models.Model):
+    """A decision inside its undo window: nothing has happened yet. It takes effect (becomes a
+    ``ReviewDecision``) at ``effective_at``, by a task sent with that eta or by the next reader of the
+    queue, the item or the candidate (``review_settle``); undoing it deletes it. ``error`` keeps why it
+    could not take effect (the item is then the reviewer's again)."""
+
+    item = models.OneToOneField(ReviewItem, on_delete=models.CASCADE, related_name="pending")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    verdict = models.CharField(max_length=12, choices=ReviewDecision.Verdict.choices)
+    reason = models.TextField()
+    rejected_edits = models.JSONField(default=list, blank=True)  # AtomicEdit ids, for REJECT_EDITS
+    effective_at = models.DateTimeField(null=True, blank=True)  # null once it failed (see ``error``)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"pending {self.verdict} of item {self.item_id}"
+
+
+class ReviewCorrection(models.Model):
+    """A reviewer's later correction of a review decision that took effect: a new certified decision
+    (``record``, schema ``rsiweb.review-correction/1``) that names the record it corrects (the decision's
+    or an earlier correction's). ``followed`` lists, in words, what the correction set in motion
+    (evaluations withdrawn, taken out of the best, evaluated again)."""
+
+    class Verdict(models.TextChoices):
+        APPROVE = "approve"
+        REJECT = "reject"
+
+    item = models.ForeignKey(ReviewItem, on_delete=models.CASCADE, related_name="corrections")
+    corrects = models.ForeignKey(CertifiedDecision, on_delete=models.PROTECT, related_name="+")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    verdict = models.CharField(max_length=12, choices=Verdict.choices)
+    reason = models.TextField()
+    followed = models.JSONField(default=list, blank=True)
+    record = models.OneToOneField(
+        CertifiedDecision, null=True, blank=True, on_delete=models.PROTECT, related_name="review_correction"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # One correction per corrected record: a correction is corrected by a newer one, never forked.
+        constraints: ClassVar = [models.UniqueConstraint(fields=["corrects"], name="review_correction_once")]
+
+    def __str__(self) -> str:
+        return f"correction {self.verdict} of item {self.item_id}"
 
 
 class AnnotationLabel(models.Model):

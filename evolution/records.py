@@ -252,7 +252,10 @@ class ChainChecker:
 GATE_SCHEMA_V1 = "rsiweb.gate-decision/1"
 GATE_SCHEMA = "rsiweb.gate-decision/2"
 REVIEW_SCHEMA = "rsiweb.review-decision/1"
-DECISION_SCHEMAS = {GATE_SCHEMA_V1: "gate", GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review"}
+# A reviewer's correction of an earlier review record of the same candidate (``corrects``: its seq and digest).
+CORRECTION_SCHEMA = "rsiweb.review-correction/1"
+REVIEW_SCHEMAS = (REVIEW_SCHEMA, CORRECTION_SCHEMA)
+DECISION_SCHEMAS = {GATE_SCHEMA_V1: "gate", GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review", CORRECTION_SCHEMA: "review"}
 # Marks a decision certified by the upgrade that introduced decision records:
 # it certifies what the database held then, not the moment of the decision.
 AT_UPGRADE = "at upgrade"
@@ -369,7 +372,7 @@ def review_basis_problems(
     for seq, digest, payload in decisions:
         if (
             isinstance(payload, dict)
-            and payload.get("schema") == REVIEW_SCHEMA
+            and payload.get("schema") in REVIEW_SCHEMAS
             and (payload.get("review") or {}).get("verdict") == "approve"
         ):
             approvals.setdefault(str((payload.get("candidate") or {}).get("tree")), {})[digest] = seq
@@ -447,6 +450,76 @@ def review_payload(
     return payload
 
 
+def correction_payload(
+    *,
+    experiment_uid: str,
+    seq: int,
+    prev: str,
+    candidate_tree: str,
+    corrects_seq: int,
+    corrects_record: str,
+    verdict: str,
+    reason: str,
+    reviewer: str,
+    state: str,
+    state_reason: str,
+    recipe: str | None,
+    surface: str | None,
+) -> dict[str, Any]:
+    """The payload certifying a correction of a review decision: the record it corrects (seq and digest, an
+    earlier review record of the same candidate), the new verdict, reason, who, and the candidate's state
+    and reason after it. Its ``review`` section has the fields of a review decision's."""
+    return {
+        "schema": CORRECTION_SCHEMA,
+        "experiment": experiment_uid,
+        "seq": seq,
+        "prev": prev,
+        "candidate": {"tree": candidate_tree},
+        "corrects": {"seq": corrects_seq, "record": corrects_record},
+        "review": {
+            "verdict": verdict,
+            "reason": reason,
+            "reviewer": reviewer,
+            "rejected_edits": [],
+            "derived": None,
+        },
+        "state": {"name": state, "reason": state_reason},
+        "recipe": recipe,
+        "surface": surface,
+    }
+
+
+def correction_problems(decisions: Iterable[tuple[int, str, Any]]) -> list[str]:
+    """Correction records checked against the chain; empty when they agree.
+
+    ``decisions``: (seq, record digest, payload) of the decision records in seq order. A correction must
+    name, by seq and digest, an earlier review record (decision or correction) of the same candidate, and
+    that record must be the candidate's latest review record when the correction was made (a correction
+    never forks: each record is corrected at most once). Pure."""
+    problems = []
+    reviews: dict[int, tuple[str, str]] = {}  # seq -> (digest, tree) of review records so far
+    latest: dict[str, int] = {}  # tree -> seq of its latest review record
+    corrected: set[int] = set()
+    for seq, digest, payload in decisions:
+        if not isinstance(payload, dict) or payload.get("schema") not in REVIEW_SCHEMAS:
+            continue
+        tree = str((payload.get("candidate") or {}).get("tree"))
+        if payload["schema"] == CORRECTION_SCHEMA:
+            where = f"record #{seq}: correction of candidate {tree[:12]}"
+            named = payload.get("corrects")
+            named = named if isinstance(named, dict) else {}
+            named_seq = named.get("seq")
+            if not isinstance(named_seq, int) or reviews.get(named_seq) != (str(named.get("record")), tree):
+                problems.append(f"{where}: the record it corrects is not an earlier review record of that candidate")
+            elif named_seq in corrected or latest.get(tree) != named_seq:
+                problems.append(f"{where}: record #{named_seq} was corrected already")
+            else:
+                corrected.add(named_seq)
+        reviews[seq] = (digest, tree)
+        latest[tree] = seq
+    return problems
+
+
 @dataclass(frozen=True)
 class CandidateState:
     """What verification compares of one candidate with its decisions."""
@@ -481,6 +554,9 @@ def candidate_state_problems(
         tree = str((payload.get("candidate") or {}).get("tree"))
         if kind and isinstance(state, dict) and state.get("name") in DECIDED_STATES:
             last[tree] = (seq, kind, str(state.get("name")), str(state.get("reason")))
+        elif payload.get("schema") == CORRECTION_SCHEMA:
+            # A correction approving a rejected candidate moves it out of a decided state (it is evaluated again).
+            last.pop(tree, None)
     problems = []
     for candidate in candidates:
         where = f"candidate {candidate.tree[:12]}"

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import MD5, Cast, Coalesce
 from django.utils import timezone
 
 from evolution import metrics
 from evolution.loop import lifecycle, load, measure
 from evolution.models import (
+    AtomicEdit,
     Candidate,
     CertifiedResult,
     Evaluation,
     EvaluationSplitStats,
     Experiment,
+    ReviewCorrection,
+    ReviewDecision,
+    ReviewItem,
     Run,
     SplitMembership,
     SplitName,
@@ -606,3 +613,129 @@ def recipe_for_start(*, name: str, experiment: Experiment) -> Recipe:
         f"unknown recipe {name!r}: choose a preset ({', '.join(PRESET_NAMES)}), a run's (run-<id>) or "
         f"the experiment's own ({OWN_RECIPE})"
     )
+
+
+# --- Review history: identical edits decided before ---------------------------------------
+
+# Review items whose decision took effect.
+DECIDED_ITEMS = (ReviewItem.State.APPROVED, ReviewItem.State.REJECTED, ReviewItem.State.PARTIAL)
+
+
+def diff_md5(diff: str) -> str:
+    """The MD5 of an edit's diff as the database computes it (``MD5("diff")``, indexed). Pure."""
+    return hashlib.md5(diff.encode(), usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True)
+class EarlierVerdict:
+    """The verdict that stands on an identical edit (the same diff) of another reviewed candidate."""
+
+    edit_id: int  # the earlier identical edit
+    edit_index: int
+    item_id: int
+    candidate_id: int
+    verdict: str  # "approve" or "reject"
+    whole: bool  # True: the verdict was on its whole candidate (which may hold other edits); False: on this edit
+    reviewer: str
+    at: datetime
+    reason: str
+    corrected: bool  # the verdict is a correction's
+
+    @property
+    def words(self) -> str:
+        if self.verdict == "approve":
+            return "approved" if self.whole else "kept (its other edits were rejected)"
+        return "rejected with its whole candidate" if self.whole else "rejected (this edit alone)"
+
+
+def earlier_verdicts(*, edits: Sequence[AtomicEdit]) -> dict[int, EarlierVerdict]:
+    """For each of ``edits`` (by id), the newest verdict standing on an identical edit (same non-empty diff)
+    of another candidate whose review took effect: its correction's when corrected, else the decision's
+    (approved, rejected, or for a partial decision this edit's own: rejected or kept). Edits with no such
+    earlier edit are left out. Four queries whatever the number of edits (the diff's MD5 is indexed)."""
+    wanted = {edit.pk: edit.diff for edit in edits if edit.diff.strip()}
+    if not wanted:
+        return {}
+    own = {edit.candidate_id for edit in edits}
+    by_diff: dict[str, list[int]] = {}
+    for pk, diff in wanted.items():
+        by_diff.setdefault(diff, []).append(pk)
+    others = list(
+        AtomicEdit.objects.alias(h=MD5("diff"))
+        .filter(h__in={diff_md5(diff) for diff in by_diff}, candidate__review_item__state__in=DECIDED_ITEMS)
+        .exclude(candidate_id__in=own)
+        .values_list("pk", "index", "diff", "candidate_id", "candidate__review_item")
+    )
+    others = [row for row in others if row[2] in by_diff]
+    if not others:
+        return {}
+    item_ids = {row[4] for row in others}
+    decisions = {
+        d.item_id: d
+        for d in ReviewDecision.objects.filter(item_id__in=item_ids, record__isnull=False).select_related("reviewer")
+    }
+    rejected = set(
+        ReviewDecision.rejected_edits.through.objects.filter(reviewdecision__item_id__in=item_ids).values_list(
+            "atomicedit_id", flat=True
+        )
+    )
+    corrections: dict[int, ReviewCorrection] = {}
+    for correction in (
+        ReviewCorrection.objects.filter(item_id__in=item_ids, record__isnull=False)
+        .select_related("reviewer")
+        .order_by("created_at", "pk")
+    ):
+        corrections[correction.item_id] = correction  # the newest stands
+    found: dict[int, EarlierVerdict] = {}
+    for pk, index, diff, candidate_id, item_id in others:
+        latest = corrections.get(item_id)
+        decision = decisions.get(item_id)
+        if latest is not None:
+            verdict = EarlierVerdict(
+                pk, index, item_id, candidate_id, latest.verdict, True,
+                latest.reviewer.get_username(), latest.created_at, latest.reason, True,
+            )  # fmt: skip
+        elif decision is not None:
+            if decision.verdict == ReviewDecision.Verdict.REJECT_EDITS:
+                said, whole = ("reject" if pk in rejected else "approve"), False
+            else:
+                said, whole = str(decision.verdict), True
+            verdict = EarlierVerdict(
+                pk, index, item_id, candidate_id, said, whole,
+                decision.reviewer.get_username(), decision.created_at, decision.reason, False,
+            )  # fmt: skip
+        else:
+            continue
+        for mine in by_diff[diff]:
+            if mine not in found or verdict.at > found[mine].at:
+                found[mine] = verdict
+    return found
+
+
+def same_verdict(*, edits: Sequence[AtomicEdit], earlier: dict[int, EarlierVerdict]) -> tuple[str, list[int]] | None:
+    """The decision that repeats the earlier verdicts when every edit has one: ("approve", []) when all were
+    approved or kept, ("reject", []) when all were rejected, ("reject_edits", ids) for the rejected ones
+    when mixed; None when an edit has no earlier verdict. Pure."""
+    if not edits or any(edit.pk not in earlier for edit in edits):
+        return None
+    rejected = [edit.pk for edit in edits if earlier[edit.pk].verdict == "reject"]
+    if not rejected:
+        return "approve", []
+    if len(rejected) == len(edits):
+        return "reject", []
+    return "reject_edits", rejected
+
+
+def identical_waiting(*, item_ids: Iterable[int], waiting_states: Iterable[str]) -> dict[int, list[int]]:
+    """For each of ``item_ids``, the other waiting review items holding an edit with the same diff. One query
+    over the waiting items' edits."""
+    rows = AtomicEdit.objects.filter(candidate__review_item__state__in=list(waiting_states)).exclude(diff="")
+    by_hash: dict[str, set[int]] = {}
+    for item_id, digest in rows.annotate(h=MD5("diff")).values_list("candidate__review_item", "h"):
+        by_hash.setdefault(digest, set()).add(item_id)
+    wanted = set(item_ids)
+    same: dict[int, set[int]] = {}
+    for items in by_hash.values():
+        for item_id in items & wanted:
+            same.setdefault(item_id, set()).update(items - {item_id})
+    return {item_id: sorted(others) for item_id, others in same.items() if others}

@@ -19,6 +19,7 @@ from evolution import dispatch
 from evolution.loop import certify as loop_certify
 from evolution.loop import late as loop_late
 from evolution.loop import propose as loop_propose
+from evolution.loop import review as loop_review
 from evolution.loop import steps as loop_steps
 from evolution.services import evaluation as evaluation_services
 
@@ -70,7 +71,20 @@ def lease_reap() -> dict[str, int]:
         dispatch.run_advance_after_commit(run_id)
     # No candidate may wait with nothing scheduled for it (approved after its run ended, say).
     stranded = loop_late.stranded_reap()
-    return {**counts, "runs": len(runs), **{f"stranded_{key}": value for key, value in stranded.items()}}
+    # A review decision whose undo window passed while its review_settle message was lost.
+    settled = loop_review.review_settle_due()
+    return {
+        **counts,
+        "runs": len(runs),
+        **{f"stranded_{key}": value for key, value in stranded.items()},
+        "reviews_settled": settled,
+    }
+
+
+@task(dispatch.REVIEW_SETTLE)
+def review_settle(item_id: int) -> bool:
+    """Give effect to a review decision whose undo window has passed (sent with the window as countdown)."""
+    return loop_review.review_settle(item_id=item_id) is not None
 
 
 @task(dispatch.CANDIDATE_EVALUATE_LATE)

@@ -388,6 +388,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- rsiweb's own knobs (RSI_*) -----------------------------------------------
 
+# A review decision waits this many seconds before it takes effect, so the
+# reviewer can undo a wrong click (docs/review.md#corrections); 0: at once.
+RSI_REVIEW_UNDO_SECONDS = env_int("RSI_REVIEW_UNDO_SECONDS", 10)
+
 # Harness snapshot limits: a file larger than this is refused on import.
 RSI_MAX_FILE_BYTES = env_int("RSI_MAX_FILE_BYTES", 2 * 1024 * 1024)
 RSI_MAX_TREE_FILES = env_int("RSI_MAX_TREE_FILES", 5000)

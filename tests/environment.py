@@ -23,3 +23,6 @@ os.environ.setdefault("RSI_TEST_SESSION_DIR", _session_dir)
 # named by Django and not affected).
 os.environ["RSI_TEST_DB_SUFFIX"] = f"-{os.getpid()}"
 atexit.register(shutil.rmtree, _session_dir, ignore_errors=True)
+# Review decisions take effect at once in tests (and their workers), as they did
+# before the undo window; the tests of the window set their own.
+os.environ.setdefault("RSI_REVIEW_UNDO_SECONDS", "0")

@@ -29,6 +29,7 @@ from evolution.models import (
     GateDecision,
     LeakageFlag,
     Recipe,
+    ReviewCorrection,
     ReviewDecision,
     ReviewItem,
     Run,
@@ -412,16 +413,33 @@ def critic_outcome_of(*, candidate_id: int) -> records.CriticOutcome:
     return records.critic_outcome(LeakageFlag.objects.filter(candidate_id=candidate_id).values_list(*FLAG_FIELDS))
 
 
-def review_approval_of(*, candidate_id: int) -> records.ReviewBasis | None:
-    """The certified review decision that approved the candidate, if any. Read-only."""
-    row = (
-        ReviewDecision.objects.filter(
-            item__candidate_id=candidate_id, verdict=ReviewDecision.Verdict.APPROVE, record__isnull=False
-        )
-        .values_list("record__seq", "record__record_digest")
+def review_standing(*, candidate_id: int) -> tuple[str, CertifiedDecision] | None:
+    """The review verdict that stands for a candidate, with its certified record: the latest correction's,
+    else the decision's (None when no certified review decided it). Read-only."""
+    correction = (
+        ReviewCorrection.objects.filter(item__candidate_id=candidate_id, record__isnull=False)
+        .select_related("record")
+        .order_by("-record__seq")
         .first()
     )
-    return records.ReviewBasis(*row) if row is not None else None
+    if correction is not None and correction.record is not None:
+        return correction.verdict, correction.record
+    decision = (
+        ReviewDecision.objects.filter(item__candidate_id=candidate_id, record__isnull=False)
+        .select_related("record")
+        .first()
+    )
+    if decision is not None and decision.record is not None:
+        return decision.verdict, decision.record
+    return None
+
+
+def review_approval_of(*, candidate_id: int) -> records.ReviewBasis | None:
+    """The certified review decision (or correction) approving the candidate that stands, if any. Read-only."""
+    standing = review_standing(candidate_id=candidate_id)
+    if standing is None or standing[0] != ReviewDecision.Verdict.APPROVE:
+        return None
+    return records.ReviewBasis(standing[1].seq, standing[1].record_digest)
 
 
 def review_missing(*, candidate_id: int) -> str:
@@ -539,6 +557,51 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
         )
         ReviewDecision.objects.filter(pk=locked.pk).update(record=record)
         decision.record = record
+        return record
+
+
+def review_correction_certify(*, correction: ReviewCorrection) -> CertifiedDecision:
+    """Certify a correction of a review decision (``records.correction_payload``): the record it corrects,
+    verdict, reason, reviewer and the candidate's state and reason after it. Call it in the correction's
+    transaction, after the candidate's transition. Safe to repeat."""
+    with transaction.atomic():
+        locked = ReviewCorrection.objects.select_for_update(no_key=True).get(pk=correction.pk)
+        if locked.record_id is not None:
+            correction.record_id = locked.record_id
+            return CertifiedDecision.objects.get(pk=locked.record_id)
+        candidate = Candidate.objects.get(review_item__pk=locked.item_id)
+        corrected = CertifiedDecision.objects.get(pk=locked.corrects_id)
+        recipe = (
+            Run.objects.filter(pk=candidate.run_id).values_list("recipe__digest", flat=True).first()
+            if candidate.run_id
+            else None
+        )
+
+        def build(experiment: Experiment, seq: int, prev: str) -> dict[str, Any]:
+            return records.correction_payload(
+                experiment_uid=str(experiment.uid),
+                seq=seq,
+                prev=prev,
+                candidate_tree=candidate.tree_id,
+                corrects_seq=corrected.seq,
+                corrects_record=corrected.record_digest,
+                verdict=locked.verdict,
+                reason=locked.reason,
+                reviewer=locked.reviewer.get_username(),
+                state=candidate.state,
+                state_reason=candidate.state_reason,
+                recipe=recipe or (experiment.recipe.digest if experiment.recipe is not None else None),
+                surface=_surface_digest(experiment),
+            )
+
+        record = _decision_append(
+            experiment_id=candidate.experiment_id,
+            candidate_id=candidate.pk,
+            kind=CertifiedDecision.Kind.REVIEW,
+            build=build,
+        )
+        ReviewCorrection.objects.filter(pk=locked.pk).update(record=record)
+        correction.record = record
         return record
 
 
@@ -901,6 +964,11 @@ def decisions_verify(
             item__candidate__experiment=experiment, record__isnull=False, item__candidate__run__isnull=False
         ).values_list("record_id", "item__candidate__run__recipe__digest")
     )
+    recipes_of.update(
+        ReviewCorrection.objects.filter(
+            item__candidate__experiment=experiment, record__isnull=False, item__candidate__run__isnull=False
+        ).values_list("record_id", "item__candidate__run__recipe__digest")
+    )
     gates = GateDecision.objects.filter(candidate__experiment=experiment).order_by("pk")
     for pk, record_id, tree, round_number, *values in gates.values_list(
         "pk",
@@ -939,6 +1007,28 @@ def decisions_verify(
             review_rows[record_id] = dict(
                 zip(REVIEW_FIELDS, [verdict, reason, reviewer, sorted(rejected.get(pk, [])), derived], strict=True)
             )
+    corrections = ReviewCorrection.objects.filter(item__candidate__experiment=experiment).order_by("pk")
+    correction_rows: dict[int, int] = {}  # correction record id -> the corrected record's id
+    for pk, record_id, tree, verdict, reason, reviewer, corrects in corrections.values_list(
+        "pk",
+        "record_id",
+        "item__candidate__tree_id",
+        "verdict",
+        "reason",
+        "reviewer__username",
+        "corrects_id",
+    ):
+        if record_id is None:
+            problems.append(f"review correction {pk} (candidate {tree[:12]}) is not certified")
+        else:
+            review_rows[record_id] = dict(zip(REVIEW_FIELDS, [verdict, reason, reviewer, [], None], strict=True))
+            correction_rows[record_id] = corrects
+    named = {
+        pk: {"seq": seq, "record": digest}
+        for pk, seq, digest in CertifiedDecision.objects.filter(pk__in=correction_rows.values()).values_list(
+            "pk", "seq", "record_digest"
+        )
+    }
 
     for decision in decisions:
         where = f"record #{decision.seq}"
@@ -953,6 +1043,11 @@ def decisions_verify(
             recipes_named.add(str(payload["recipe"]))
         if decision.pk in recipes_of and payload.get("recipe") != recipes_of[decision.pk]:
             problems.append(f"{where}: the recipe of its run differs from the certified one")
+        if decision.pk in correction_rows:
+            if payload.get("corrects") != named.get(correction_rows[decision.pk]):
+                problems.append(f"{where}: the correction names another record than the stored one")
+        elif payload.get("schema") == records.CORRECTION_SCHEMA:
+            problems.append(f"{where}: a correction record with no stored correction")
         stored = (gate_rows if decision.kind == CertifiedDecision.Kind.GATE else review_rows).get(decision.pk)
         certified = payload.get(decision.kind) or {}
         if stored is not None and isinstance(certified, dict):
@@ -970,6 +1065,7 @@ def decisions_verify(
     )
 
     problems += _candidate_origin_problems(experiment, decisions)
+    problems += records.correction_problems((d.seq, d.record_digest, d.payload) for d in decisions)
 
     flags: dict[str, list[tuple[str, str, str, str]]] = {}
     for tree, *flag in LeakageFlag.objects.filter(candidate__experiment=experiment).values_list(
@@ -1016,7 +1112,7 @@ def _candidate_origin_problems(experiment: Experiment, decisions: list[DecisionR
         d.tree
         for d in decisions
         if isinstance(d.payload, dict)
-        and d.payload.get("schema") == records.REVIEW_SCHEMA
+        and d.payload.get("schema") in records.REVIEW_SCHEMAS
         and (d.payload.get("review") or {}).get("verdict") == ReviewDecision.Verdict.APPROVE
     }
     problems = []

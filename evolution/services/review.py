@@ -85,6 +85,8 @@ def _lock_undecided(item: ReviewItem, user: Any) -> ReviewItem:
     locked = ReviewItem.objects.select_for_update(no_key=True).get(pk=item.pk)
     if locked.state in DECIDED:
         raise ReviewConflict(f"this item was already decided ({locked.state})")
+    if locked.state == ReviewItem.State.PENDING:
+        raise ReviewConflict(f"a decision by {locked.claimed_by} is pending (it can still be undone)")
     if locked.state == ReviewItem.State.CLAIMED and locked.claimed_by_id != user.pk:
         raise ReviewConflict(f"this item is claimed by {locked.claimed_by}")
     return locked
@@ -109,7 +111,9 @@ def review_decide(*, item: ReviewItem, user: Any, approve: bool, reason: str) ->
         locked = _lock_undecided(item, user)
         candidate = Candidate.objects.get(pk=locked.candidate_id)
         target = Candidate.State.APPROVED if approve else Candidate.State.REJECTED_REVIEW
-        if not candidate_transition(candidate=candidate, to=target, reason=f"review by {user}: {reason}"):
+        if candidate.state != Candidate.State.FLAGGED or not candidate_transition(
+            candidate=candidate, to=target, reason=f"review by {user}: {reason}"
+        ):
             raise ReviewConflict(f"the candidate is {candidate.state} and can no longer be reviewed")
         locked.state = ReviewItem.State.APPROVED if approve else ReviewItem.State.REJECTED
         locked.save(update_fields=["state"])
@@ -278,3 +282,13 @@ def review_decide_partial(
         decision.rejected_edits.set(rejected)
         review_decision_certify(decision=decision)
         return decision
+
+
+def item_lock_undecided(*, item: ReviewItem, user: Any) -> ReviewItem:
+    """The item, locked (inside the caller's transaction), if ``user`` may decide it now; else ReviewConflict."""
+    return _lock_undecided(item, user)
+
+
+def reason_required(reason: str) -> str:
+    """The reason, stripped; ReviewError when it is empty."""
+    return _required_reason(reason)

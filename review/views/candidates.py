@@ -43,6 +43,7 @@ from evolution.models import (
 )
 from evolution.recipes import RecipeError, parse_recipe
 from evolution.services.records import records_verify
+from evolution.loop.review import corrections_of, review_settle_due
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import diffs, hidden
@@ -450,6 +451,7 @@ def candidate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         response = render(request, "review/candidates/candidate.html#diff-embed", _embedded_diff(cand, request.GET))
         patch_vary_headers(response, ["HX-Request", "HX-Target"])
         return response
+    review_settle_due(candidate_id=pk)  # a review decision whose undo window passed takes effect first
     cand = get_object_or_404(
         Candidate.objects.select_related("experiment", "parent", "run__recipe", "tree", "review_item"), pk=pk
     )
@@ -507,6 +509,10 @@ def candidate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
     children = list(Candidate.objects.filter(parent=cand).order_by("pk").only("pk", "label", "state", "round"))
     review_item = getattr(cand, "review_item", None)  # reverse one-to-one: absent raises AttributeError
+    review_decision = (
+        ReviewDecision.objects.filter(item=review_item).select_related("reviewer").first() if review_item else None
+    )
+    corrections = corrections_of(item_ids=[review_item.pk]).get(review_item.pk, []) if review_item else []
     derived_from = (
         ReviewDecision.objects.filter(derived_candidate=cand).select_related("item__candidate").first()
         if cand.origin == Candidate.Origin.DERIVED
@@ -533,6 +539,8 @@ def candidate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             "delta_view": delta_view,
             "children": children,
             "review_item": review_item,
+            "review_decision": review_decision,
+            "corrections": corrections,
             "derived_from": derived_from.item.candidate if derived_from is not None else None,
             "evaluable": cand.state in late.MEASURABLE,
             **_embedded_diff(cand, request.GET),

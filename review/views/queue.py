@@ -30,7 +30,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from evolution import access
 from evolution.flags import flag_matched, flag_task_visible, with_task_access
-from evolution.loop.review import review_decide, review_decide_partial
+from evolution.loop.review import (
+    corrections_of,
+    review_correct,
+    review_settle_due,
+    review_submit,
+    review_undo,
+)
 from evolution.models import (
     AtomicEdit,
     Candidate,
@@ -38,7 +44,9 @@ from evolution.models import (
     LeakageFlag,
     ReviewDecision,
     ReviewItem,
+    ReviewPending,
 )
+from evolution.selectors import EarlierVerdict, earlier_verdicts, identical_waiting, same_verdict
 from evolution.services.review import LIVE_RUNS, ReviewConflict, ReviewError, review_claim, review_release
 from review.hidden import marked_spans, reveal_html
 
@@ -46,7 +54,8 @@ if TYPE_CHECKING:
     from review.display import ShownFlag
 
 PAGE_SIZE = 25
-WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED)
+WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED, ReviewItem.State.PENDING)
+DECIDED_STATES = (ReviewItem.State.APPROVED, ReviewItem.State.REJECTED, ReviewItem.State.PARTIAL)
 INSTRUCTION_EXCERPT = 280
 # Lines of one edit's own diff shown inline; the rest is in the diff screen.
 EDIT_DIFF_LINES = 200
@@ -256,6 +265,37 @@ def _flag_summaries(candidate_ids: list[int], user: Any) -> dict[int, dict[str, 
     return summary
 
 
+def _with_history(items: list[Any]) -> list[Any]:
+    """The page's waiting items with, per item, the verdicts of identical edits decided before (``earlier``:
+    (edit index, EarlierVerdict)) and the other waiting items holding an identical edit (``same_as``); items
+    with identical edits follow the oldest of them (``group_size`` on it, ``in_group`` on the others)."""
+    edits = list(AtomicEdit.objects.filter(candidate_id__in=[item.candidate_id for item in items]).order_by("index"))
+    earlier = earlier_verdicts(edits=edits)
+    by_candidate: dict[int, list[AtomicEdit]] = defaultdict(list)
+    for edit in edits:
+        by_candidate[edit.candidate_id].append(edit)
+    same = identical_waiting(item_ids=[item.pk for item in items], waiting_states=WAITING)
+    on_page = {item.pk: item for item in items}
+    for item in items:
+        item.earlier = [(e.index, earlier[e.pk]) for e in by_candidate[item.candidate_id] if e.pk in earlier]
+        item.same_as = same.get(item.pk, [])
+        item.group_size, item.in_group = 0, False
+    ordered: list[Any] = []
+    placed: set[int] = set()
+    for item in items:
+        if item.pk in placed:
+            continue
+        group = [on_page[pk] for pk in item.same_as if pk in on_page and pk not in placed]
+        item.group_size = len(group) + 1 if group else 0
+        ordered.append(item)
+        placed.add(item.pk)
+        for member in group:
+            member.in_group = True
+            ordered.append(member)
+            placed.add(member.pk)
+    return ordered
+
+
 @require_GET
 @access.permission_required()
 def queue(request: HttpRequest) -> HttpResponse:
@@ -264,6 +304,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     experiment_id, problem = _experiment_filter(request)
     if problem:
         return HttpResponseBadRequest(problem)
+    review_settle_due()  # decisions whose undo window passed take effect before the queue is read
     tab = request.GET.get("tab", "open")
     if tab not in {"open", "decided"}:
         return HttpResponseBadRequest("tab must be open or decided")
@@ -284,13 +325,16 @@ def queue(request: HttpRequest) -> HttpResponse:
         summaries = _flag_summaries([item.candidate_id for item in page], request.user)
         for item in page:
             item.flags = summaries.get(item.candidate_id, {"rules": [], "matched": [], "more_matched": 0})
+        rows = _with_history(list(page))
         open_count, decided_count = page.paginator.count, decided.count()
     else:
         page = _page(request, decided)
+        rows = list(page)
         open_count, decided_count = waiting.count(), page.paginator.count
     context = {
         "tab": tab,
         "page": page,
+        "rows": rows,
         "experiments": experiments,
         "experiment": chosen,
         "open_count": open_count,
@@ -391,6 +435,7 @@ class EditView:
     diff_lines: list[SafeString]
     hidden_diff_lines: int
     groups: list[RuleGroup]
+    earlier: EarlierVerdict | None = None  # an identical edit decided before
 
 
 def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
@@ -419,6 +464,7 @@ def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeStrin
 
 def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
     candidate = item.candidate
+    pending = ReviewPending.objects.filter(item=item).select_related("reviewer").first()
     decision = (
         ReviewDecision.objects.filter(item=item)
         .select_related("reviewer", "derived_candidate__run")
@@ -461,6 +507,11 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
     )
     user = request.user
     mine = item.state == ReviewItem.State.CLAIMED and item.claimed_by_id == user.pk
+    earlier = earlier_verdicts(edits=edits)
+    for view in edit_views:
+        view.earlier = earlier.get(view.edit.pk)
+    same = same_verdict(edits=edits, earlier=earlier)
+    corrections = corrections_of(item_ids=[item.pk]).get(item.pk, [])
     return {
         "item": item,
         "candidate": candidate,
@@ -482,7 +533,40 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         "may_decide": mine and user.has_perm(access.REVIEW),
         "form": {"reason": "", "edits": set(), "verdict": ""},
         "error": "",
+        "pending": pending if item.state == ReviewItem.State.PENDING else None,
+        "pending_error": pending.error if pending is not None and item.state == ReviewItem.State.CLAIMED else "",
+        "pending_mine": pending is not None and pending.reviewer_id == user.pk,
+        "pending_words": VERDICT_SHORT.get(pending.verdict, "") if pending is not None else "",
+        "corrections": corrections,
+        "standing": corrections[-1] if corrections else None,
+        "may_correct": item.state in DECIDED_STATES
+        and user.has_perm(access.REVIEW)
+        and (decision is None or decision.verdict != ReviewDecision.Verdict.REJECT_EDITS),
+        "same": _same_offer(same, earlier, edits),
     }
+
+
+@dataclass
+class SameOffer:
+    """The decision that repeats the verdicts of identical edits decided before, ready to submit."""
+
+    verdict: str
+    edit_ids: list[int]
+    reason: str
+    words: str
+
+
+def _same_offer(
+    same: tuple[str, list[int]] | None, earlier: dict[int, EarlierVerdict], edits: list[AtomicEdit]
+) -> SameOffer | None:
+    if same is None:
+        return None
+    verdict, edit_ids = same
+    sources = sorted({(v.item_id, v.reviewer, v.at) for v in (earlier[e.pk] for e in edits)}, key=lambda s: s[0])
+    named = ", ".join(f"review #{item_id} by {who} on {at:%Y-%m-%d %H:%M}" for item_id, who, at in sources)
+    words = {"approve": "approve", "reject": "reject", "reject_edits": "reject the edits rejected before"}[verdict]
+    reason = f"Same verdict as the identical edit{'s' if len(edits) > 1 else ''} decided before ({named})."
+    return SameOffer(verdict, edit_ids, reason, words)
 
 
 def _load_item(pk: int) -> ReviewItem:
@@ -495,7 +579,9 @@ def _load_item(pk: int) -> ReviewItem:
 @require_GET
 @access.permission_required()
 def review_item(request: HttpRequest, pk: int) -> HttpResponse:
-    """One flagged candidate: edits, the critic's evidence, the diff, the decision."""
+    """One flagged candidate: edits, the critic's evidence, the diff, the decision. A pending decision whose
+    undo window has passed takes effect first (the reader does what a lost task would have)."""
+    review_settle_due(item_ids=[pk])
     item = _load_item(pk)
     return render(request, "review/queue/item.html", _item_context(request, item))
 
@@ -544,34 +630,72 @@ def release(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @access.permission_required(access.REVIEW)
 def decide(request: HttpRequest, pk: int) -> HttpResponse:
-    """Approve, reject, or reject the selected edits and keep the rest."""
+    """Approve, reject, or reject the selected edits and keep the rest: held for the undo window
+    (``review_submit``), then it takes effect."""
     item = get_object_or_404(ReviewItem, pk=pk)
     verdict = request.POST.get("verdict", "")
     reason = request.POST.get("reason", "")
     selected = request.POST.getlist("edits")
     form = {"reason": reason, "edits": {int(value) for value in selected if value.isdigit()}, "verdict": verdict}
     try:
-        if verdict == "approve":
-            decision = review_decide(item=item, user=request.user, approve=True, reason=reason)
-        elif verdict == "reject":
-            decision = review_decide(item=item, user=request.user, approve=False, reason=reason)
-        elif verdict == "reject_edits":
-            decision = review_decide_partial(item=item, user=request.user, rejected_edits=selected, reason=reason)
-        else:
+        if verdict not in ReviewDecision.Verdict.values:
             raise ReviewError("choose approve, reject, or reject the selected edits")
+        outcome = review_submit(item=item, user=request.user, verdict=verdict, reason=reason, rejected_edits=selected)
     except ReviewConflict as exc:
         return _render_problem(request, pk, f"Nothing changed: {exc}.", 409, form)
     except ReviewError as exc:
         return _render_problem(request, pk, f"Nothing changed: {exc}.", 400, form)
-    if decision.derived_candidate_id:
-        derived = Candidate.objects.select_related("run").get(pk=decision.derived_candidate_id)
+    if isinstance(outcome, ReviewPending):
+        messages.info(
+            request,
+            f"{VERDICT_SHORT[outcome.verdict].capitalize()}: it takes effect in a few seconds; Undo takes it back.",
+        )
+    elif outcome.derived_candidate_id:
+        derived = Candidate.objects.select_related("run").get(pk=outcome.derived_candidate_id)
         messages.success(
             request,
-            f"Recorded: {VERDICT_SHORT[decision.verdict]} ({VERDICT_WORDS[decision.verdict]}). "
+            f"Recorded: {VERDICT_SHORT[outcome.verdict]} ({VERDICT_WORDS[outcome.verdict]}). "
             f"Derived candidate {derived.pk}: {derived_outcome(derived)}.",
         )
     else:
-        messages.success(request, f"Recorded: {VERDICT_SHORT[decision.verdict]} ({VERDICT_WORDS[decision.verdict]}).")
+        messages.success(request, f"Recorded: {VERDICT_SHORT[outcome.verdict]} ({VERDICT_WORDS[outcome.verdict]}).")
+    return redirect("review:review_item", pk=pk)
+
+
+@require_POST
+@access.permission_required(access.REVIEW)
+def undo(request: HttpRequest, pk: int) -> HttpResponse:
+    """Take back one's own decision inside its undo window."""
+    item = get_object_or_404(ReviewItem, pk=pk)
+    try:
+        review_undo(item=item, user=request.user)
+    except ReviewConflict as exc:
+        return _render_problem(request, pk, f"Not undone: {exc}.", 409)
+    messages.success(request, "Undone: nothing was recorded; the item is still yours to decide.")
+    return redirect("review:review_item", pk=pk)
+
+
+@require_POST
+@access.permission_required(access.REVIEW)
+def correct(request: HttpRequest, pk: int) -> HttpResponse:
+    """Correct the decision that stands on a decided item (``review_correct``)."""
+    item = get_object_or_404(ReviewItem, pk=pk)
+    verdict = request.POST.get("verdict", "")
+    reason = request.POST.get("reason", "")
+    form = {"reason": reason, "edits": set(), "verdict": verdict}
+    try:
+        if verdict not in {"approve", "reject"}:
+            raise ReviewError("choose approve or reject")
+        correction = review_correct(item=item, user=request.user, approve=verdict == "approve", reason=reason)
+    except ReviewConflict as exc:
+        return _render_problem(request, pk, f"Not corrected: {exc}.", 409, form)
+    except ReviewError as exc:
+        return _render_problem(request, pk, f"Not corrected: {exc}.", 400, form)
+    followed = "; ".join(correction.followed)
+    messages.success(
+        request,
+        f"Corrected: {'approved' if verdict == 'approve' else 'rejected'}." + (f" {followed}." if followed else ""),
+    )
     return redirect("review:review_item", pk=pk)
 
 
@@ -581,4 +705,6 @@ urlpatterns = [
     path("review/<int:pk>/claim/", claim, name="review_claim"),
     path("review/<int:pk>/release/", release, name="review_release"),
     path("review/<int:pk>/decide/", decide, name="review_decide"),
+    path("review/<int:pk>/undo/", undo, name="review_undo"),
+    path("review/<int:pk>/correct/", correct, name="review_correct"),
 ]
