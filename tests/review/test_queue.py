@@ -526,8 +526,11 @@ def test_an_empty_track_record_is_all_zeros() -> None:
 
 # --- Query counts ---------------------------------------------------------------------------
 
-QUEUE_QUERIES = 12
-ITEM_QUERIES = 12
+# 12 each before the undo window and the history of identical edits; these add, whatever the world: the due
+# decisions settled (1), the pending decision and the corrections on an item (2), the identical edits decided
+# before (up to 4: the edits, their decisions, rejected edits and corrections) and the waiting ones (1).
+QUEUE_QUERIES = 18
+ITEM_QUERIES = 18
 
 
 def page_query_counts(client: Client, experiment: Experiment, item: ReviewItem, decided: ReviewItem) -> list[int]:
