@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -71,9 +72,7 @@ def wait_out(pending: ReviewPending) -> None:
     time.sleep(max(0.0, left) + 0.05)
 
 
-def test_a_decision_waits_out_its_window_and_is_undone_inside_it(
-    held: tuple[Run, ReviewItem], settings: pytest.FixtureRequest
-) -> None:
+def test_a_decision_waits_out_its_window_and_is_undone_inside_it(held: tuple[Run, ReviewItem], settings: Any) -> None:
     settings.RSI_REVIEW_UNDO_SECONDS = 30
     _, item = held
     alice = reviewer("alice")
@@ -104,7 +103,7 @@ def test_a_decision_waits_out_its_window_and_is_undone_inside_it(
 
 
 def test_after_its_window_the_decision_takes_effect_once_and_cannot_be_undone(
-    held: tuple[Run, ReviewItem], settings: pytest.FixtureRequest
+    held: tuple[Run, ReviewItem], settings: Any
 ) -> None:
     settings.RSI_REVIEW_UNDO_SECONDS = 1
     run, item = held
@@ -129,9 +128,7 @@ def test_after_its_window_the_decision_takes_effect_once_and_cannot_be_undone(
     verified(run)
 
 
-def test_the_next_reader_of_the_item_gives_a_due_decision_effect(
-    held: tuple[Run, ReviewItem], settings: pytest.FixtureRequest
-) -> None:
+def test_the_next_reader_of_the_item_gives_a_due_decision_effect(held: tuple[Run, ReviewItem], settings: Any) -> None:
     # No worker runs here: the task sent after commit finds nothing due, and the page read after the window does it.
     settings.RSI_REVIEW_UNDO_SECONDS = 5
     _, item = held
@@ -252,7 +249,7 @@ def test_a_rejection_corrected_to_an_approval_is_evaluated_and_gated(held: tuple
 
 
 def test_only_a_reviewer_corrects_and_a_pending_decision_is_undone_not_corrected(
-    held: tuple[Run, ReviewItem], settings: pytest.FixtureRequest
+    held: tuple[Run, ReviewItem], settings: Any
 ) -> None:
     settings.RSI_REVIEW_UNDO_SECONDS = 30
     _, item = held

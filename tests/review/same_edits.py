@@ -7,31 +7,38 @@ import pytest
 
 from evolution import operators
 from evolution.loop.lifecycle import run_recipe
-from evolution.models import Candidate, Experiment, ReviewItem
+from evolution.models import AtomicEdit, Candidate, Experiment, ReviewItem
 from evolution.services import proposals
 from evolution.services.snapshots import tree_entries
 
 
-def single_edit_items(experiment: Experiment) -> list[ReviewItem]:
-    """Open review items whose candidate declares one atomic edit, oldest first."""
+def repeated_item(experiment: Experiment) -> tuple[ReviewItem, ReviewItem]:
+    """The oldest open review item with a flagged edit that can be proposed again, alone, on another accepted
+    parent with the same diff, and the review item the critic opens for that proposal (``propose_again``)."""
     items = ReviewItem.objects.filter(candidate__experiment=experiment, state=ReviewItem.State.OPEN).order_by("pk")
-    return [item for item in items if item.candidate.edits.count() == 1]
+    for item in items:
+        for edit in item.candidate.edits.filter(flags__isnull=False).distinct().order_by("index"):
+            again = propose_again(edit)
+            if again is not None:
+                return item, again
+    pytest.fail("no flagged edit of an open review item can be proposed again with the same diff")
 
 
-def propose_again(item: ReviewItem, *, used: set[int] | None = None) -> ReviewItem:
-    """The item's one edit proposed on another parent (an accepted candidate, or the seed, whose files at the
-    edit's paths equal the first parent's, so the edit's diff is the same), frozen and critiqued by the loop's
-    services with the run's recipe; returns the new candidate's review item. ``used``: parents not to take."""
-    flagged = item.candidate
-    edit = flagged.edits.get()
+def propose_again(edit: AtomicEdit) -> ReviewItem | None:
+    """``edit`` proposed alone on another accepted parent whose files at the edit's paths equal its first
+    parent's (so its diff is the same), frozen and critiqued by the loop's services with the run's recipe.
+    Returns the new candidate's review item; None when no parent gives the same diff or the critic does not
+    hold it."""
+    flagged = edit.candidate
     assert flagged.parent is not None and flagged.run is not None
     first_parent = {e.path: e for e in tree_entries(tree=flagged.parent.tree)}
     flagged_files = {e.path: e for e in tree_entries(tree=flagged.tree)}
-    taken = {flagged.parent_id, *(used or set())}
-    for parent in Candidate.objects.filter(
-        experiment=flagged.experiment, state__in=[Candidate.State.ACCEPTED, Candidate.State.REJECTED_GATE]
-    ).order_by("pk"):
-        if parent.pk in taken:
+    run = flagged.run
+    recipe = run_recipe(run)
+    for parent in Candidate.objects.filter(experiment=flagged.experiment, state=Candidate.State.ACCEPTED).order_by(
+        "pk"
+    ):
+        if parent.pk == flagged.parent_id:
             continue
         files = {e.path: e for e in tree_entries(tree=parent.tree)}
         if any(
@@ -48,24 +55,24 @@ def propose_again(item: ReviewItem, *, used: set[int] | None = None) -> ReviewIt
             files={path: entry.data for path, entry in files.items()},
             edits=[operators.EditDeclaration(edit.component, edit.hypothesis, list(edit.paths))],
         )
-        run = flagged.run
-        outcome = proposals.candidate_freeze(
-            run=run,
-            parent=parent,
-            proposal=proposal,
-            round=flagged.round or 0,
-            slot=90 + parent.pk % 9,
-            edit_budget=None,
-            label=f"same edit on #{parent.pk}",
-        )
+        try:
+            outcome = proposals.candidate_freeze(
+                run=run,
+                parent=parent,
+                proposal=proposal,
+                round=flagged.round or 0,
+                slot=90 + parent.pk % 9,
+                edit_budget=None,
+                label=f"edit #{edit.index} of #{flagged.pk} again, on #{parent.pk}",
+            )
+        except proposals.ProposalRejected:
+            continue
         if outcome.candidate is None:
             continue  # a tree the experiment has already
-        recipe = run_recipe(run)
         proposals.candidate_critique(run=run, candidate=outcome.candidate, policy=recipe.critique.leakage_policy)
         again = ReviewItem.objects.filter(candidate=outcome.candidate).first()
-        assert again is not None, f"the critic did not hold candidate {outcome.candidate.pk} for review"
+        if again is None:
+            continue
         assert again.candidate.edits.get().diff == edit.diff
-        if used is not None:
-            used.add(parent.pk)
         return again
-    pytest.fail(f"no other parent gives edit #{edit.index} of candidate {flagged.pk} the same diff")
+    return None

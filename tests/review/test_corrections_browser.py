@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from evolution.models import Candidate, Evaluation, Experiment, ReviewCorrection, ReviewDecision, ReviewPending
-from tests.review.same_edits import propose_again, single_edit_items
+from tests.review.same_edits import repeated_item
 from tests.review.test_browser import browser
 from tests.review.test_keys_browser import Screen, screen
 
@@ -25,8 +25,7 @@ def test_undo_decide_again_correct_later_and_repeat_an_identical_edit_s_verdict_
     screen: Screen, example_world: Experiment, make_user: Any, settings: Any
 ) -> None:
     settings.RSI_REVIEW_UNDO_SECONDS = WINDOW
-    first = single_edit_items(example_world)[0]
-    again = propose_again(first)
+    first, again = repeated_item(example_world)
     make_user("reviewer", username="rhea")
     screen.login("rhea")
     page = screen.page
@@ -60,6 +59,7 @@ def test_undo_decide_again_correct_later_and_repeat_an_identical_edit_s_verdict_
     page.click("#correct-form button[value=reject]")
     page.wait_for_selector("#corrections")
     correction = ReviewCorrection.objects.get(item=first)
+    assert decision.record is not None
     assert correction.record is not None and correction.corrects_id == decision.record_id
     screen.go(reverse("review:candidate", args=[first.candidate_id]))
     history = page.locator("#review-history").inner_text()
@@ -71,7 +71,8 @@ def test_undo_decide_again_correct_later_and_repeat_an_identical_edit_s_verdict_
     screen.go(reverse("review:review_item", args=[again.pk]))
     page.click("button:has-text('Claim to review')")
     page.wait_for_selector("#same-form")
-    edit = again.candidate.edits.get()
+    edit = again.candidate.edits.order_by("index").first()
+    assert edit is not None
     hint = page.locator(f"#earlier-{edit.index}").inner_text()
     assert "rejected with its whole candidate" in hint and "rhea" in hint and "(on correction)" in hint
     # Typing in the reason does not apply it.

@@ -10,21 +10,22 @@ from django.urls import reverse
 from evolution.models import Experiment, ReviewDecision, ReviewItem
 from evolution.selectors import earlier_verdicts
 from evolution.services.review import review_claim, review_correct, review_decide
-from tests.review.same_edits import propose_again, single_edit_items
+from tests.review.same_edits import repeated_item
 
 
 def test_an_identical_edit_decided_before_shows_its_verdict_who_and_when(
     example_world: Experiment, make_user: Any
 ) -> None:
-    first = single_edit_items(example_world)[0]
-    again = propose_again(first)
+    first, again = repeated_item(example_world)
     alice = make_user("reviewer", username="alice")
-    edit = again.candidate.edits.get()
+    edit = again.candidate.edits.order_by("index").first()
+    assert edit is not None
     assert earlier_verdicts(edits=[edit]) == {}  # the first is not decided yet
 
     decision = review_decide(item=first, user=alice, approve=False, reason="hard-codes an answer")
     found = earlier_verdicts(edits=[edit])[edit.pk]
-    assert (found.item_id, found.verdict, found.reviewer, found.at) == (first.pk, "reject", "alice", decision.created_at)
+    assert (found.item_id, found.verdict, found.reviewer) == (first.pk, "reject", "alice")
+    assert found.at == decision.created_at
     assert found.words == "rejected with its whole candidate" and not found.corrected
 
     bob = make_user("reviewer", username="bob")
@@ -46,21 +47,22 @@ def test_an_identical_edit_decided_before_shows_its_verdict_who_and_when(
 
 
 def test_identical_waiting_edits_are_grouped_in_the_queue(example_world: Experiment, make_user: Any) -> None:
-    first = single_edit_items(example_world)[0]
-    again = propose_again(first)
+    first, again = repeated_item(example_world)
     client = login(make_user("viewer", username="vic"))
     queue = client.get(reverse("review:queue")).content.decode()
-    head = queue.index(f'id="queue-item-{first.pk}"')
-    member = queue.index(f'id="queue-item-{again.pk}"')
-    between = queue[head:member]
-    # The later item follows the oldest holding the same edit, whatever lies between them by age.
-    assert between.count("<tr") == 0 and "2 waiting items hold identical edits" in between
-    assert "identical edits to the item above" in queue[member : queue.index("</tr>", member)]
+    head = queue.rindex("<tr ", 0, queue.index(f'id="queue-item-{first.pk}"'))
+    member = queue.rindex("<tr ", 0, queue.index(f'id="queue-item-{again.pk}"'))
+    assert head < member
+    # The later item follows the oldest holding the same edit: between them only rows of the same group.
+    rows = queue[head:member].split("<tr ")[1:]
+    assert "waiting items hold identical edits" in rows[0]
+    assert all('class="group-member"' in row for row in rows[1:])
+    row = queue[member : queue.index("</tr>", member)]
+    assert 'class="group-member"' in row and "identical edits to the item above" in row
 
 
 def test_the_same_verdict_is_offered_and_applied_in_one_step(example_world: Experiment, make_user: Any) -> None:
-    first = single_edit_items(example_world)[0]
-    again = propose_again(first)
+    first, again = repeated_item(example_world)
     alice = make_user("reviewer", username="alice")
     review_decide(item=first, user=alice, approve=False, reason="hard-codes an answer")
     review_claim(item=again, user=alice)
