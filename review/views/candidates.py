@@ -28,6 +28,7 @@ from django.views.decorators.http import require_GET, require_POST
 from evolution import access, hidden_chars, records, selectors
 from evolution.flags import flag_matched, flag_task_visible, with_task_access
 from evolution.loop import late, load, regularization
+from evolution.loop.review import corrections_of, review_settle_due
 from evolution.models import (
     EVOLVE_SPLITS,
     STRUCTURAL_KINDS,
@@ -43,7 +44,6 @@ from evolution.models import (
 )
 from evolution.recipes import RecipeError, parse_recipe
 from evolution.services.records import records_verify
-from evolution.loop.review import corrections_of, review_settle_due
 from evolution.services.snapshots import tree_entries
 from evolution.trees import FileEntry
 from review import diffs, hidden

@@ -7,9 +7,10 @@ from typing import Any
 
 from django.urls import reverse
 
+from evolution.loop.review import review_correct, review_decide
 from evolution.models import Experiment, ReviewDecision, ReviewItem
 from evolution.selectors import earlier_verdicts
-from evolution.services.review import review_claim, review_correct, review_decide
+from evolution.services.review import review_claim
 from tests.review.same_edits import repeated_item
 
 
