@@ -108,7 +108,11 @@ class ExperimentSerializer(serializers.ModelSerializer):
 class ExperimentDetailSerializer(ExperimentSerializer):
     split_sizes = serializers.SerializerMethodField()
     best_candidate = serializers.SerializerMethodField(
-        help_text="the best harness so far across runs: the accepted candidate with the highest evolve score"
+        help_text="the best harness so far across runs: the accepted candidate with the highest evolve score, "
+        "then the lower cost, then the most recently accepted (the default start of a new run)"
+    )
+    trials_per_task_used = serializers.SerializerMethodField(
+        help_text="k as the experiment's runs used it, by run id (trials_per_task is the experiment's default)"
     )
     heldout_benchmarks: serializers.SlugRelatedField[Benchmark] = serializers.SlugRelatedField(
         slug_field="name", many=True, read_only=True
@@ -120,6 +124,7 @@ class ExperimentDetailSerializer(ExperimentSerializer):
             *ExperimentSerializer.Meta.fields,
             "split_sizes",
             "best_candidate",
+            "trials_per_task_used",
             "split_digests",
             "split_seed",
             "split_ratios",
@@ -134,6 +139,10 @@ class ExperimentDetailSerializer(ExperimentSerializer):
         best = load.best_candidate(obj)
         return best.pk if best is not None else None
 
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer", "nullable": True}})
+    def get_trials_per_task_used(self, obj: Experiment) -> dict[str, int | None]:
+        return {str(run.pk): run.trials_per_task for run in obj.runs.select_related("recipe").order_by("pk")}
+
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_split_sizes(self, obj: Experiment) -> dict[str, int]:
         # Counts per split are aggregates: every viewer may see them, sealed included.
@@ -146,6 +155,14 @@ class RunSerializer(serializers.ModelSerializer):
     started_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(slug_field="username", read_only=True)
     # A plain string here, the enum in the detail: one choice set per schema component.
     status: serializers.Field = serializers.CharField(read_only=True, help_text="see the detail's status values")
+    current_round = serializers.IntegerField(
+        source="round_shown",
+        read_only=True,
+        help_text="the round the run is in, or the last it ran once it ended (never past rounds)",
+    )
+    trials_per_task = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="k as this run used it (its recipe's, with any override)"
+    )
 
     class Meta:
         model = Run
@@ -156,6 +173,7 @@ class RunSerializer(serializers.ModelSerializer):
             "status",
             "rounds",
             "current_round",
+            "trials_per_task",
             "noise_delta",
             "start_candidate",
             "current_candidate",

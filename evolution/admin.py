@@ -229,7 +229,7 @@ def _can_operate(request: HttpRequest) -> bool:
 
 @admin.register(models.Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ("pk", "experiment", "recipe", "status", "current_round", "rounds", "created_at")
+    list_display = ("pk", "experiment", "recipe", "status", "round_shown", "rounds", "created_at")
     list_filter = ("status",)
     actions = ("pause_runs", "resume_runs", "cancel_runs")
 

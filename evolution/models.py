@@ -319,6 +319,21 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"run {self.pk} of {self.experiment_id}"
 
+    @property
+    def round_shown(self) -> int:
+        """The round the run is in, or the last one it ran once it ended: the loop moves ``current_round`` past
+        ``rounds`` to end the run, so a finished 3-round run reads round 3, not 4. What the admin, the API and the
+        screens show."""
+        return min(self.current_round, self.rounds) if self.rounds else self.current_round
+
+    @property
+    def trials_per_task(self) -> int | None:
+        """k as this run used it: its recipe's (with the start form's override); None for an unreadable recipe."""
+        spec = self.recipe.spec if isinstance(self.recipe.spec, dict) else {}
+        evaluation = spec.get("evaluation")
+        k = evaluation.get("trials_per_task") if isinstance(evaluation, dict) else None
+        return k if isinstance(k, int) else None
+
 
 class Candidate(models.Model):
     """One version of the harness.

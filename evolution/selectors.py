@@ -14,7 +14,7 @@ from django.db.models import BigIntegerField, Count, Exists, IntegerField, Outer
 from django.db.models.functions import MD5, Cast, Coalesce
 from django.utils import timezone
 
-from evolution import metrics
+from evolution import measurements, metrics
 from evolution.loop import lifecycle, load, measure
 from evolution.models import (
     AtomicEdit,
@@ -23,6 +23,7 @@ from evolution.models import (
     Evaluation,
     EvaluationSplitStats,
     Experiment,
+    GateDecision,
     ReviewCorrection,
     ReviewDecision,
     ReviewItem,
@@ -92,19 +93,16 @@ def _totals_queries(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     candidate_ids: QuerySet[Any] | None,
     key: tuple[str, ...],
 ) -> tuple[QuerySet[Any], QuerySet[Any]]:
     """Two ``values_list`` queries grouped by ``key`` (the candidate's id
     first): trials ``n``, ``passed``, ``score_sum``, ``tokens_total`` and
-    ``tokens_n`` of each candidate's certified ``purposes`` evaluations on
+    ``tokens_n`` of each candidate's counted evaluations (``measurements``) on
     ``splits``; from the totals stored at certification, and from the trials
     of any certified evaluation stored without them (e.g. imported ones;
     none in the usual case)."""
-    certified = Evaluation.objects.filter(
-        experiment_id=experiment_id, state=Evaluation.State.CERTIFIED, purpose__in=purposes
-    )
+    certified = measurements.counted_evaluations().filter(experiment_id=experiment_id)
     if candidate_ids is not None:
         certified = certified.filter(candidate_id__in=candidate_ids)
     stored = (
@@ -145,17 +143,14 @@ def _score_totals(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     candidate_ids: QuerySet[Any] | None,
     fields: tuple[str, ...],
 ) -> dict[tuple[Any, ...], list[float]]:
     """Per candidate (keyed by its id and its ``fields``): trials, passed,
-    score sum, tokens sum and trials reporting tokens over its certified
-    ``purposes`` evaluations on ``splits``. Two queries (``_totals_queries``)."""
+    score sum, tokens sum and trials reporting tokens over its counted
+    evaluations (``measurements``) on ``splits``. Two queries (``_totals_queries``)."""
     key = ("candidate_id", *(f"candidate__{name}" for name in fields))
-    stored, unstored = _totals_queries(
-        experiment_id=experiment_id, splits=splits, purposes=purposes, candidate_ids=candidate_ids, key=key
-    )
+    stored, unstored = _totals_queries(experiment_id=experiment_id, splits=splits, candidate_ids=candidate_ids, key=key)
     width = len(key)
     # One row per candidate among the stored totals (grouped by it, every
     # column NOT NULL); an evaluation without them adds its trials' totals.
@@ -196,18 +191,15 @@ def candidate_scores(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     mean_score: bool,
     candidate_ids: QuerySet[Any] | None = None,
 ) -> dict[int, tuple[float, float | None]]:
     """Score (pass@1, or mean score when ``mean_score``) and mean tokens per
-    trial of each candidate over its certified ``purposes`` evaluations on
+    trial of each candidate over its counted evaluations (``measurements``) on
     ``splits``, as the gate computes them; optionally only the candidates of
     ``candidate_ids`` (a values("pk") queryset). Read from the per-split
     totals stored at certification (two queries, see ``_score_totals``)."""
-    totals = _score_totals(
-        experiment_id=experiment_id, splits=splits, purposes=purposes, candidate_ids=candidate_ids, fields=()
-    )
+    totals = _score_totals(experiment_id=experiment_id, splits=splits, candidate_ids=candidate_ids, fields=())
     result = {}
     for (candidate_id,), parts in totals.items():
         score = _score_of(parts, mean_score=mean_score)
@@ -235,7 +227,6 @@ def _totals_sql(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     mean_score: bool,
     candidate_ids: QuerySet[Any] | None,
 ) -> _TotalsSql | None:
@@ -243,7 +234,6 @@ def _totals_sql(
     stored, unstored = _totals_queries(
         experiment_id=experiment_id,
         splits=splits,
-        purposes=purposes,
         candidate_ids=candidate_ids,
         key=("candidate_id",),
     )
@@ -271,30 +261,35 @@ def best_scored_candidate(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     mean_score: bool,
     candidate_ids: QuerySet[Any],
 ) -> int | None:
-    """The id of the candidate of ``candidate_ids`` with the highest score in ``candidate_scores`` (the
-    earlier on a tie), or None when none was measured: the same totals, summed and ranked in one query,
+    """The id of the best candidate of ``candidate_ids`` by the totals of ``candidate_scores``, or None when
+    none was measured: the highest S; on a tie the lower cost (the gate's own admissibility: a harness as good
+    for fewer tokens replaces it; a candidate reporting no tokens after one that does); then the one most
+    recently accepted (its latest accepting gate decision); then the higher id. Summed and ranked in one query,
     so a dashboard with thousands of accepted candidates moves one row, not thousands, to Python."""
     totals = _totals_sql(
         experiment_id=experiment_id,
         splits=splits,
-        purposes=purposes,
         mean_score=mean_score,
         candidate_ids=candidate_ids,
     )
     if totals is None:
         return None
     connection = totals.connection
+    both = totals.total
+    decisions = connection.ops.quote_name(GateDecision._meta.db_table)
     sql = f"""
         WITH {totals.ctes}
         SELECT c.id FROM {connection.ops.quote_name(Candidate._meta.db_table)} c
         LEFT JOIN stored s ON s.candidate_id = c.id
         LEFT JOIN unstored u ON u.candidate_id = c.id
-        WHERE c.experiment_id = %s AND {totals.total("n")} > 0
-        ORDER BY {totals.score} DESC, c.id
+        WHERE c.experiment_id = %s AND {both("n")} > 0
+        ORDER BY {totals.score} DESC,
+            CASE WHEN {both("tokens_n")} > 0 THEN {both("tokens_total")} / {both("tokens_n")} END ASC NULLS LAST,
+            (SELECT MAX(g.id) FROM {decisions} g WHERE g.candidate_id = c.id AND g.accepted) DESC NULLS LAST,
+            c.id DESC
         LIMIT 1
     """
     with connection.cursor() as cursor:
@@ -316,7 +311,6 @@ def measured_candidates(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     mean_score: bool,
     candidate_ids: QuerySet[Any] | None = None,
 ) -> list[MeasuredCandidate]:
@@ -326,7 +320,6 @@ def measured_candidates(
     totals = _score_totals(
         experiment_id=experiment_id,
         splits=splits,
-        purposes=purposes,
         candidate_ids=candidate_ids,
         fields=("state", "origin", "round"),
     )
@@ -348,10 +341,10 @@ def measured_candidates_sample(
     *,
     experiment_id: int,
     splits: list[str],
-    purposes: tuple[str, ...],
     mean_score: bool,
     limit: int,
     candidate_ids: QuerySet[Any] | None = None,
+    start_id: int | None = None,
 ) -> MeasuredSample:
     """``measured_candidates`` that report tokens, thinned by the database
     for a cost chart of about ``limit`` points, and how many there are.
@@ -359,7 +352,7 @@ def measured_candidates_sample(
     Every one when there are at most ``limit``; else the Pareto front on
     (mean tokens, score) (no other candidate costs less or the same for a
     score as high or higher: the points ``review.charts.pareto_front``
-    keeps), the seed, and every k-th of the accepted candidates and of the
+    keeps), the run's start (``start_id``; else the seed), and every k-th of the accepted candidates and of the
     others in id order, k the smallest step that leaves at most ``limit`` of
     each. The chart draws its own sample from these: thousands of candidates
     are summed, ranked and picked in one query, and a few hundred rows reach
@@ -368,7 +361,6 @@ def measured_candidates_sample(
     totals = _totals_sql(
         experiment_id=experiment_id,
         splits=splits,
-        purposes=purposes,
         mean_score=mean_score,
         candidate_ids=candidate_ids,
     )
@@ -381,7 +373,7 @@ def measured_candidates_sample(
         measured AS (
             SELECT c.id, c.state, c.origin, c.{connection.ops.quote_name("round")},
                 {totals.score} AS score, {both("tokens_total")} / {both("tokens_n")} AS cost,
-                CASE WHEN c.origin = %s OR c.state = %s THEN 1 ELSE 0 END AS labelled
+                CASE WHEN c.id = %s OR c.state = %s THEN 1 ELSE 0 END AS labelled
             FROM {candidate} c
             LEFT JOIN stored s ON s.candidate_id = c.id
             LEFT JOIN unstored u ON u.candidate_id = c.id
@@ -397,17 +389,19 @@ def measured_candidates_sample(
             FROM measured m
         )
         SELECT id, state, origin, {connection.ops.quote_name("round")}, score, cost, total FROM ranked
-        WHERE total <= %s OR best_before IS NULL OR score > best_before OR origin = %s
+        WHERE total <= %s OR best_before IS NULL OR score > best_before OR id = %s
             OR nth %% ((of_group + %s - 1) / %s) = 0
         ORDER BY id
     """
+    kept = start_id if start_id is not None else Experiment.objects.get(pk=experiment_id).seed_candidate_id
+    kept = -1 if kept is None else kept
     params = (
         *totals.params,
-        Candidate.Origin.SEED.value,
+        kept,
         Candidate.State.ACCEPTED.value,
         experiment_id,
         limit,
-        Candidate.Origin.SEED.value,
+        kept,
         limit,
         limit,
     )
@@ -460,23 +454,6 @@ def evaluation_summary(*, evaluation: Evaluation) -> dict[str, metrics.SplitSumm
     return summary
 
 
-REPORTED_PURPOSES = (Evaluation.Purpose.BASELINE, Evaluation.Purpose.CANDIDATE, Evaluation.Purpose.TRANSFER)
-
-
-def candidate_trial_records(*, candidate: Candidate) -> list[metrics.TrialRecord]:
-    """The candidate's certified trials, one evaluation per split (the seed's
-    noise repeats are left out so every task has exactly k trials)."""
-    rows = Trial.objects.filter(
-        candidate=candidate,
-        evaluation__state=Evaluation.State.CERTIFIED,
-        evaluation__purpose__in=REPORTED_PURPOSES,
-    ).values_list("evaluation_id", "task__external_id", "split", "index", "outcome", "score", "tokens", "steps")
-    first_evaluation: dict[str, int] = {}
-    for evaluation_id, _, split, *_ in sorted(rows):
-        first_evaluation.setdefault(split, evaluation_id)
-    return [_trial_record(*row[1:]) for row in rows if first_evaluation[row[2]] == row[0]]
-
-
 @dataclass(frozen=True)
 class CandidateMetrics:
     splits: dict[str, metrics.SplitSummary]
@@ -487,18 +464,9 @@ class CandidateMetrics:
 
 def candidate_metrics(*, candidate: Candidate) -> CandidateMetrics:
     """Per-split rate and contribution (labelled apart), pass@k, pass^k,
-    tokens and steps; and dS with its interval and dC (``loop.load.candidate_delta``)."""
-    total = (
-        SplitMembership.objects.filter(experiment_id=candidate.experiment_id).exclude(split=SplitName.HELDOUT).count()
-    )
-    own = candidate_trial_records(candidate=candidate)
-    summaries = metrics.split_summaries([r for r in own if r.split != SplitName.HELDOUT], total) if own else {}
-    heldout = [r for r in own if r.split == SplitName.HELDOUT]
-    if heldout:
-        heldout_total = SplitMembership.objects.filter(
-            experiment_id=candidate.experiment_id, split=SplitName.HELDOUT
-        ).count()
-        summaries.update(metrics.split_summaries(heldout, heldout_total))
+    tokens and steps over the counted trials (``measurements.candidate_split_summaries``);
+    and dS with its interval and dC (``loop.load.candidate_delta``)."""
+    summaries = measurements.candidate_split_summaries(candidate_id=candidate.pk, experiment_id=candidate.experiment_id)
     return CandidateMetrics(summaries, load.candidate_delta(candidate))
 
 
@@ -518,7 +486,7 @@ class ExternalResult:
 def candidate_external_results(*, candidate: Candidate) -> list[ExternalResult]:
     """The candidate's external evaluations, newest first, with their numbers.
 
-    Kept apart from ``candidate_trial_records``/``candidate_metrics``, which
+    Kept apart from ``candidate_metrics`` (``measurements``), which
     count certified evaluations only.
     """
     total = (

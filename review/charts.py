@@ -301,7 +301,7 @@ def score_chart(
                 tick,
             )
         )
-    parts.append(_axes(x, y, height=height, x_title="round (0 = seed)", y_title="pass@1"))
+    parts.append(_axes(x, y, height=height, x_title="round (0 = start)", y_title="pass@1"))
 
     # Noise band around S_best, then the S_best step line.
     if best:
@@ -554,7 +554,7 @@ class CostPoint:
     cost: float
     score: float
     category: str
-    name: str  # shown next to labelled points, e.g. "#6" or "seed"
+    name: str  # shown next to labelled points, e.g. "#6" or "start #6"
     href: str = ""
     label: bool = False  # write the name next to the point
     detail: str = ""  # tooltip text

@@ -87,7 +87,6 @@ class Column:
     origin: str
     parent_id: int | None
     score: float | None = None
-    score_trials: int = 0
     shown_passes: int = 0
     shown_n: int = 0
 

@@ -7,7 +7,7 @@ a query per candidate. Per-task rows go through ``access.hide_sealed``. The view
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -15,9 +15,10 @@ from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, 
 from django.db.models.expressions import OrderBy
 from django.db.models.functions import Cast, Coalesce, Left
 
-from evolution import access, selectors
-from evolution.loop import lifecycle, load
+from evolution import access, measurements, selectors
+from evolution.loop import lifecycle, load, measure
 from evolution.loop.state import RunState
+from evolution.measurements import COUNTED_PURPOSES
 from evolution.models import (
     Candidate,
     Evaluation,
@@ -34,7 +35,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import Recipe, RecipeError
-from evolution.selectors import REPORTED_PURPOSES
 
 if TYPE_CHECKING:  # django-stubs-ext is a development requirement
     from django_stubs_ext import WithAnnotations
@@ -81,7 +81,10 @@ def start_choices(*, experiment: Experiment, shown: int) -> tuple[list[tuple[int
 class BestHarness(TypedDict):
     candidate: Candidate
     scores: dict[str, float]  # certified S per split (train, gate, sealed, held-out where measured)
+    score: float | None  # S on the evolve splits, what it was chosen by
+    cost: float | None  # tokens per trial on the evolve splits, the tie-break
     run_id: int | None  # the run whose gate accepted it (None: the seed)
+    label: str  # "#24 label · S 0.905 · 5,303 tokens/trial", for the start form
 
 
 def best_harness(*, experiment: Experiment) -> BestHarness | None:
@@ -90,7 +93,9 @@ def best_harness(*, experiment: Experiment) -> BestHarness | None:
     best = load.best_candidate(experiment)
     if best is None:
         return None
-    _, metric = load.experiment_measure(experiment)
+    splits, metric = load.experiment_measure(experiment)
+    totals = measurements.candidate_totals(best.pk, splits)
+    score, cost = measure.score(totals, metric), measure.cost(totals)
     accepted_by = (
         GateDecision.objects.filter(candidate=best, accepted=True, round__gt=0)
         .order_by("pk")
@@ -99,8 +104,19 @@ def best_harness(*, experiment: Experiment) -> BestHarness | None:
     )
     return {
         "candidate": best,
-        "scores": load.split_scores(candidate=best, metric=metric),
+        "scores": measurements.split_scores(candidate_id=best.pk, metric=metric),
+        "score": score,
+        "cost": cost,
         "run_id": accepted_by if accepted_by is not None else best.run_id,
+        "label": " · ".join(
+            part
+            for part in (
+                f"#{best.pk}" + (f" {best.label}" if best.label else ""),
+                f"S {score:.3f}" if score is not None else "",
+                f"{cost:,.0f} tokens/trial" if cost is not None else "",
+            )
+            if part
+        ),
     }
 
 
@@ -180,22 +196,6 @@ def candidate_state_counts(*, experiment: Experiment) -> list[tuple[str, int]]:
     )
 
 
-def round_state_counts(*, run: Run) -> dict[int, Counter[str]]:
-    """Per round of ``run``: its proposed candidates counted by state (one query)."""
-    states: dict[int, Counter[str]] = defaultdict(Counter)
-    rows = (
-        Candidate.objects.filter(run=run)
-        .exclude(origin=Candidate.Origin.SEED)
-        .values_list("round", "state")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    # The driver's rows: a run of thousands of rounds has thousands here, on every dashboard load.
-    for round_number, state, n in selectors.plain_rows(rows):
-        states[round_number or 0][state] += n
-    return states
-
-
 def gate_choices(*, run: Run) -> list[Mapping[str, Any]]:
     """The run's gate decisions that accepted or chose a candidate, in order."""
     return list(
@@ -241,9 +241,9 @@ def exploration_rejects(*, run: Run) -> list[Mapping[str, Any]]:
 
 
 def chart_candidates(*, experiment: Experiment, run: Run) -> QuerySet[Candidate]:
-    """The candidates a run's cost chart draws: the run's, the seed and those of no run (imported)."""
+    """The candidates a run's cost chart draws: the run's, its start and those of no run (imported)."""
     return Candidate.objects.filter(
-        Q(run=run) | Q(run__isnull=True) | Q(origin=Candidate.Origin.SEED), experiment=experiment
+        Q(run=run) | Q(run__isnull=True) | Q(pk=run.start_candidate_id), experiment=experiment
     )
 
 
@@ -352,15 +352,21 @@ UNFINISHED = (Trial.State.PENDING, Trial.State.RUNNING)
 
 
 def reported_trials(user: Any | None, *, external: bool = False) -> QuerySet[Trial]:
-    """Trials shown per task: every evaluation we ran but the seed's noise
-    repeats, sealed ones only for users who may see them (``user`` None:
+    """Trials shown per task: those of the counted evaluations
+    (``measurements.COUNTED_PURPOSES``, certified) and of the ones still under
+    way (their trials are pending until certification); never a cancelled or
+    failed evaluation's. Sealed ones only for users who may see them (``user`` None:
     all of them, for aggregates). External results are left out: we did not
     run them, so they must not sit in a cell as if we had (the candidate page
     shows them apart, labelled external); ``external`` includes them, for an
     experiment that is all imported (``imported_from``)."""
-    trials = Trial.objects.filter(evaluation__purpose__in=REPORTED_PURPOSES)
-    if not external:
+    shown = [Evaluation.State.CERTIFIED, *measurements.UNFINISHED_EVALUATIONS]
+    trials = Trial.objects.filter(evaluation__purpose__in=COUNTED_PURPOSES)
+    if external:
+        shown.append(Evaluation.State.EXTERNAL)
+    else:
         trials = trials.filter(evaluation__external=False)
+    trials = trials.filter(evaluation__state__in=shown)
     return trials if user is None else access.hide_sealed(trials, user)
 
 
@@ -394,7 +400,7 @@ def matrix_candidates(
     with_trials = Exists(
         Evaluation.objects.filter(
             candidate=OuterRef("pk"),
-            purpose__in=REPORTED_PURPOSES,
+            purpose__in=COUNTED_PURPOSES,
             trials_total__gt=0,
             **({} if external else {"external": False}),
         )
@@ -424,19 +430,25 @@ def matrix_cells(
     *, user: Any | None, candidate_ids: list[int], external: bool = False
 ) -> QuerySet[Trial, Mapping[str, Any]]:
     """Per candidate, task and split: finished trials, passes, errors, pending, score sum and first trial id (the
-    whole grid of the shown candidates and their parents in one aggregated query; ``user`` None: every task)."""
+    whole grid of the shown candidates and their parents in one aggregated query; ``user`` None: every task).
+    Finished counts only trials of certified (or, with ``external``, external) evaluations, the trials every other
+    screen counts; a trial of an evaluation still under way is pending, finished or not."""
+    counted = Q(state__in=FINISHED) & ~Q(evaluation__state__in=measurements.UNFINISHED_EVALUATIONS)
     return (
         reported_trials(user, external=external)
         .filter(candidate_id__in=candidate_ids)
         .values("candidate_id", "task_id", "split")
         .annotate(
-            n=Count("pk", filter=Q(state__in=FINISHED)),
-            passes=Count("pk", filter=Q(state__in=FINISHED, outcome=Trial.Outcome.PASS)),
-            errors=Count(
-                "pk", filter=Q(state__in=FINISHED) & (Q(outcome=Trial.Outcome.ERROR) | Q(state=Trial.State.ERROR))
+            n=Count("pk", filter=counted),
+            passes=Count("pk", filter=counted & Q(outcome=Trial.Outcome.PASS)),
+            errors=Count("pk", filter=counted & (Q(outcome=Trial.Outcome.ERROR) | Q(state=Trial.State.ERROR))),
+            pending=Count(
+                "pk",
+                filter=Q(state__in=UNFINISHED) | Q(evaluation__state__in=measurements.UNFINISHED_EVALUATIONS),
             ),
-            pending=Count("pk", filter=Q(state__in=UNFINISHED)),
-            score_sum=Sum("score", filter=Q(state=Trial.State.DONE) & ~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+            score_sum=Sum(
+                "score", filter=counted & Q(state=Trial.State.DONE) & ~Q(outcome=Trial.Outcome.ERROR), default=0.0
+            ),
             first_trial=Min("pk"),
         )
         .order_by()

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import transaction
 
-from evolution import example, operators
+from evolution import example, measurements, operators
 from evolution.critic import build_index, critique
 from evolution.loop import lifecycle, load, measure
 from evolution.loop.certify import result_certify
@@ -222,7 +222,7 @@ def _outcome(name: str, seed: int, run: Run, transfer_seeds: int, recipe: Recipe
         return RunOutcome(
             name, seed, run.pk, run.experiment_id, run.status, None, len(accepted), leaky, None, None, None, None, None
         )
-    scores = load.split_scores(candidate=final, metric=metric)
+    scores = measurements.split_scores(candidate_id=final.pk, metric=metric)
     transfer = _transfer(final, k=recipe.evaluation.trials_per_task, seeds=transfer_seeds, run=run, metric=metric)
     stats = load.candidate_stats(final, list(recipe.evaluation.evolve_splits), metric)
     return RunOutcome(

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from evolution.loop.lifecycle import LIVE, LoopError, run_recipe
-from evolution.loop.load import MEASURED_PURPOSES
 from evolution.loop.propose import candidate_evaluate
 from evolution.loop.steps import transfer_splits
+from evolution.measurements import COUNTED_PURPOSES
+from evolution.measurements import UNFINISHED_EVALUATIONS as UNFINISHED
 from evolution.models import Candidate, Evaluation, Run, Trial
 from evolution.recipes import Recipe as RecipeSpec
 from evolution.services import evaluation as evaluation_services
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 # "gate": the splits the gate reads (the recipe's evolve splits); "all": those and the transfer splits.
 SCOPES = ("gate", "all")
-UNFINISHED = (Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING)
 # States from which a candidate can still be measured (the others wait for a person, or are over).
 MEASURABLE = (
     Candidate.State.APPROVED,
@@ -181,7 +181,7 @@ def _evaluate_measured(candidate: Candidate, scope: str) -> LateOutcome:
         raise LateError("the experiment has no run yet: start one (its baseline measures the seed)")
     recipe = run_recipe(run)
     _transfer_allowed(run, recipe, scope)
-    evolve = [s for s in recipe.evaluation.evolve_splits if s not in _measured_splits(candidate, MEASURED_PURPOSES)]
+    evolve = [s for s in recipe.evaluation.evolve_splits if s not in _measured_splits(candidate, COUNTED_PURPOSES)]
     everywhere = _measured_splits(candidate, [p for p, _ in Evaluation.Purpose.choices])
     transfer = [s for s in transfer_splits(run) if s not in everywhere] if scope == "all" else []
     started: list[int] = []

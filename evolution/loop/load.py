@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from django.core.cache import cache
 from django.db.models import Q
 
+from evolution import measurements
 from evolution.loop import measure
 from evolution.loop.regularization import CandidateStats
+from evolution.measurements import COUNTED_PURPOSES, candidate_totals
 from evolution.metrics import relative_cost_change
 from evolution.models import Candidate, Evaluation, Experiment, GateDecision, Run, TreeEntry, Trial
 from evolution.recipes import EVOLVE_SPLIT_CHOICES, parse_recipe
 from evolution.surfaces import STRUCTURAL_KINDS, kinds_present, parse_surface, reachable_kinds
 
 __all__ = [
-    "MEASURED_PURPOSES",
+    "COUNTED_PURPOSES",
     "AtDecision",
     "best_candidate",
     "ComparedDelta",
@@ -33,28 +35,15 @@ __all__ = [
     "candidate_totals",
     "evaluation_score",
     "mean_tokens",
-    "split_scores",
 ]
 
 # The evaluations the gate measures a harness by (transfer and external ones are reported, not gated on).
-MEASURED_PURPOSES = (Evaluation.Purpose.BASELINE, Evaluation.Purpose.NOISE, Evaluation.Purpose.CANDIDATE)
-ROW = ("outcome", "score", "tokens", "valid_output", "submitted")
-
-
-def candidate_totals(candidate: Candidate, splits: Sequence[str]) -> measure.Totals:
-    """The totals of the candidate's trials on ``splits`` over its certified measured evaluations."""
-    rows = Trial.objects.filter(
-        candidate=candidate,
-        split__in=splits,
-        evaluation__state=Evaluation.State.CERTIFIED,
-        evaluation__purpose__in=MEASURED_PURPOSES,
-    ).values_list(*ROW)
-    return measure.totals(measure.TrialRow(*row) for row in rows)
+ROW = measurements.ROW
 
 
 def candidate_stats(candidate: Candidate, splits: Sequence[str], metric: str) -> CandidateStats | None:
     """What the gate knows of ``candidate`` on ``splits``; None when it has no certified trial there."""
-    measured = measure.measure(candidate_totals(candidate, splits), metric)
+    measured = measure.measure(candidate_totals(candidate.pk, splits), metric)
     if measured is None:
         return None
     return CandidateStats(
@@ -78,9 +67,10 @@ def experiment_measure(experiment: Experiment) -> tuple[tuple[str, ...], str]:
 
 
 def best_candidate(experiment: Experiment) -> Candidate | None:
-    """The experiment's best harness so far: the accepted candidate with the highest S on the evolve splits
-    (``experiment_measure``) over its certified measured trials, the earlier on a tie; None when nothing is
-    accepted yet. A new run starts from it unless told otherwise."""
+    """The experiment's best harness so far: among the accepted candidates, the highest S on the evolve splits
+    (``experiment_measure``) over their counted trials (``evolution.measurements``); on a tie the lower cost (as
+    the gate's admissibility prefers), then the most recently accepted; None when nothing is accepted yet. The
+    dashboard, the API's ``best_candidate`` and a new run's default start (``lifecycle.run_create``) use it."""
     from evolution.selectors import best_scored_candidate  # selectors reads this module
 
     splits, metric = experiment_measure(experiment)
@@ -90,7 +80,6 @@ def best_candidate(experiment: Experiment) -> Candidate | None:
     best = best_scored_candidate(
         experiment_id=experiment.pk,
         splits=list(splits),
-        purposes=MEASURED_PURPOSES,
         mean_score=metric == "mean_score",
         candidate_ids=accepted.values("pk"),
     )
@@ -123,23 +112,9 @@ def evaluation_split_rows(evaluation: Evaluation) -> dict[str, list[measure.Tria
     return rows
 
 
-def split_scores(*, candidate: Candidate, metric: str) -> dict[str, float]:
-    """S per split over every certified evaluation of the candidate (transfer ones included), by name."""
-    by_split: dict[str, list[measure.TrialRow]] = {}
-    for split, *row in Trial.objects.filter(
-        candidate=candidate, evaluation__state=Evaluation.State.CERTIFIED
-    ).values_list("split", *ROW):
-        by_split.setdefault(split, []).append(measure.TrialRow(*row))
-    scores = {split: measure.score(measure.totals(rows), metric) for split, rows in sorted(by_split.items())}
-    return {split: value for split, value in scores.items() if value is not None}
-
-
 def mean_tokens(candidate: Candidate, splits: Sequence[str]) -> float | None:
-    """C of the candidate over every certified evaluation on ``splits``."""
-    rows = Trial.objects.filter(
-        candidate=candidate, split__in=splits, evaluation__state=Evaluation.State.CERTIFIED
-    ).values_list(*ROW)
-    return measure.cost(measure.totals(measure.TrialRow(*row) for row in rows))
+    """C of the candidate over its counted trials on ``splits`` (``measurements.candidate_cost``)."""
+    return measurements.candidate_cost(candidate.pk, splits)
 
 
 def structural_kinds_had(experiment: Experiment) -> list[str]:
@@ -167,12 +142,7 @@ def candidate_task_rows(candidate_id: int, splits: Sequence[str]) -> dict[str, l
 def _identified_task_rows(candidate_id: int, splits: Sequence[str]) -> dict[str, list[tuple[int, measure.TrialRow]]]:
     found: dict[str, list[tuple[int, measure.TrialRow]]] = {}
     for pk, task, *row in (
-        Trial.objects.filter(
-            candidate_id=candidate_id,
-            split__in=splits,
-            evaluation__state=Evaluation.State.CERTIFIED,
-            evaluation__purpose__in=MEASURED_PURPOSES,
-        )
+        measurements.counted_trials(candidate_id=candidate_id, split__in=list(splits))
         .order_by("pk")
         .values_list("pk", "task__external_id", *ROW)
     ):

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from evolution import operators
+from evolution import measurements, operators
 from evolution.loop import decision as decisions
 from evolution.loop import load, regularization
 from evolution.loop.enqueue import advance_after_commit, propose_send
@@ -385,9 +385,6 @@ def gate_decide(
 # --- Late decisions: what a run evaluated after it ended ----------------------------------
 
 
-_UNFINISHED = (Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING)
-
-
 def late_waiting(run: Run) -> list[Candidate]:
     """Certified candidates no gate has decided whose latest candidate evaluation belongs to ``run``, an ended
     run (approved by a reviewer after the run's last gate, or evaluated from the candidate page)."""
@@ -421,7 +418,7 @@ def late_gate(run: Run) -> int:
         if locked.state != Candidate.State.CERTIFIED or locked.gate_decisions.exists() or parent is None:
             continue
         if Evaluation.objects.filter(
-            candidate=locked, purpose__in=load.MEASURED_PURPOSES, state__in=_UNFINISHED
+            candidate=locked, purpose__in=measurements.COUNTED_PURPOSES, state__in=measurements.UNFINISHED_EVALUATIONS
         ).exists():
             continue  # more of what the gate reads is being measured; its certification sends run_advance
         round_number = locked.round or max(run.current_round, 1)
@@ -543,21 +540,23 @@ def _write_decision(
 
 
 def _round_summary(run: Run, state: RunState, recipe: RecipeSpec, round_number: int) -> RoundSummary:
-    in_round = Candidate.objects.filter(run=run, round=round_number).exclude(origin=Candidate.Origin.SEED)
+    counts = measurements.round_counts(run_id=run.pk, rounds=[round_number]).get(
+        round_number, measurements.RoundCounts()
+    )
     current = run.current_candidate
     metric = recipe.evaluation.score_metric
     return {
         "round": round_number,
         "parent": state.round_parents.get(round_number) if round_number else None,
         "budget": state.round_budgets.get(round_number) if round_number else None,
-        "proposed": in_round.count(),
-        "flagged": in_round.filter(leakage_flags__isnull=False).distinct().count(),
-        "rejected_surface": in_round.filter(state=Candidate.State.REJECTED_SURFACE).count(),
-        "rejected_budget": in_round.filter(state=Candidate.State.REJECTED_BUDGET).count(),
-        "evaluated": in_round.filter(evaluations__state=Evaluation.State.CERTIFIED).distinct().count(),
-        "accepted": in_round.filter(state=Candidate.State.ACCEPTED).count(),
+        "proposed": counts.proposed,
+        "flagged": counts.flagged,
+        "rejected_surface": counts.rejected_surface,
+        "rejected_budget": counts.rejected_budget,
+        "evaluated": counts.evaluated,
+        "accepted": counts.accepted,
         "current": current.pk if current else None,
-        "scores": load.split_scores(candidate=current, metric=metric) if current else {},
+        "scores": measurements.split_scores(candidate_id=current.pk, metric=metric) if current else {},
         "tokens_per_trial": load.mean_tokens(current, recipe.evaluation.evolve_splits) if current else None,
         "dropped": state.dropped_in(round_number),
     }
@@ -595,9 +594,10 @@ def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
             _save(run, state)
             return "final"
     metric = recipe.evaluation.score_metric
-    final_scores = load.split_scores(candidate=run.current_candidate, metric=metric) if run.current_candidate else {}
+    final = run.current_candidate
+    final_scores = measurements.split_scores(candidate_id=final.pk, metric=metric) if final is not None else {}
     start = start_of(run)
-    start_scores = load.split_scores(candidate=start, metric=metric) if start is not None else {}
+    start_scores = measurements.split_scores(candidate_id=start.pk, metric=metric) if start is not None else {}
     warning = divergence(start_scores, final_scores, recipe.evaluation.evolve_splits)
     state.final = {
         "current": run.current_candidate_id,

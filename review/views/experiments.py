@@ -7,7 +7,7 @@ is ``lineage.py``, run control ``runs.py``.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,13 +23,14 @@ from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import access, selectors
+from evolution import access, measurements, selectors
+from evolution.loop import load
 from evolution.loop import steps as loop_steps
 from evolution.loop.state import Dropped, Event, RunState
+from evolution.metrics import relative_cost_change
 from evolution.models import (
     Candidate,
     ComponentKind,
-    Evaluation,
     Experiment,
     Run,
     SplitName,
@@ -50,7 +51,6 @@ MOVING = (Run.Status.PENDING, Run.Status.RUNNING)
 # may be resumed or cancelled from another tab, the API or the admin.
 UNFINISHED = (Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED)
 TRIAL_FINISHED = (Trial.State.DONE, Trial.State.ERROR, Trial.State.CANCELLED)
-MEASURED_PURPOSES = (Evaluation.Purpose.BASELINE, Evaluation.Purpose.NOISE, Evaluation.Purpose.CANDIDATE)
 TRANSFER_SPLITS = (SplitName.SEALED, SplitName.HELDOUT)
 LEDGER_PAGE_SIZE = 50
 ROUNDS_PAGE_SIZE = 50
@@ -212,21 +212,44 @@ def _selected_run(experiment: Experiment, runs: list[Run], raw: str | None) -> R
     return review_selectors.run_with_evidence(runs=runs)
 
 
-def _run_outcome(run: Run) -> dict[str, Any]:
-    """What a run achieved, from its own start: for the runs table across runs."""
+def _run_outcome(run: Run, costs: Mapping[int, float | None]) -> dict[str, Any]:
+    """What a run achieved, from its own start: for the runs table across runs. ``costs``: tokens per trial of
+    candidates by id (``_run_costs``)."""
     state = RunState.of(run)
     gained, sealed = state.evolve_gain, state.transfer_change(SplitName.SEALED)
+    start_cost = costs.get(run.start_candidate_id) if run.start_candidate_id else None
+    final_cost = costs.get(run.current_candidate_id) if run.current_candidate_id else None
+    cost = ""
+    if start_cost is not None and final_cost is not None:
+        change = relative_cost_change(final_cost, start_cost)
+        cost = f"{start_cost:,.0f} → {final_cost:,.0f}" + (f" ({change * 100:+.1f}%)" if change is not None else "")
     return {
         "start": run.start_candidate_id,
         "final": run.current_candidate_id,
         "gained": f"{gained:+.3f}" if gained is not None else "",
         "sealed": f"{sealed:+.3f}" if sealed is not None else "",
+        "cost": cost,
         "empty": not state.gated_rounds,
     }
 
 
+def _run_costs(experiment: Experiment, runs: Sequence[Run]) -> dict[int, float | None]:
+    """Tokens per trial on the experiment's evolve splits of every run's start and final harness (one query)."""
+    ids = {pk for r in runs for pk in (r.start_candidate_id, r.current_candidate_id) if pk is not None}
+    if not ids:
+        return {}
+    splits, metric = load.experiment_measure(experiment)
+    scores = selectors.candidate_scores(
+        experiment_id=experiment.pk,
+        splits=list(splits),
+        mean_score=metric == "mean_score",
+        candidate_ids=Candidate.objects.filter(pk__in=ids).values("pk"),
+    )
+    return {pk: cost for pk, (_, cost) in scores.items()}
+
+
 def _round_rows(
-    run: Run, round_states: dict[int, Counter[str]], decisions: Sequence[Mapping[str, Any]]
+    run: Run, round_states: Mapping[int, measurements.RoundCounts], decisions: Sequence[Mapping[str, Any]]
 ) -> list[RoundRow]:
     """One row per round: the loop's round summary where it wrote one, else
     counts from the candidates (the round in progress, or rows added later).
@@ -248,15 +271,7 @@ def _round_rows(
     numbers = set(summaries) | set(round_states) | set(events)
     if run.status in UNFINISHED and state.in_round:
         numbers.add(run.current_round)
-    flagged_states = (Candidate.State.FLAGGED.value, Candidate.State.REJECTED_REVIEW.value)
-    evaluated_states = (
-        Candidate.State.CERTIFIED.value,
-        Candidate.State.ACCEPTED.value,
-        Candidate.State.REJECTED_GATE.value,
-    )
-    surface, budget = Candidate.State.REJECTED_SURFACE.value, Candidate.State.REJECTED_BUDGET.value
     unfinished = run.status in UNFINISHED
-    no_states: Counter[str] = Counter()
     rows = []
     for number in sorted(numbers):
         summary = summaries.get(number)
@@ -274,14 +289,14 @@ def _round_rows(
             row.tokens = summary.get("tokens_per_trial")
             row.dropped = list(summary.get("dropped", []))
         else:
-            states = round_states.get(number, no_states)
+            counts = round_states.get(number) or measurements.RoundCounts()
             row.parent = state.round_parents.get(number)
             row.budget = state.round_budgets.get(number)
-            row.proposed = sum(states.values())
-            row.flagged = sum(states.get(s, 0) for s in flagged_states)
-            row.rejected_surface = states.get(surface, 0)
-            row.rejected_budget = states.get(budget, 0)
-            row.evaluated = sum(states.get(s, 0) for s in evaluated_states)
+            row.proposed = counts.proposed
+            row.flagged = counts.flagged
+            row.rejected_surface = counts.rejected_surface
+            row.rejected_budget = counts.rejected_budget
+            row.evaluated = counts.evaluated
             row.dropped = state.dropped_in(number)
             row.in_progress = unfinished and number == run.current_round
         row.accepted = accepted.get(number, [])
@@ -365,7 +380,7 @@ class _Measured(NamedTuple):
 
 
 def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tuple[str, int, int]:
-    """The cost chart of ``run``'s candidates and the seed; with the number
+    """The cost chart of ``run``'s candidates and its start; with the number
     of points drawn and measured (beyond COST_CHART_POINTS a sample is drawn:
     every labelled point and the Pareto front, the others evenly spaced)."""
     shown = review_selectors.chart_candidates(experiment=experiment, run=run)
@@ -376,18 +391,17 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
     sample = selectors.measured_candidates_sample(
         experiment_id=experiment.pk,
         splits=evolve,
-        purposes=MEASURED_PURPOSES,
         mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
         limit=COST_CHART_POINTS,
         candidate_ids=shown.values("pk"),
+        start_id=run.start_candidate_id,
     )
     points = []
     for candidate in sample.candidates:
         assert candidate.tokens is not None  # the sample holds only candidates that report tokens
         category = lineage_layout.category(state=candidate.state, origin=candidate.origin)
-        points.append(
-            _Measured(candidate.pk, candidate.tokens, candidate.score, category, category in {"seed", "accepted"})
-        )
+        labelled = category in {"seed", "accepted"} or candidate.pk == run.start_candidate_id
+        points.append(_Measured(candidate.pk, candidate.tokens, candidate.score, category, labelled))
     href = url_maker("review:candidate")
     facts = {candidate.pk: candidate for candidate in sample.candidates}
     drawn = []
@@ -399,7 +413,9 @@ def _cost_chart(experiment: Experiment, run: Run, recipe: Recipe | None) -> tupl
                 cost=point.cost,
                 score=point.score,
                 category=point.category,
-                name="seed" if candidate.origin == Candidate.Origin.SEED else f"#{point.candidate_id}",
+                name=f"start #{point.candidate_id}"
+                if point.candidate_id == run.start_candidate_id
+                else f"#{point.candidate_id}",
                 href=href(point.candidate_id),
                 label=point.label,
                 detail=f"{candidate.state}, round {candidate.round}",
@@ -571,7 +587,7 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
     """The dashboard's sections about one run (below its live progress): charts, rounds, divergence, components,
     stall and exploration. ``recipe`` is the run's, or None when this process cannot parse it."""
     rows = _with_transfer(
-        _round_rows(run, review_selectors.round_state_counts(run=run), review_selectors.gate_choices(run=run)), run
+        _round_rows(run, measurements.round_counts(run_id=run.pk), review_selectors.gate_choices(run=run)), run
     )
     divergence, comparison = _divergence(run, recipe, rows)
     splits = [s for s in charts.SPLIT_COLOURS if any(s in row.scores for row in rows)]
@@ -601,9 +617,15 @@ def _run_sections(request: HttpRequest, experiment: Experiment, run: Run, recipe
     }
 
 
-def _run_rows(runs: list[Run], counts: dict[int, dict[str, int]], sizes: dict[str, int]) -> list[dict[str, Any]]:
-    """The runs table: each run's progress and outcome (the live section refreshes it too)."""
-    return [{"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r)} for r in runs]
+def _run_rows(
+    experiment: Experiment, runs: list[Run], counts: dict[int, dict[str, int]], sizes: dict[str, int]
+) -> list[dict[str, Any]]:
+    """The runs table: each run's progress and outcome, cost start -> final included (the live section refreshes
+    it too)."""
+    costs = _run_costs(experiment, runs)
+    return [
+        {"run": r, "progress": _progress(r, counts.get(r.pk), sizes), "outcome": _run_outcome(r, costs)} for r in runs
+    ]
 
 
 def _parity_fact(experiment: Experiment) -> dict[str, Any] | None:
@@ -641,9 +663,11 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "task_total": sum(sizes.values()),
         "heldout_benchmarks": list(experiment.heldout_benchmarks.values_list("name", flat=True)),
         "state_counts": review_selectors.candidate_state_counts(experiment=experiment),
+        # k as the runs used it (a start form or a recipe may override the experiment's default).
+        "run_ks": sorted({r.trials_per_task for r in runs if r.trials_per_task is not None}),
         "parity": _parity_fact(experiment),
         "unexplored": [],
-        "run_rows": _run_rows(runs, counts, sizes),
+        "run_rows": _run_rows(experiment, runs, counts, sizes),
         "best": review_selectors.best_harness(experiment=experiment),
         "runs_chart": charts.runs_chart(
             [
@@ -661,7 +685,10 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         starts, context["starts_hidden"] = review_selectors.start_choices(
             experiment=experiment, shown=review_selectors.START_CHOICES_SHOWN
         )
-        context["start_form"] = RunStartForm(initial=start_form_initial(latest), latest=latest, starts=starts)
+        best = context["best"]
+        context["start_form"] = RunStartForm(
+            initial=start_form_initial(latest), latest=latest, starts=starts, best=best["label"] if best else ""
+        )
         context["has_unfinished_run"] = any(r.status in UNFINISHED for r in runs)
     return render(request, "review/experiments/dashboard.html", context)
 
@@ -682,7 +709,12 @@ def experiment_progress(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context = _progress_context(request, experiment, run, sizes, all_counts=counts)
     response = render(request, "review/experiments/dashboard.html#progress", context)
     if request.htmx:
-        table = {"experiment": experiment, "run": run, "run_rows": _run_rows(runs, counts, sizes), "oob": True}
+        table = {
+            "experiment": experiment,
+            "run": run,
+            "run_rows": _run_rows(experiment, runs, counts, sizes),
+            "oob": True,
+        }
         response.write(render_to_string("review/experiments/dashboard.html#runs-table", table, request=request))
     if request.GET.get("was") == "moving" and run.status not in UNFINISHED and request.htmx:
         response["HX-Refresh"] = "true"

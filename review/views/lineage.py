@@ -20,7 +20,7 @@ from evolution.recipes import Recipe
 from review import charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
-from review.views.experiments import MEASURED_PURPOSES, url_maker
+from review.views.experiments import url_maker
 
 LINEAGE_MAX_NODES = 400  # candidates drawn at once on the lineage page
 
@@ -43,7 +43,6 @@ def _node_inputs(
     scores = selectors.candidate_scores(
         experiment_id=experiment.pk,
         splits=list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE],
-        purposes=MEASURED_PURPOSES,
         mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
         candidate_ids=shown.values("pk"),
     )

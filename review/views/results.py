@@ -27,9 +27,11 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import access, hidden_chars, pricing
+from evolution import access, hidden_chars, pricing, selectors
+from evolution.loop import load
+from evolution.measurements import COUNTED_PURPOSES
 from evolution.models import (
-    EVOLVE_SPLITS,
+    Candidate,
     CertifiedResult,
     Evaluation,
     Experiment,
@@ -38,7 +40,6 @@ from evolution.models import (
     TrajectoryStep,
     Trial,
 )
-from evolution.selectors import REPORTED_PURPOSES
 from evolution.trajectory_formats import STEP_FIELDS
 from review import selectors as review_selectors
 from review import trajectories as tj
@@ -79,22 +80,6 @@ def _query(base: str, **params: Any) -> str:
 
 
 # --- Screen 5: the results matrix ----------------------------------------------
-
-
-def _evolve_splits(experiment: Experiment) -> tuple[str, ...]:
-    spec = experiment.recipe.spec if experiment.recipe is not None else {}
-    evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
-    splits = evaluation.get("evolve_splits") if isinstance(evaluation, dict) else None
-    if isinstance(splits, list) and splits:
-        return tuple(str(split) for split in splits)
-    return tuple(EVOLVE_SPLITS)
-
-
-def _score_metric(experiment: Experiment) -> str:
-    spec = experiment.recipe.spec if experiment.recipe is not None else {}
-    evaluation = spec.get("evaluation") if isinstance(spec, dict) else None
-    metric = evaluation.get("score_metric") if isinstance(evaluation, dict) else None
-    return metric if metric in ("pass_at_1", "mean_score") else "pass_at_1"
 
 
 def _url_maker(name: str) -> Any:
@@ -154,11 +139,19 @@ def _matrix_query(request: HttpRequest) -> MatrixQuery:
 
 
 def _grid(
-    columns: list[Column], *, shown_tasks: set[int], evolve: tuple[str, ...], metric: str, external: bool
+    columns: list[Column],
+    *,
+    experiment: Experiment,
+    shown_tasks: set[int],
+    evolve: tuple[str, ...],
+    metric: str,
+    external: bool,
 ) -> dict[tuple[int, int], Cell]:
     """The cells of the shown candidates and of their parents on the ``shown_tasks`` (one aggregated query); sets
-    each column's evolve score S. Scores are aggregates, which every user may see: they count every trial (a task
-    sealed in another experiment is still scored here), while cells are made for the visible tasks only."""
+    each column's evolve score S, the one every screen shows (``selectors.candidate_scores``; an imported
+    experiment's, from its external trials). Scores are aggregates, which every user may see: they count every
+    trial (a task sealed in another experiment is still scored here), while cells are made for the visible tasks
+    only."""
     parent_ids = {column.parent_id for column in columns if column.parent_id is not None}
     grid: dict[tuple[int, int], Cell] = {}
     score_parts: dict[int, list[float]] = {}
@@ -182,10 +175,19 @@ def _grid(
             first_trial=row["first_trial"],
             first_href=trial_href(row["first_trial"]),
         )
+    if external:
+        for column in columns:
+            value, trials = score_parts.get(column.pk, (0.0, 0))
+            column.score = value / trials if trials else None
+        return grid
+    scores = selectors.candidate_scores(
+        experiment_id=experiment.pk,
+        splits=list(evolve),
+        mean_score=metric == "mean_score",
+        candidate_ids=Candidate.objects.filter(pk__in=[c.pk for c in columns]).values("pk"),
+    )
     for column in columns:
-        value, trials = score_parts.get(column.pk, (0.0, 0))
-        column.score = value / trials if trials else None
-        column.score_trials = int(trials)
+        column.score = scores[column.pk][0] if column.pk in scores else None
     return grid
 
 
@@ -324,9 +326,11 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         review_selectors.visible_tasks(experiment=experiment, user=request.user, split=query.split),
         key=lambda row: (SPLIT_ORDER.index(row[2]) if row[2] in SPLIT_ORDER else 9, row[1]),
     )
-    evolve, metric = _evolve_splits(experiment), _score_metric(experiment)
+    evolve, metric = load.experiment_measure(experiment)
     shown_tasks = {task_id for task_id, _, _ in tasks}
-    grid = _grid(columns, shown_tasks=shown_tasks, evolve=evolve, metric=metric, external=external)
+    grid = _grid(
+        columns, experiment=experiment, shown_tasks=shown_tasks, evolve=evolve, metric=metric, external=external
+    )
     rows, change_counts = _rows(tasks, columns, grid, query.change)
     task_pages = Paginator(rows, TASKS_PER_PAGE)
     task_page = min(query.task_page, task_pages.num_pages)
@@ -444,7 +448,7 @@ def _parent_trial(trial: Trial) -> Mapping[str, Any] | None:
             candidate_id=parent_id,
             task_id=trial.task_id,
             index=trial.index,
-            evaluation__purpose__in=REPORTED_PURPOSES,
+            evaluation__purpose__in=COUNTED_PURPOSES,
             evaluation__external=False,
         )
         .order_by("evaluation_id", "pk")

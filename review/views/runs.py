@@ -43,13 +43,20 @@ class RunStartForm(forms.Form):
     start_number = forms.IntegerField(required=False, min_value=1, label="or candidate #")
 
     def __init__(
-        self, *args: Any, latest: Run | None = None, starts: list[tuple[int, str]] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        latest: Run | None = None,
+        starts: list[tuple[int, str]] | None = None,
+        best: str = "",
+        **kwargs: Any,
     ) -> None:
+        """``best`` names the experiment's best harness with its scores (``review_selectors.best_harness``)."""
         super().__init__(*args, **kwargs)
         widget = self.fields["start"].widget
         assert isinstance(widget, forms.Select)
+        default = f"the experiment's best: {hidden.reveal_text(best)}" if best else "the experiment's best (the seed)"
         # An option takes no markup: a hidden character in a label shows as <U+202E>.
-        widget.choices = [("", "the experiment's best"), *((pk, hidden.reveal_text(text)) for pk, text in starts or [])]
+        widget.choices = [("", default), *((pk, hidden.reveal_text(text)) for pk, text in starts or [])]
         choices = [(name, f"preset: {name}") for name in PRESET_NAMES]
         if latest is not None:
             choices.insert(0, (f"run-{latest.pk}", f"as run #{latest.pk} ({latest.recipe.name})"))

@@ -8,7 +8,8 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
-from evolution.selectors import candidate_external_results, candidate_metrics, candidate_trial_records
+from evolution import measurements
+from evolution.selectors import candidate_external_results, candidate_metrics
 from evolution.services.evaluation import lease_reap
 from evolution.services.external import ExternalResultsError, external_results_ingest
 from evolution.services.records import records_verify, result_certify
@@ -128,7 +129,7 @@ def test_external_results_are_never_certified_nor_counted_as_certified() -> None
     seed = seed_of(experiment)
     certified = evaluate_seed_inline(experiment)
     assert certified.state == Evaluation.State.CERTIFIED
-    records_before = candidate_trial_records(candidate=seed)
+    counted_before = measurements.candidate_totals(seed.pk, ["train", "gate", "sealed"])
     metrics_before = candidate_metrics(candidate=seed)
     experiment.refresh_from_db()
     chain_before = (experiment.chain_length, experiment.chain_head)
@@ -145,7 +146,7 @@ def test_external_results_are_never_certified_nor_counted_as_certified() -> None
     assert not CertifiedResult.objects.filter(evaluation=external).exists()
     experiment.refresh_from_db()
     assert (experiment.chain_length, experiment.chain_head) == chain_before
-    assert candidate_trial_records(candidate=seed) == records_before
+    assert measurements.candidate_totals(seed.pk, ["train", "gate", "sealed"]) == counted_before
     assert candidate_metrics(candidate=seed) == metrics_before
     report = records_verify(experiment=experiment)
     assert report.ok, report.problems

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from evolution import operators
-from evolution.loop import lifecycle
+from evolution.loop import lifecycle, load
 from evolution.loop import steps as loop_steps
 from evolution.models import (
     Candidate,
@@ -23,7 +23,7 @@ from evolution.models import (
     Run,
 )
 from evolution.recipes import load_preset, parse_recipe, recipe_to_dict
-from tests.factories import make_tiny_experiment, seed_of
+from tests.factories import make_tiny_experiment, seed_id, seed_of
 from tests.loop_driver import drive
 from tests.operators import tiny_proposer
 
@@ -178,16 +178,18 @@ def test_one_active_run_per_experiment() -> None:
         lifecycle.run_create(experiment=run.experiment, recipe=tiny_recipe("rrsi"))
 
 
-def test_a_second_run_of_the_same_experiment_starts_again_from_the_accepted_seed() -> None:
+def test_a_second_run_of_the_same_experiment_starts_from_the_experiments_best() -> None:
     first = drive(start("rrsi"))
     assert first.status == Run.Status.FINISHED
     experiment = first.experiment
+    best = load.best_candidate(experiment)
+    assert best is not None and best.state == Candidate.State.ACCEPTED
     second = drive(lifecycle.run_create(experiment=experiment, recipe=tiny_recipe("unregularized")))
     assert second.status == Run.Status.FINISHED, second.error
-    seed_decision = GateDecision.objects.get(run=second, round=0)
-    assert seed_decision.candidate_id == experiment.seed_candidate_id and seed_decision.accepted
-    assert Candidate.objects.get(pk=experiment.seed_candidate_id).state == Candidate.State.ACCEPTED
-    assert Candidate.objects.filter(run=second).exclude(pk=experiment.seed_candidate_id).exists()
+    start_decision = GateDecision.objects.get(run=second, round=0)
+    assert start_decision.candidate_id == second.start_candidate_id == best.pk and start_decision.accepted
+    assert Candidate.objects.get(pk=seed_id(experiment)).state == Candidate.State.ACCEPTED
+    assert Candidate.objects.filter(run=second).exclude(pk=best.pk).exists()
 
 
 # An UPDATE filtered across a relation is written by Django as
@@ -229,8 +231,6 @@ def test_a_recipe_can_put_the_floor_on_the_gate_split_alone() -> None:
 
 
 def load_gate_score(candidate: Candidate) -> float:
-    from evolution.loop import load
-
     stats = load.candidate_stats(candidate, ["gate"], "pass_at_1")
     assert stats is not None
     return stats.score

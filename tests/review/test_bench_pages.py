@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from evolution.measurements import COUNTED_PURPOSES
 from evolution.models import Annotation, Candidate, Experiment, TrajectoryStep, Trial
 from lab.bench import REGISTRY, BenchResult
 from lab.bench import diffs as diff_bench
@@ -140,12 +141,10 @@ def test_cost_chart_sample_keeps_the_front_and_the_seed_and_stays_bounded() -> N
 def small_bench_world() -> tuple[int, dict[str, Any]]:
     """A small generated world in the test database: its experiment id, and
     the score selectors' arguments for the dashboard's evolve splits."""
-    from review.views.experiments import MEASURED_PURPOSES
-
     sizes = {**REGISTRY["pages"].quick, "candidates": 60, "annotations": 10, "steps": 10, "repeat": 1}
     pages_bench.run(**sizes, scratch=False)
     experiment_id = Experiment.objects.get(name="bench-pages").pk
-    return experiment_id, {"experiment_id": experiment_id, "splits": ["train", "gate"], "purposes": MEASURED_PURPOSES}
+    return experiment_id, {"experiment_id": experiment_id, "splits": ["train", "gate"]}
 
 
 @pytest.mark.django_db
@@ -182,7 +181,7 @@ def test_measured_candidates_match_the_trials_with_or_without_stored_totals() ->
     for candidate_id, outcome, tokens in Trial.objects.filter(
         evaluation__experiment_id=experiment_id,
         evaluation__state=Evaluation.State.CERTIFIED,
-        evaluation__purpose__in=args["purposes"],
+        evaluation__purpose__in=COUNTED_PURPOSES,
         split__in=["train", "gate"],
     ).values_list("candidate_id", "outcome", "tokens"):
         counted[candidate_id][0] += outcome == Trial.Outcome.PASS

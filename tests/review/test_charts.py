@@ -78,7 +78,7 @@ def test_score_chart_draws_each_split_with_its_last_value_written() -> None:
     # The noise band and its legend, accepted candidates marked, axes labelled, x ticks up to total_rounds.
     assert 'class="noise-band"' in svg and "δ=0.050" in svg
     assert svg.count('class="accepted-mark"') == 2 and ">#2</text>" in svg and ">#6</text>" in svg
-    assert ">round (0 = seed)</text>" in svg and ">pass@1</text>" in svg
+    assert ">round (0 = start)</text>" in svg and ">pass@1</text>" in svg
     assert 'text-anchor="middle" font-size="11" fill="#5b6475">4</text>' in svg
 
 

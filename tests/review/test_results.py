@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from evolution.measurements import COUNTED_PURPOSES
 from evolution.models import (
     EVOLVE_SPLITS,
     Candidate,
@@ -21,7 +22,6 @@ from evolution.models import (
     TrajectoryStep,
     Trial,
 )
-from evolution.selectors import REPORTED_PURPOSES
 from review.views import results
 from tests.review.world import grow
 
@@ -74,7 +74,7 @@ def _rows(html: str) -> list[int]:
 
 def _expected_cells(experiment: Any, *, sealed: bool) -> dict[tuple[int, int], dict[str, Any]]:
     """The cells as computed straight from the Trial rows."""
-    trials = Trial.objects.filter(candidate__experiment=experiment, evaluation__purpose__in=REPORTED_PURPOSES)
+    trials = Trial.objects.filter(candidate__experiment=experiment, evaluation__purpose__in=COUNTED_PURPOSES)
     if not sealed:
         trials = trials.exclude(split=SplitName.SEALED)
     cells: dict[tuple[int, int], dict[str, Any]] = defaultdict(
@@ -111,7 +111,7 @@ def _child_trial(experiment: Any) -> Trial:
         candidate__parent__isnull=False,
         split=SplitName.TRAIN,
         trajectory__isnull=False,
-        evaluation__purpose__in=REPORTED_PURPOSES,
+        evaluation__purpose__in=COUNTED_PURPOSES,
     ).order_by("pk"):
         parent_id = trial.candidate.parent_id
         assert parent_id is not None  # filtered on candidate__parent__isnull=False
@@ -128,7 +128,7 @@ def _parent_trial_of(trial: Trial) -> Trial:
             candidate_id=parent_id,
             task=trial.task,
             index=trial.index,
-            evaluation__purpose__in=REPORTED_PURPOSES,
+            evaluation__purpose__in=COUNTED_PURPOSES,
         )
         .order_by("evaluation_id", "pk")
         .first()
@@ -199,7 +199,7 @@ def test_matrix_columns_are_candidates_with_trials_by_round_with_evolve_score(ex
     html = _html(client.get(reverse("review:matrix", args=[example_world.pk])))
     columns = [int(pk) for pk in re.findall(r'<th scope="col" class="cand [^"]*" data-candidate="(\d+)"', html)]
     with_trials = (
-        Candidate.objects.filter(experiment=example_world, trials__evaluation__purpose__in=REPORTED_PURPOSES)
+        Candidate.objects.filter(experiment=example_world, trials__evaluation__purpose__in=COUNTED_PURPOSES)
         .distinct()
         .order_by("round", "pk")
     )
@@ -208,7 +208,7 @@ def test_matrix_columns_are_candidates_with_trials_by_round_with_evolve_score(ex
     assert without.exists()  # the flagged candidates never ran
     for candidate in with_trials:
         evolve = Trial.objects.filter(
-            candidate=candidate, split__in=EVOLVE_SPLITS, evaluation__purpose__in=REPORTED_PURPOSES
+            candidate=candidate, split__in=EVOLVE_SPLITS, evaluation__purpose__in=COUNTED_PURPOSES
         )
         score = evolve.filter(outcome=Trial.Outcome.PASS).count() / evolve.count()
         header = html.split(f'data-candidate="{candidate.pk}">', 1)[1].split("</th>", 1)[0]
@@ -291,7 +291,7 @@ def _child_trial_candidates(example_world: Any) -> list[Trial]:
             candidate__experiment=example_world,
             candidate__parent__isnull=False,
             outcome=Trial.Outcome.PASS,
-            evaluation__purpose__in=REPORTED_PURPOSES,
+            evaluation__purpose__in=COUNTED_PURPOSES,
         ).select_related("candidate")
     )
 
