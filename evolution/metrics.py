@@ -1,4 +1,8 @@
-"""Benchmark metrics over trial records (docs/concepts.md, section 2).
+"""Per-split summaries of one evaluation's trial records (docs/concepts.md, section 2), and dC.
+
+What is left here is what the product calls: ``split_summaries`` of one evaluation (the ``evaluate`` command,
+external results) and ``relative_cost_change``, the one dC formula. S and cost are
+``evolution.loop.measure``'s; a candidate's numbers on every screen come from ``evolution.measurements``.
 
 Pure functions and dataclasses, no ORM, so they are tested without a database
 and every function is safe to call repeatedly on the same input.
@@ -23,8 +27,6 @@ Conventions shared by every function here:
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -33,18 +35,8 @@ from evolution.loop import measure
 __all__ = [
     "SplitSummary",
     "TrialRecord",
-    "mean_score",
-    "mean_steps",
-    "mean_tokens",
-    "paired_bootstrap_ci",
-    "pass_at_1",
-    "pass_at_k",
-    "pass_hat_k",
     "relative_cost_change",
-    "split_contribution",
-    "split_rate",
     "split_summaries",
-    "task_mean_scores",
 ]
 
 
@@ -191,83 +183,6 @@ def _check_total_tasks(by_task: Mapping[str, list[TrialRecord]], total_tasks: in
         raise ValueError(f"total_tasks={total_tasks} is less than the {len(by_task)} tasks in the trials")
 
 
-def pass_at_1(trials: Iterable[TrialRecord]) -> float | None:
-    """pass@1: successes / all trials (with k trials per task, the mean over all trials).
-
-    ``None`` for no trials. Error trials count as failures. Raises
-    ``ValueError`` on inconsistent trials (see module docstring).
-    """
-    by_task, k = _group(trials)
-    return _pass_at_1(by_task, k) if by_task else None
-
-
-def pass_at_k(trials: Iterable[TrialRecord]) -> float | None:
-    """pass@k (capability): share of tasks with at least one success among their k trials.
-
-    ``None`` for no trials. Error trials count as failures. Raises
-    ``ValueError`` on inconsistent trials.
-    """
-    by_task, _ = _group(trials)
-    return _pass_at_k(by_task) if by_task else None
-
-
-def pass_hat_k(trials: Iterable[TrialRecord]) -> float | None:
-    """pass^k (consistency): share of tasks whose k trials all succeeded.
-
-    ``None`` for no trials. Error trials count as failures. Raises
-    ``ValueError`` on inconsistent trials.
-    """
-    by_task, _ = _group(trials)
-    return _pass_hat_k(by_task) if by_task else None
-
-
-def mean_score(trials: Iterable[TrialRecord]) -> float | None:
-    """Mean per-trial score (equal to the mean of per-task mean scores, as k is uniform).
-
-    ``None`` for no trials. Error trials score 0. Raises ``ValueError`` on
-    inconsistent trials.
-    """
-    by_task, _ = _group(trials)
-    scores = [trial.effective_score for rows in by_task.values() for trial in rows]
-    return measure.score(measure.Totals(trials=len(scores), score_sum=math.fsum(scores)), "mean_score")
-
-
-def task_mean_scores(trials: Iterable[TrialRecord]) -> dict[str, float]:
-    """Mean score of each task over its k trials, keyed by task (the input of
-    ``paired_bootstrap_ci``). Error trials score 0. Empty for no trials."""
-    by_task, k = _group(trials)
-    return {task: math.fsum(t.effective_score for t in rows) / k for task, rows in by_task.items()}
-
-
-def split_rate(trials: Iterable[TrialRecord], split: str) -> float | None:
-    """Rate of a split: successes in the split / (tasks in the split x k).
-
-    This is pass@1 restricted to the split; it does not depend on the other
-    splits (contrast ``split_contribution``). ``None`` when the split has no
-    trials. The whole input is validated, not only the split.
-    """
-    by_task, k = _group(trials)
-    tasks = _in_split(by_task, split)
-    return _pass_at_1(tasks, k) if tasks else None
-
-
-def split_contribution(trials: Iterable[TrialRecord], split: str, total_tasks: int) -> float:
-    """Contribution of a split: successes in the split / (total_tasks x k).
-
-    Equivalently (successes in the split / k) / tasks in the whole benchmark.
-    The contributions of all splits add up to the overall pass@1 when
-    ``total_tasks`` is the number of tasks in ``trials``; tasks of the
-    benchmark without trials count as failures. ``0.0`` when the split has no
-    trials or no successes.
-
-    Raises ``ValueError`` when ``total_tasks`` is not positive or is less than
-    the number of distinct tasks in ``trials``, or on inconsistent trials.
-    """
-    by_task, k = _group(trials)
-    _check_total_tasks(by_task, total_tasks)
-    return _contribution(_successes(_in_split(by_task, split)), k, total_tasks)
-
-
 def split_summaries(trials: Iterable[TrialRecord], total_tasks: int) -> dict[str, SplitSummary]:
     """A ``SplitSummary`` for every split that has trials, keyed by split name
     in sorted order. Empty for no trials.
@@ -295,20 +210,6 @@ def split_summaries(trials: Iterable[TrialRecord], total_tasks: int) -> dict[str
     return summaries
 
 
-def mean_tokens(trials: Iterable[TrialRecord]) -> float | None:
-    """Cost C: mean policy tokens per trial, over trials that reported tokens.
-
-    Trials with ``tokens=None`` are left out (not counted as 0); error trials
-    that reported tokens are included. ``None`` when no trial reported tokens.
-    """
-    return _mean_of(trial.tokens for trial in trials)
-
-
-def mean_steps(trials: Iterable[TrialRecord]) -> float | None:
-    """Mean steps per trial, over trials that reported steps (as ``mean_tokens``)."""
-    return _mean_of(trial.steps for trial in trials)
-
-
 def relative_cost_change(new: float, old: float) -> float | None:
     """Relative change ``(new - old) / old``; 0.25 means 25% more expensive.
 
@@ -323,63 +224,3 @@ def relative_cost_change(new: float, old: float) -> float | None:
     if old == 0:
         return 0.0 if new == 0 else None
     return (new - old) / old
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    # Linear interpolation between closest ranks (numpy's default "linear").
-    position = q * (len(ordered) - 1)
-    below = math.floor(position)
-    above = min(below + 1, len(ordered) - 1)
-    fraction = position - below
-    return ordered[below] + (ordered[above] - ordered[below]) * fraction
-
-
-def paired_bootstrap_ci(
-    parent: Mapping[str, float],
-    child: Mapping[str, float],
-    *,
-    samples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Paired bootstrap confidence interval of the mean score difference child - parent.
-
-    ``parent`` and ``child`` map task to per-task mean score in [0, 1] (see
-    ``task_mean_scores``). Only tasks present in both are compared; the pairing
-    is what makes the interval tight when both versions find the same tasks
-    hard. Each of ``samples`` resamples draws as many tasks as are shared, with
-    replacement, from ``random.Random(seed)`` over the tasks in sorted order,
-    so the result depends only on the inputs and ``seed``, not on mapping
-    order. The interval is the percentile interval (linear interpolation) of
-    the resampled mean differences.
-
-    Returns ``(mean_diff, low, high)`` with ``low <= high``. When every shared
-    task moves by exactly the same amount (including a single shared task)
-    the interval is degenerate: ``low == high == mean_diff``.
-
-    Raises ``ValueError`` when no task is shared, a score is outside [0, 1],
-    ``samples < 1`` or ``confidence`` is not strictly between 0 and 1.
-    """
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
-    for name, scores in (("parent", parent), ("child", child)):
-        for task, score in scores.items():
-            _check_unit_interval(score, f"{name} score of {task!r}")
-    shared = sorted(parent.keys() & child.keys())
-    if not shared:
-        raise ValueError("parent and child have no task in common")
-
-    diffs = [child[task] - parent[task] for task in shared]
-    if min(diffs) == max(diffs):
-        # Every resample is the same point; say so exactly instead of letting
-        # float summation wobble in the last bit.
-        return diffs[0], diffs[0], diffs[0]
-
-    n = len(diffs)
-    mean_diff = math.fsum(diffs) / n
-    rng = random.Random(seed)
-    means = sorted(math.fsum(rng.choices(diffs, k=n)) / n for _ in range(samples))
-    tail = (1.0 - confidence) / 2.0
-    return mean_diff, _quantile(means, tail), _quantile(means, 1.0 - tail)

@@ -15,8 +15,8 @@ from django.urls import path
 from django.views.decorators.http import require_GET
 
 from evolution import access, selectors
-from evolution.models import Experiment, Run, SplitName
-from evolution.recipes import Recipe
+from evolution.loop import load
+from evolution.models import Experiment, Run
 from review import charts
 from review import lineage as lineage_layout
 from review import selectors as review_selectors
@@ -31,19 +31,21 @@ def _round_param(request: HttpRequest, name: str) -> int | None:
 
 
 def _node_inputs(
-    experiment: Experiment, recipe: Recipe | None, first: int, last: int, run: Run | None
+    experiment: Experiment, first: int, last: int, run: Run | None
 ) -> tuple[list[lineage_layout.NodeInput], dict[int, str]]:
-    """The window's candidates (and their parents) as layout inputs with their evolve score S, computed as the
-    gate computes it from the totals stored at certification, their run's number and what each was derived
+    """The window's candidates (and their parents) as layout inputs with their evolve score S (the experiment's
+    evolve splits and metric, ``load.experiment_measure``, as the matrix and the dashboard show it), computed as
+    the gate computes it from the totals stored at certification, their run's number and what each was derived
     from; and why each is in its state."""
     shown = review_selectors.lineage_window(experiment=experiment, first=first, last=last, run=run)
     candidates = review_selectors.lineage_nodes(shown=shown)
     numbers = review_selectors.run_numbers(experiment=experiment)
     derived = review_selectors.derived_from(shown=shown)
+    splits, metric = load.experiment_measure(experiment)
     scores = selectors.candidate_scores(
         experiment_id=experiment.pk,
-        splits=list(recipe.evaluation.evolve_splits) if recipe else [SplitName.TRAIN, SplitName.GATE],
-        mean_score=recipe is not None and recipe.evaluation.score_metric == "mean_score",
+        splits=list(splits),
+        mean_score=metric == "mean_score",
         candidate_ids=shown.values("pk"),
     )
     rows = [
@@ -105,8 +107,7 @@ def lineage(request: HttpRequest, pk: int) -> HttpResponse:
     first, last = lineage_layout.round_window(
         per_round, start=_round_param(request, "from"), end=_round_param(request, "to"), cap=LINEAGE_MAX_NODES
     )
-    recipe = review_selectors.recipe_of(latest) if latest else None
-    rows, reasons = _node_inputs(experiment, recipe, first, last, only)
+    rows, reasons = _node_inputs(experiment, first, last, only)
     highlight = latest.current_candidate_id if latest else None
     tree = lineage_layout.layout(rows, highlight=highlight, node_width=140)
     nodes_html, edges_html = charts.lineage_svg(

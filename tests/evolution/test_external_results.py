@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, transaction
 
-from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from evolution import measurements
+from evolution.models import CertifiedResult, Evaluation, Experiment, SplitMembership, Trial
 from evolution.selectors import candidate_external_results, candidate_metrics
 from evolution.services.evaluation import lease_reap
 from evolution.services.external import ExternalResultsError, external_results_ingest
