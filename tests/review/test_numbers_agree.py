@@ -211,6 +211,7 @@ def test_every_number_a_candidate_shows_agrees_across_screens_api_and_records(
     for run in (first, second):
         outcome = rows[run.pk]["outcome"]
         assert outcome["start"] == run.start_candidate_id
+        assert run.start_candidate_id is not None and run.current_candidate_id is not None
         start_cost, final_cost = c_of(run.start_candidate_id), c_of(run.current_candidate_id)
         assert start_cost is not None and final_cost is not None
         assert outcome["cost"].startswith(f"{start_cost:,.0f} → {final_cost:,.0f}")
