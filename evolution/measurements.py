@@ -24,7 +24,15 @@ from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from evolution.loop import measure
 from evolution.metrics import SplitSummary
-from evolution.models import Candidate, Evaluation, LeakageFlag, SplitMembership, SplitName, Trial
+from evolution.models import (
+    EVALUATION_UNFINISHED,
+    Candidate,
+    Evaluation,
+    LeakageFlag,
+    SplitMembership,
+    SplitName,
+    Trial,
+)
 
 __all__ = [
     "COUNTED_PURPOSES",
@@ -45,12 +53,7 @@ COUNTED_PURPOSES: tuple[str, ...] = (
     Evaluation.Purpose.CANDIDATE,
     Evaluation.Purpose.TRANSFER,
 )
-# Evaluations under way: their trials count once they are certified.
-UNFINISHED_EVALUATIONS: tuple[str, ...] = (
-    Evaluation.State.RUNNING,
-    Evaluation.State.COMPLETE,
-    Evaluation.State.CERTIFYING,
-)
+UNFINISHED_EVALUATIONS = EVALUATION_UNFINISHED  # evolution.models defines it
 ROW = ("outcome", "score", "tokens", "valid_output", "submitted")
 
 

@@ -335,6 +335,12 @@ class Run(models.Model):
         return k if isinstance(k, int) else None
 
 
+# Run statuses by what they mean, defined once (the loop, the services and the screens use these).
+RUN_LIVE = (Run.Status.RUNNING, Run.Status.PAUSED)  # started and not ended
+RUN_UNFINISHED = (Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED)  # not ended
+RUN_MOVING = (Run.Status.PENDING, Run.Status.RUNNING)  # may change on its own
+
+
 class Candidate(models.Model):
     """One version of the harness.
 
@@ -424,6 +430,10 @@ class Candidate(models.Model):
     @property
     def digest(self) -> str:
         return self.tree_id
+
+
+# Candidates approved or proposed whose measurement is under way (a run stopping cancels them).
+CANDIDATE_IN_FLIGHT = (Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED)
 
 
 class AtomicEdit(models.Model):
@@ -573,6 +583,10 @@ class Trial(models.Model):
 
     def __str__(self) -> str:
         return f"trial {self.pk} ({self.task_id}#{self.index})"
+
+
+# Evaluations under way: their trials count once they are certified (``evolution.measurements``).
+EVALUATION_UNFINISHED = (Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING)
 
 
 class EvaluationSplitStats(models.Model):

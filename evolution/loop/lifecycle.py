@@ -15,7 +15,17 @@ from django.utils import timezone
 from evolution import example, operators
 from evolution.loop.enqueue import advance_after_commit, propose_send
 from evolution.loop.state import RunState
-from evolution.models import Candidate, Evaluation, Experiment, Recipe, Run, Trial
+from evolution.models import (
+    CANDIDATE_IN_FLIGHT,
+    RUN_LIVE,
+    RUN_UNFINISHED,
+    Candidate,
+    Evaluation,
+    Experiment,
+    Recipe,
+    Run,
+    Trial,
+)
 from evolution.recipes import PRESET_NAMES, RecipeError, parse_recipe, recipe_digest, recipe_to_dict, run_recipe
 from evolution.recipes import Recipe as RecipeSpec
 from evolution.services.candidates import candidates_transition
@@ -39,8 +49,8 @@ __all__ = [
 
 ACTIVE = (Run.Status.RUNNING,)
 # Runs that still gate what they evaluate (a paused run gates once resumed).
-LIVE = (Run.Status.RUNNING, Run.Status.PAUSED)
-IN_FLIGHT = (Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED)
+LIVE = RUN_LIVE
+IN_FLIGHT = CANDIDATE_IN_FLIGHT
 
 
 class LoopError(ValueError):
@@ -119,9 +129,7 @@ def run_create(
     check_llm_endpoints(recipe)
     with transaction.atomic():
         locked = Experiment.objects.select_for_update(no_key=True).get(pk=experiment.pk)
-        if Run.objects.filter(
-            experiment=locked, status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED]
-        ).exists():
+        if Run.objects.filter(experiment=locked, status__in=RUN_UNFINISHED).exists():
             raise LoopError(f"experiment {locked.name!r} has an active run already")
         if locked.seed_candidate_id is None:
             raise LoopError("the experiment has no seed candidate")
@@ -253,9 +261,9 @@ def run_cancel(*, run: Run, reason: str = "cancelled") -> bool:
     """Stop a run: its unfinished evaluations are cancelled (their trials are
     never claimed again) and in-flight candidates are marked cancelled."""
     with transaction.atomic():
-        updated = Run.objects.filter(
-            pk=run.pk, status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED]
-        ).update(status=Run.Status.CANCELLED, stop_reason=reason, finished_at=timezone.now())
+        updated = Run.objects.filter(pk=run.pk, status__in=RUN_UNFINISHED).update(
+            status=Run.Status.CANCELLED, stop_reason=reason, finished_at=timezone.now()
+        )
         if updated:
             stop_in_flight(run.pk)
             Experiment.objects.filter(pk=run.experiment_id).update(status=_status_after_cancel(run))

@@ -28,6 +28,7 @@ from evolution.loop.enqueue import advance_after_commit, propose_send
 from evolution.loop.lifecycle import ACTIVE, IN_FLIGHT, LoopError, run_candidates, run_recipe, stop_in_flight
 from evolution.loop.state import RoundSummary, RunState
 from evolution.models import (
+    EVALUATION_UNFINISHED,
     AtomicEdit,
     Candidate,
     Evaluation,
@@ -418,7 +419,7 @@ def late_gate(run: Run) -> int:
         if locked.state != Candidate.State.CERTIFIED or locked.gate_decisions.exists() or parent is None:
             continue
         if Evaluation.objects.filter(
-            candidate=locked, purpose__in=measurements.COUNTED_PURPOSES, state__in=measurements.UNFINISHED_EVALUATIONS
+            candidate=locked, purpose__in=measurements.COUNTED_PURPOSES, state__in=EVALUATION_UNFINISHED
         ).exists():
             continue  # more of what the gate reads is being measured; its certification sends run_advance
         round_number = locked.round or max(run.current_round, 1)
@@ -588,7 +589,7 @@ def _step_final(run: Run, state: RunState, recipe: RecipeSpec) -> str:
                     run=run,
                 )
                 waiting = True
-            elif evaluation.state in {Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING}:
+            elif evaluation.state in EVALUATION_UNFINISHED:
                 waiting = True
         if waiting:
             _save(run, state)

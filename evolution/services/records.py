@@ -19,6 +19,7 @@ from django.utils import timezone
 from evolution import digests, faults, records
 from evolution.fields import json_or_text, json_value
 from evolution.models import (
+    EVALUATION_UNFINISHED,
     Candidate,
     CertifiedDecision,
     CertifiedResult,
@@ -353,7 +354,7 @@ def evaluation_certify(*, evaluation_id: int) -> Certification:
         Candidate.objects.select_for_update(no_key=True).filter(pk=evaluation.candidate_id).first()
         unfinished = Evaluation.objects.filter(
             candidate_id=evaluation.candidate_id,
-            state__in=[Evaluation.State.RUNNING, Evaluation.State.COMPLETE, Evaluation.State.CERTIFYING],
+            state__in=EVALUATION_UNFINISHED,
         )
         if not unfinished.exists():
             candidates_transition(

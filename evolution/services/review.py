@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from evolution import digests, operators
-from evolution.models import AtomicEdit, Candidate, ReviewDecision, ReviewItem, Run
+from evolution.models import RUN_LIVE, AtomicEdit, Candidate, ReviewDecision, ReviewItem, Run
 from evolution.services.candidates import candidate_transition
 from evolution.services.records import review_decision_certify
 from evolution.services.snapshots import tree_entries
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 DECIDED = frozenset({ReviewItem.State.APPROVED, ReviewItem.State.REJECTED, ReviewItem.State.PARTIAL})
 # Runs whose approved candidates are still evaluated and gated.
-LIVE_RUNS = frozenset({Run.Status.RUNNING, Run.Status.PAUSED})
+LIVE_RUNS = frozenset(RUN_LIVE)
 
 
 class ReviewConflict(RuntimeError):

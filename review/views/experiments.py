@@ -29,6 +29,8 @@ from evolution.loop import steps as loop_steps
 from evolution.loop.state import Dropped, Event, RunState
 from evolution.metrics import relative_cost_change
 from evolution.models import (
+    RUN_MOVING,
+    RUN_UNFINISHED,
     Candidate,
     ComponentKind,
     Experiment,
@@ -46,10 +48,10 @@ from review.http import HtmxHttpRequest
 from review.views.runs import RunStartForm, start_form_initial
 
 # A run that may still change on its own.
-MOVING = (Run.Status.PENDING, Run.Status.RUNNING)
+MOVING = RUN_MOVING
 # The progress section polls while its run is unfinished: a paused run's in-flight trials still finish, and it
 # may be resumed or cancelled from another tab, the API or the admin.
-UNFINISHED = (Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED)
+UNFINISHED = RUN_UNFINISHED
 TRIAL_FINISHED = (Trial.State.DONE, Trial.State.ERROR, Trial.State.CANCELLED)
 TRANSFER_SPLITS = (SplitName.SEALED, SplitName.HELDOUT)
 LEDGER_PAGE_SIZE = 50

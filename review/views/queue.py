@@ -38,6 +38,7 @@ from evolution.loop.review import (
     review_undo,
 )
 from evolution.models import (
+    CANDIDATE_IN_FLIGHT,
     AtomicEdit,
     Candidate,
     Experiment,
@@ -81,7 +82,7 @@ def derived_outcome(candidate: Candidate) -> str:
         return "the critic rejected it"
     if candidate.state in {Candidate.State.REJECTED_SURFACE, Candidate.State.REJECTED_BUDGET}:
         return f"it failed the checks: {candidate.state_reason}"
-    if candidate.state in {Candidate.State.APPROVED, Candidate.State.EVALUATING, Candidate.State.EVALUATED}:
+    if candidate.state in CANDIDATE_IN_FLIGHT:
         live = candidate.run is not None and candidate.run.status in LIVE_RUNS
         if live:
             return "the critic found it clean: it is evaluated and joins its run's next gate"

@@ -16,9 +16,9 @@ from evolution.example.setup import (
 )
 from evolution.loop.enqueue import advance_after_commit
 from evolution.loop.lifecycle import LoopError
-from evolution.models import Experiment, Run
+from evolution.models import RUN_MOVING, Experiment, Run
 
-ACTIVE = (Run.Status.PENDING, Run.Status.RUNNING)
+ACTIVE = RUN_MOVING
 # The slice a real model's run takes on a CPU in minutes (docs/llm.md).
 LLM_TASKS = 6
 
