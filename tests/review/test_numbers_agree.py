@@ -43,7 +43,7 @@ from tests.evolution.test_loop import tiny_recipe
 from tests.factories import make_tiny_experiment, seed_id
 from tests.loop_driver import drive
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # about two minutes: four real runs
 
 EVOLVE = ("train", "gate")
 
