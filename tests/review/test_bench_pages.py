@@ -276,24 +276,33 @@ def test_keep_and_reuse_take_one_benchmark_that_generates_data() -> None:
 @pytest.mark.django_db
 def test_the_best_candidate_ranked_in_the_database_is_the_one_the_scores_rank_first() -> None:
     """``best_scored_candidate`` (one query, the dashboard's) against ``candidate_scores`` ranked in Python
-    (highest S, the earlier on a tie), with and without stored totals, by pass@1 and by mean score."""
+    (highest S; on a tie the lower cost, a candidate without tokens last; then the latest accepting gate
+    decision; then the higher id), with and without stored totals, by pass@1 and by mean score."""
     from evolution import selectors
-    from evolution.models import EvaluationSplitStats
+    from evolution.models import EvaluationSplitStats, GateDecision
 
     experiment_id, args = small_bench_world()
     accepted = Candidate.objects.filter(experiment_id=experiment_id, state=Candidate.State.ACCEPTED)
     assert accepted.count() > 3
+    last_accepted: dict[int, int] = {}
+    for candidate_id, decision_id in GateDecision.objects.filter(accepted=True).values_list("candidate_id", "pk"):
+        last_accepted[candidate_id] = max(decision_id, last_accepted.get(candidate_id, 0))
 
     def python_best(mean_score: bool) -> int:
         scores = selectors.candidate_scores(**args, mean_score=mean_score, candidate_ids=accepted.values("pk"))
-        return min(scores, key=lambda pk: (-scores[pk][0], pk))
+
+        def rank(pk: int) -> tuple[float, float, int, int]:
+            score, cost = scores[pk]
+            return (score, -cost if cost is not None else float("-inf"), last_accepted.get(pk, 0), pk)
+
+        return max(scores, key=rank)
 
     def ties(mean_score: bool) -> int:
         scores = selectors.candidate_scores(**args, mean_score=mean_score, candidate_ids=accepted.values("pk"))
         top = max(score for score, _ in scores.values())
         return sum(1 for score, _ in scores.values() if score == top)
 
-    assert ties(False) > 1  # the tie rule is exercised: the earlier candidate wins
+    assert ties(False) > 1  # the tie rules are exercised
     for stored in (True, False):
         if not stored:
             EvaluationSplitStats.objects.all().delete()
