@@ -6,10 +6,10 @@ Every number a screen, the API, the gate or a run's report shows of a harness co
   (its baseline, candidate and transfer evaluations), on the splits asked for. The seed's noise repeats only
   estimate the noise band (their k may differ, and they would weigh the start more than a candidate); an
   evaluation that is running, cancelled, failed or external is never counted (its finished trials included).
-- **How.** ``evolution.loop.measure`` computes S, cost and the rates from the totals; trial rows for the gate
-  and the interval (``candidate_totals``; ``counted_trials`` under ``loop.load.comparison``), the totals stored at certification for
-  screens that rank thousands of candidates (``evolution.selectors.candidate_scores`` and its siblings filter
-  on ``counted_evaluations`` too).
+- **How.** ``evolution.loop.measure`` computes S, cost and the rates from the totals: trial rows for the gate
+  and the interval (``candidate_totals``; ``counted_trials`` under ``loop.load.comparison``), the totals
+  stored at certification for screens that rank thousands of candidates (``evolution.selectors.candidate_scores``
+  and its siblings filter on ``counted_evaluations`` too).
 
 Reads only; every function is safe to call repeatedly.
 """
