@@ -157,22 +157,33 @@ def test_every_number_a_candidate_shows_agrees_across_screens_api_and_records(
             assert rows[split].rate == percent(totals.passed / totals.trials), f"rate of #{pk} on {split}"
             cost = measure.cost(totals)
             assert rows[split].tokens == (f"{cost:,.0f}" if cost is not None else "n/a"), f"tokens of #{pk}"
-        # dS and dC: the page and the API give one number, the records' own.
+        # dS and dC: a decided candidate shows its decision's numbers as the certified decision record holds them,
+        # and, where later measurements moved them, the current estimate; both, on the page and in the API, are
+        # the records' own numbers.
         detail = api.get(f"/api/v1/candidates/{pk}/")
         assert detail.status_code == 200
-        delta = detail.json()["delta"]
+        delta, view = detail.json()["delta"], page.context["delta_view"]
         if delta is None:
-            assert page.context["dc_text"] == ""
-            continue
-        base = delta["against"]
-        s_base, s_new = s_of(base), s_of(pk)
-        assert s_base is not None and s_new is not None
-        assert delta["dS"] == pytest.approx(s_new - s_base, abs=1e-12), f"dS of #{pk}"
-        c_base, c_new = c_of(base), c_of(pk)
-        expected_dc = relative_cost_change(c_new, c_base) if c_base is not None and c_new is not None else None
-        assert delta["dC"] == pytest.approx(expected_dc, abs=1e-12), f"dC of #{pk}"
-        if expected_dc is not None:
-            assert page.context["dc_text"] == f"dC = {expected_dc * 100:+.1f}%"
+            assert view is None
+        else:
+            base = delta["against"]
+            s_base, s_new, c_base, c_new = s_of(base), s_of(pk), c_of(base), c_of(pk)
+            assert s_base is not None and s_new is not None
+            ds = s_new - s_base
+            dc = relative_cost_change(c_new, c_base) if c_base is not None and c_new is not None else None
+            now = delta
+            if delta["at_decision"]:
+                decision = GateDecision.objects.select_related("record").get(pk=delta["decision"])
+                assert decision.record is not None
+                kept = decision.record.payload["gate"]["numbers"]
+                assert (delta["dS"], delta["dC"]) == (kept["dS"], kept["dC"]), f"#{pk} at decision"
+                assert view.decided_cost == ("" if kept["dC"] is None else f"dC = {kept['dC'] * 100:+.1f}%")
+                if delta["current"] is not None:  # measured again since: the current estimate beside it
+                    now = delta["current"]
+            assert now["dS"] == pytest.approx(ds, abs=1e-12), f"dS of #{pk}"
+            assert now["dC"] == pytest.approx(dc, abs=1e-12), f"dC of #{pk}"
+            shown_cost = view.current_cost or view.decided_cost
+            assert shown_cost == ("" if dc is None else f"dC = {dc * 100:+.1f}%"), f"dC of #{pk} on its page"
         # The diff page speaks of the same parent and the same flags.
         diff = browser.get(reverse("review:candidate_diff", args=[pk]))
         assert diff.status_code == 200
