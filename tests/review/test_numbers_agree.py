@@ -24,6 +24,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from evolution.loop import lifecycle, load, measure
+from evolution.loop.review import review_decide, review_decide_partial
 from evolution.metrics import relative_cost_change
 from evolution.models import (
     Candidate,
@@ -37,7 +38,6 @@ from evolution.models import (
     Trial,
 )
 from evolution.services import evaluation as evaluation_services
-from evolution.services.review import review_decide, review_decide_partial
 from tests.evolution.test_late_decisions import settle
 from tests.evolution.test_loop import tiny_recipe
 from tests.factories import make_tiny_experiment, seed_id
