@@ -10,6 +10,8 @@ Edges run from the right side of the parent to the left side of the child.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -108,7 +110,7 @@ def layout(
 ) -> Layout:
     """Place every candidate. ``highlight`` (e.g. the run's current harness)
     marks it and its ancestors as the main line. Rows whose parent is not
-    among them are drawn as roots. Runs in O(n log n)."""
+    among them are drawn as roots. Runs in O(n log² n) for a laid-out tree (see ``Lanes``)."""
     by_id = {row.id: row for row in rows}
     children: dict[int | None, list[int]] = {}
     for row in by_id.values():
@@ -180,11 +182,12 @@ def layout(
     placed = {node.id: node for node in nodes}
     # Per column, the rows its nodes take (top, bottom), sorted: an edge that skips columns runs along a lane
     # free in every column it crosses, so it never passes through another node.
-    taken: dict[int, list[tuple[float, float]]] = {}
+    taken: list[list[tuple[float, float]]] = [[] for _ in column_keys]
     for node in nodes:
-        taken.setdefault(node.column, []).append((node.y, node.y + node_height))
-    for spans in taken.values():
+        taken[node.column].append((node.y, node.y + node_height))
+    for spans in taken:
         spans.sort()
+    lanes = Lanes(taken, clearance=row_gap / 2)
     edges = []
     lowest_lane = 0.0
     for node in nodes:
@@ -194,8 +197,7 @@ def layout(
         x1, y1 = placed_parent.x + node_width, placed_parent.y + node_height / 2
         x2, y2 = node.x, node.y + node_height / 2
         if node.column - placed_parent.column > 1:
-            crossed = [taken.get(c, []) for c in range(placed_parent.column + 1, node.column)]
-            lane = _free_lane(crossed, y1, y2, clearance=row_gap / 2)
+            lane = lanes.free_lane(placed_parent.column + 1, node.column - 1, y1, y2)
             lowest_lane = max(lowest_lane, lane)
             # Into the lane within the gap after the parent's column, along it, out of it in the gap before the
             # child's column: the curves stay in the gaps, where no node is.
@@ -239,21 +241,148 @@ def layout(
     return Layout(nodes, edges, columns, width, height, node_width, node_height)
 
 
-def _free_lane(columns: list[list[tuple[float, float]]], y1: float, y2: float, *, clearance: float) -> float:
-    """A height free of nodes in every one of ``columns`` (each a sorted list of the (top, bottom) its nodes
-    take), as near as can be to the edge's ends ``y1`` and ``y2``: their own heights when free, else the middle
-    of a gap between two nodes of a column, else just below the lowest node crossed."""
+class Lanes:
+    """Where an edge that skips columns may run: for a range of consecutive columns, a height free of nodes in
+    every one of them, as near as can be to the edge's ends (``free_lane``).
 
-    def free(y: float) -> bool:
-        return all(not (top - clearance < y < bottom + clearance) for spans in columns for top, bottom in spans)
+    ``taken`` holds, per column, the sorted (top, bottom) its nodes take; no node is nearer a lane than
+    ``clearance``. The candidate heights are the edge's own ends, the middle of each gap between two nodes of a
+    column crossed and a height just below the lowest node crossed; the chosen one is the free candidate with
+    the least ``|y - y1| + |y - y2|`` (on a tie, the one higher on the page). That is what checking every
+    candidate against every node crossed chose (tests/review/test_lineage.py keeps that search as the
+    reference) whenever the heights add up exactly in floating point, as the layout's whole-pixel sizes do.
 
-    choices = [y1, y2]
-    for spans in columns:
-        for (_, above), (below, _) in zip(spans, spans[1:], strict=False):
-            choices.append((above + below) / 2)
-    lowest = max((bottom for spans in columns for _, bottom in spans), default=max(y1, y2))
-    choices.append(lowest + 2 * clearance + 4)
-    return min((y for y in choices if free(y)), key=lambda y: (abs(y - y1) + abs(y - y2), y))
+    A segment tree over the columns keeps, per range of columns, the merged blocked intervals, the gaps' middles
+    and the lowest bottom, so a step of an edge's search costs O(log² n) instead of a pass over every node it
+    crosses, and the search takes a step per blocked candidate it passes (a few in a laid-out tree)."""
+
+    def __init__(self, taken: list[list[tuple[float, float]]], *, clearance: float) -> None:
+        self.clearance = clearance
+        size = 1
+        while size < max(len(taken), 1):
+            size *= 2
+        self.size = size
+        # Per tree node: blocked open intervals (merged, sorted) as parallel lists of starts and ends; the gaps'
+        # middles, sorted; the lowest bottom (None: no node).
+        self.starts: list[list[float]] = [[] for _ in range(2 * size)]
+        self.ends: list[list[float]] = [[] for _ in range(2 * size)]
+        self.middles: list[list[float]] = [[] for _ in range(2 * size)]
+        self.lowest: list[float | None] = [None] * (2 * size)
+        for column, spans in enumerate(taken):
+            leaf = size + column
+            self._blocked(leaf, [(top - clearance, bottom + clearance) for top, bottom in spans])
+            self.middles[leaf] = sorted((above + below) / 2 for (_, above), (below, _) in itertools.pairwise(spans))
+            self.lowest[leaf] = max((bottom for _, bottom in spans), default=None)
+        for index in range(size - 1, 0, -1):
+            left, right = 2 * index, 2 * index + 1
+            self._blocked(
+                index,
+                sorted(
+                    [
+                        *zip(self.starts[left], self.ends[left], strict=True),
+                        *zip(self.starts[right], self.ends[right], strict=True),
+                    ]
+                ),
+            )
+            self.middles[index] = sorted([*self.middles[left], *self.middles[right]])
+            lows = [low for low in (self.lowest[left], self.lowest[right]) if low is not None]
+            self.lowest[index] = max(lows, default=None)
+
+    def _blocked(self, index: int, intervals: list[tuple[float, float]]) -> None:
+        """Store the union of open ``intervals`` (sorted) at ``index``: overlapping ones merge, touching ones do
+        not (the point where they touch is free)."""
+        starts, ends = self.starts[index], self.ends[index]
+        for start, end in intervals:
+            if starts and start < ends[-1]:
+                ends[-1] = max(ends[-1], end)
+            else:
+                starts.append(start)
+                ends.append(end)
+
+    def _cover(self, first: int, last: int) -> list[int]:
+        """The tree nodes that together hold columns ``first`` to ``last``."""
+        found = []
+        low, high = first + self.size, last + self.size + 1
+        while low < high:
+            if low & 1:
+                found.append(low)
+                low += 1
+            if high & 1:
+                high -= 1
+                found.append(high)
+            low //= 2
+            high //= 2
+        return found
+
+    def _up(self, cover: list[int], y: float) -> float:
+        """The least free height >= ``y`` (every height from ``y`` up to it is blocked)."""
+        moved = True
+        while moved:
+            moved = False
+            for index in cover:
+                at = bisect.bisect_left(self.starts[index], y) - 1
+                if at >= 0 and y < self.ends[index][at]:
+                    y, moved = self.ends[index][at], True
+        return y
+
+    def _down(self, cover: list[int], y: float) -> float:
+        """The greatest free height <= ``y`` (every height from it up to ``y`` is blocked)."""
+        moved = True
+        while moved:
+            moved = False
+            for index in cover:
+                at = bisect.bisect_right(self.ends[index], y)
+                if at < len(self.ends[index]) and self.starts[index][at] < y:
+                    y, moved = self.starts[index][at], True
+        return y
+
+    def free_lane(self, first: int, last: int, y1: float, y2: float) -> float:
+        """A height free of nodes in columns ``first`` to ``last``, nearest the ends ``y1`` and ``y2``."""
+        cover = self._cover(first, last)
+        lows = [low for low in (self.lowest[index] for index in cover) if low is not None]
+        below_all = max(lows, default=max(y1, y2)) + 2 * self.clearance + 4
+        fixed = sorted({y1, y2, below_all})
+        near = min(y1, y2)
+
+        def key(y: float) -> tuple[float, float]:
+            return (abs(y - y1) + abs(y - y2), y)
+
+        found: list[float] = []
+        # Upwards from the nearer end: the cost does not fall as y grows from there, so the first free
+        # candidate is the best of those >= near.
+        y = near
+        while True:
+            y = self._up(cover, y)
+            after = [f for f in fixed if f >= y][:1]
+            for index in cover:
+                at = bisect.bisect_left(self.middles[index], y)
+                if at < len(self.middles[index]):
+                    after.append(self.middles[index][at])
+            if not after:
+                break
+            y = min(after)
+            if self._up(cover, y) == y:
+                found.append(y)
+                break
+        # Downwards from just below it: the cost grows as y falls, so the first free candidate is the best of
+        # those < near.
+        y, strict = near, True
+        while True:
+            before = [f for f in fixed if (f < y if strict else f <= y)][-1:]
+            for index in cover:
+                middles = self.middles[index]
+                at = (bisect.bisect_left if strict else bisect.bisect_right)(middles, y) - 1
+                if at >= 0:
+                    before.append(middles[at])
+            if not before:
+                break
+            y, strict = max(before), False
+            free = self._down(cover, y)
+            if free == y:
+                found.append(y)
+                break
+            y = free
+        return min(found, key=key)
 
 
 def _column_title(key: tuple[int, int, int]) -> str:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import sys
+from types import FrameType
+from typing import Any
+
 import pytest
 
-from review.lineage import CATEGORY_TITLES, NodeInput, category, layout
+from review import lineage as lineage_module
+from review.lineage import CATEGORY_TITLES, Lanes, NodeInput, category, layout
 
 
 def _tree() -> list[NodeInput]:
@@ -174,3 +180,120 @@ def test_edges_that_skip_columns_go_around_the_nodes_between() -> None:
     skipping = [e for e in result.edges if (e.source, e.target) == (1, 40)]
     assert len(skipping) == 1 and " L" in skipping[0].path
     assert all(y <= result.height for e in result.edges for _, y in _points(e.path))
+
+
+def _free_lane_reference(columns: list[list[tuple[float, float]]], y1: float, y2: float, *, clearance: float) -> float:
+    """The lane search as first written (commit 2982ff1), by exhaustion: every candidate height checked against
+    every node crossed. The specification ``Lanes`` must meet; far too slow for 400 candidates."""
+
+    def free(y: float) -> bool:
+        return all(not (top - clearance < y < bottom + clearance) for spans in columns for top, bottom in spans)
+
+    choices = [y1, y2]
+    for spans in columns:
+        for (_, above), (below, _) in zip(spans, spans[1:], strict=False):
+            choices.append((above + below) / 2)
+    lowest = max((bottom for spans in columns for _, bottom in spans), default=max(y1, y2))
+    choices.append(lowest + 2 * clearance + 4)
+    return min((y for y in choices if free(y)), key=lambda y: (abs(y - y1) + abs(y - y2), y))
+
+
+def _random_runs(rng: random.Random, size: int) -> list[NodeInput]:
+    """A seed and ``size`` candidates over three runs, each built on any earlier candidate: many edges skip
+    columns, across runs and within one."""
+    rows = [NodeInput(1, None, "accepted", origin="seed", round=0)]
+    for n in range(size):
+        parent = rng.choice(rows)
+        run = max(parent.run, rng.choice([1, 1, 2, 3]))
+        low = (parent.round or 0) + 1 if run == parent.run else 1
+        rows.append(NodeInput(2 + n, parent.id, "rejected_gate", round=rng.randint(low, low + 4), run=run))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_lane_is_the_one_the_exhaustive_search_picks(seed: int) -> None:
+    # What is drawn does not change: every edge that skips columns runs at the height the exhaustive search over
+    # the columns it crosses chooses.
+    result = layout(_random_runs(random.Random(seed), 120))
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for node in result.nodes:
+        spans.setdefault(node.column, []).append((node.y, node.y + result.node_height))
+    by_id = {n.id: n for n in result.nodes}
+    lanes = 0
+    for edge in result.edges:
+        source, target = by_id[edge.source], by_id[edge.target]
+        if edge.derived or target.column - source.column < 2:
+            continue
+        crossed = [sorted(spans.get(c, [])) for c in range(source.column + 1, target.column)]
+        y1, y2 = source.y + result.node_height / 2, target.y + result.node_height / 2
+        expected = _free_lane_reference(crossed, y1, y2, clearance=3)
+        assert edge.path.split(" L")[1].split()[1] == f"{expected:.1f}", (edge.source, edge.target)
+        lanes += 1
+    assert lanes > 40
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lanes_agree_with_the_exhaustive_search_off_the_grid(seed: int) -> None:
+    # Columns whose nodes are not on the layout's row grid, overlapping blocked zones between columns, ends in
+    # free and in blocked places, ranges of one column and of many.
+    rng = random.Random(seed)
+    for _ in range(60):
+        taken = []
+        for _column in range(rng.randint(1, 9)):
+            ys, floor = [], 0.0
+            for row in sorted(rng.sample(range(30), rng.randint(0, 8))):
+                ys.append(max(row * rng.choice([7.5, 28.0]), floor))
+                floor = ys[-1] + 28
+            taken.append([(y, y + 22.0) for y in ys])
+        lanes = Lanes(taken, clearance=3)
+        for _query in range(10):
+            first = rng.randint(0, len(taken) - 1)
+            last = rng.randint(first, len(taken) - 1)
+            y1 = 35 + rng.randint(0, 26) * 28 + rng.randint(-40, 40) / 2
+            y2 = rng.choice([y1, 35 + rng.randint(0, 26) * 28])
+            expected = _free_lane_reference(taken[first : last + 1], y1, y2, clearance=3)
+            assert lanes.free_lane(first, last, y1, y2) == expected, (taken[first : last + 1], y1, y2)
+
+
+def _bench_shaped(rounds: int) -> list[NodeInput]:
+    """The shape ``bench pages`` draws: five proposals a round, all from the seed, so each edge skips the columns
+    of every round before its own."""
+    rows = [NodeInput(1, None, "accepted", origin="seed", round=0, run=1)]
+    return rows + [NodeInput(2 + n, 1, "rejected_gate", round=1 + n // 5, run=1) for n in range(rounds * 5)]
+
+
+class _TooMuchWork(Exception):
+    pass
+
+
+def _lines_run(rows: list[NodeInput], *, budget: int) -> int:
+    """How many lines of review/lineage.py laying ``rows`` out runs (a count of work, not a time); stops once
+    past ``budget``."""
+    count = 0
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename != lineage_module.__file__:
+            return None
+        count += 1
+        if count > budget:
+            raise _TooMuchWork
+        return trace
+
+    sys.settrace(trace)
+    try:
+        layout(rows)
+    except _TooMuchWork:
+        pass
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_routing_work_grows_as_n_log_n_not_as_a_power_of_n() -> None:
+    # 401 candidates in 81 columns (what the lineage page draws at most), then four times as many: the lines run
+    # per candidate may grow with log n, not with n. The exhaustive search ran 8,836 lines a candidate for 101
+    # candidates and 34,623 for 201.
+    small, large = (_lines_run(_bench_shaped(rounds), budget=2_000 * (rounds * 5 + 1)) for rounds in (80, 320))
+    assert small <= 1_000 * 401
+    assert large / 1601 <= 1.5 * small / 401
