@@ -81,6 +81,7 @@ ROUTES: dict[str, Paths] = {
     "login": lambda i: ["/login/"],
     "logout": lambda i: ["/logout/"],
     "review:home": lambda i: ["/"],
+    "favicon": lambda i: ["/favicon.ico"],
     "review:experiment": lambda i: [f"/experiments/{i.experiment}/"],
     "review:experiment_progress": lambda i: [f"/experiments/{i.experiment}/progress/"],
     "review:experiment_ledger": lambda i: [f"/experiments/{i.experiment}/ledger/"],
@@ -117,6 +118,8 @@ ROUTES: dict[str, Paths] = {
     "review:review_claim": lambda i: [f"/review/{i.item}/claim/"],
     "review:review_release": lambda i: [f"/review/{i.item}/release/"],
     "review:review_decide": lambda i: [f"/review/{i.item}/decide/"],
+    "review:review_undo": lambda i: [f"/review/{i.item}/undo/"],  # POST only
+    "review:review_correct": lambda i: [f"/review/{i.item}/correct/"],  # POST only
     "review:annotate_queue": lambda i: ["/annotate/", f"/annotate/?experiment={i.experiment}&split=sealed"],
     "review:trial_annotations": lambda i: [
         f"/trials/{i.sealed_trial}/annotations/",
