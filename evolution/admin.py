@@ -375,6 +375,16 @@ class ReviewDecisionAdmin(ReadOnlyAdmin):
     list_display = ("item", "reviewer", "verdict", "created_at")
 
 
+@admin.register(models.ReviewPending)
+class ReviewPendingAdmin(ReadOnlyAdmin):
+    list_display = ("item", "reviewer", "verdict", "effective_at", "error", "created_at")
+
+
+@admin.register(models.ReviewCorrection)
+class ReviewCorrectionAdmin(ReadOnlyAdmin):
+    list_display = ("item", "reviewer", "verdict", "corrects", "record", "created_at")
+
+
 @admin.register(models.AnnotationLabel)
 class AnnotationLabelAdmin(admin.ModelAdmin[models.AnnotationLabel]):
     list_display = ("slug", "name", "experiment")

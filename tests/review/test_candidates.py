@@ -695,7 +695,9 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, 
     for url in urls:
         with django_assert_max_num_queries(bound):
             client.get(url)
-    assert bound <= 20
+    # 22 on a flagged candidate (20 was the bound before review corrections): a page read asks for pending
+    # decisions that are due (one query), and the Review section reads the decision and its corrections.
+    assert bound <= 22
 
 
 def test_the_gate_the_ledger_the_page_and_the_api_give_one_ds(example_world, client_as) -> None:
