@@ -34,21 +34,15 @@ from evolution.models import (
 )
 from evolution.services.records import records_verify
 from evolution.services.review import ReviewConflict, ReviewError
-from tests.evolution.test_loop import start
+from tests.evolution.test_review_decisions import held_at_first_flag
 from tests.loop_driver import drive
 
 pytestmark = pytest.mark.django_db
 
 
-def first_flagged(run: Run) -> bool:
-    return ReviewItem.objects.filter(candidate__run=run).exists()
-
-
 @pytest.fixture
 def held() -> tuple[Run, ReviewItem]:
-    run = drive(start("rrsi"), until=first_flagged)
-    assert run.status == Run.Status.RUNNING
-    return run, ReviewItem.objects.get(candidate__run=run)
+    return held_at_first_flag()
 
 
 def reviewer(name: str) -> User:

@@ -38,11 +38,16 @@ def first_flagged(run: Run) -> bool:
     return ReviewItem.objects.filter(candidate__run=run).exists()
 
 
-@pytest.fixture
-def held() -> tuple[Run, ReviewItem]:
+def held_at_first_flag() -> tuple[Run, ReviewItem]:
+    """An rrsi run driven until its first flagged candidate waits in the review queue (the run still runs)."""
     run = drive(start("rrsi"), until=first_flagged)
     assert run.status == Run.Status.RUNNING
     return run, ReviewItem.objects.get(candidate__run=run)
+
+
+@pytest.fixture
+def held() -> tuple[Run, ReviewItem]:
+    return held_at_first_flag()
 
 
 @pytest.fixture
