@@ -1,44 +1,58 @@
-"""Compare recipes across proposer seeds: the published effect (docs/concepts.md) told with several seeds.
+"""Compare recipes across proposer seeds and split draws: the published effect (docs/concepts.md) told with
+several seeds, measured so that a reviewer can rerun it.
 
 ``recipes_compare`` runs every recipe from the same start (a twin of the experiment per run: same benchmark,
-evaluator, surface, seed harness and splits, so no run borrows another's parents) once per proposer seed,
-drives each run to its end in this process (the services the workers call, as ``parity`` and
-``load_example`` do; no worker or broker needed), then evaluates every final harness on the transfer splits
-(sealed, held-out) with several trial seeds. Each row gives the final harness's train, gate and transfer
-scores, its cost and the leaky edits the run accepted; each recipe gets the mean over seeds with a 95%
-t-interval. Nothing here is tuned: the table reports what the runs measured.
+evaluator, surface and seed harness, so no run borrows another's parents) once per proposer seed and split draw
+(draw 0 keeps the experiment's splits, draw d cuts its ratios with split seed + d). The runs go through the
+trial workers like any other run (``run_create`` sends their first step; a worker drives them), and so do the
+transfer evaluations: this process starts them and waits for the records. ``inline`` drives everything in this
+process instead (no worker needed), and a worker that runs meanwhile takes some trials, which changes nothing:
+both ways wait for each evaluation's certification, never read one still running.
 
-A leaky edit is one the leakage critic's rules flag in the candidate's diff against its parent (the rules
-rrsi runs before evaluation), applied after the fact to every recipe's accepted candidates alike.
+Each accepted candidate (and the start) is evaluated on the transfer splits (sealed, held-out) with several
+trial seeds. Each row gives the final harness's train, gate and transfer scores, its cost and the leaky edits the
+run accepted, judged two ways: by the leakage critic's rules (the ones rrsi runs before evaluation) and by a rule
+the critic does not use, sealed transfer: an accepted edit that raised its parent's evolve score while its
+sealed score did not rise. Each recipe gets the mean over its runs with a 95% t-interval, and every other
+recipe the paired difference against the first one (paired by seed and split draw). Nothing here is tuned: the
+table reports what the runs measured.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-
-from django.db import transaction
 
 from evolution import example, measurements, operators
 from evolution.critic import build_index, critique
 from evolution.loop import lifecycle, load, measure
 from evolution.loop.certify import result_certify
 from evolution.loop.inline import run_drive
-from evolution.models import Candidate, Evaluation, Experiment, Run, SplitName
+from evolution.models import RUN_UNFINISHED, Candidate, Evaluation, Experiment, Run, SplitName, Trial
 from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict
 from evolution.services import evaluation as evaluation_services
 from evolution.services import proposals
 from evolution.services.experiments import experiment_twin
 from evolution.services.snapshots import tree_diff
 
-__all__ = ["COLUMNS", "Comparison", "CompareError", "RunOutcome", "comparison_table", "recipes_compare"]
+__all__ = [
+    "COLUMNS",
+    "Comparison",
+    "CompareError",
+    "RunOutcome",
+    "comparison_table",
+    "recipes_compare",
+    "t_interval",
+]
 
-COLUMNS = ("train", "gate", "sealed", "held_out", "cost", "leaky_accepted")
+COLUMNS = ("train", "gate", "sealed", "held_out", "cost", "leaky_accepted", "leaky_by_transfer")
 TRANSFER_SEED_BASE = 100_000  # trial seeds of the transfer evaluations: apart from every run's own
+POLL_SECONDS = 1.0
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -52,8 +66,29 @@ class CompareError(ValueError):
 
 
 @dataclass(frozen=True)
+class EditTransfer:
+    """One accepted edit judged by sealed transfer: its parent's and its own evolve and sealed S."""
+
+    candidate: int
+    parent: int
+    evolve_gain: float | None  # S on the evolve splits, the candidate's minus its parent's
+    sealed_gain: float | None  # mean sealed S over the transfer seeds, the candidate's minus its parent's
+    critic_flagged: bool
+
+    @property
+    def leaky(self) -> bool:
+        """Raised the evolve score while sealed did not rise: a gain that does not transfer."""
+        return (
+            self.evolve_gain is not None
+            and self.sealed_gain is not None
+            and self.evolve_gain > 0
+            and self.sealed_gain <= 0
+        )
+
+
+@dataclass(frozen=True)
 class RunOutcome:
-    """One run of one recipe with one proposer seed, measured at its end."""
+    """One run of one recipe with one proposer seed on one split draw, measured at its end."""
 
     recipe: str
     seed: int
@@ -62,13 +97,27 @@ class RunOutcome:
     status: str
     final_candidate: int | None
     accepted: int  # candidates the run accepted, the seed not counted
-    leaky_accepted: int
+    leaky_accepted: int  # flagged by the critic's rules
     train: float | None
     gate: float | None
     sealed: float | None  # mean over the transfer seeds
     held_out: float | None
     cost: float | None  # policy tokens per trial on the evolve splits
     transfer_by_seed: dict[str, list[float]] = field(default_factory=dict)
+    split_draw: int = 0
+    leaky_by_transfer: int | None = None  # accepted edits whose gain did not transfer to sealed
+    edits: list[EditTransfer] = field(default_factory=list)
+    rules: dict[str, int] = field(default_factory=dict)  # how often each regularizer fired (loop.rules_fired)
+
+
+def t_interval(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean and two-sided 95% Student t interval of ``values`` (no interval with fewer than 2)."""
+    mean = statistics.fmean(values) if values else None
+    low = high = None
+    if mean is not None and len(values) >= 2:
+        half = _t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        low, high = mean - half, mean + half
+    return {"mean": mean, "low": low, "high": high, "n": float(len(values))}
 
 
 @dataclass(frozen=True)
@@ -78,41 +127,89 @@ class Comparison:
     seeds: int
     rounds: int | None
     transfer_seeds: int
-    start: dict[str, float | None]  # the seed harness, measured like a final harness
+    start: dict[str, float | None]  # the seed harness on split draw 0, measured like a final harness
     runs: list[RunOutcome]
+    seed_start: int = 0
+    split_seeds: int = 1
+    starts: dict[int, dict[str, float | None]] = field(default_factory=dict)  # by split draw
 
-    def of(self, recipe: str) -> list[RunOutcome]:
-        return [r for r in self.runs if r.recipe == recipe]
+    def of(self, recipe: str, draw: int | None = None) -> list[RunOutcome]:
+        return [r for r in self.runs if r.recipe == recipe and (draw is None or r.split_draw == draw)]
 
-    def summary(self, recipe: str) -> dict[str, dict[str, float | None]]:
-        """Per column: mean over the recipe's seeds, and the 95% t-interval (None with fewer than 2 values)."""
-        result: dict[str, dict[str, float | None]] = {}
+    def summary(self, recipe: str, draw: int | None = None) -> dict[str, dict[str, float | None]]:
+        """Per column: mean over the recipe's runs (of one split draw, or all), and the 95% t-interval."""
+        return {
+            column: t_interval([float(v) for r in self.of(recipe, draw) if (v := getattr(r, column)) is not None])
+            for column in COLUMNS
+        }
+
+    def paired(self, recipe: str) -> dict[str, dict[str, float | None]]:
+        """Per column: ``recipe`` minus the first recipe, paired by proposer seed and split draw; mean and
+        95% t-interval of the differences."""
+        reference = {(r.seed, r.split_draw): r for r in self.of(self.recipes[0])}
+        result = {}
         for column in COLUMNS:
-            values = [float(v) for r in self.of(recipe) if (v := getattr(r, column)) is not None]
-            mean = statistics.fmean(values) if values else None
-            low = high = None
-            if len(values) >= 2:
-                half = _t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-                low, high = mean - half if mean is not None else None, mean + half if mean is not None else None
-            result[column] = {"mean": mean, "low": low, "high": high, "n": float(len(values))}
+            differences = []
+            for r in self.of(recipe):
+                other = reference.get((r.seed, r.split_draw))
+                mine, theirs = getattr(r, column), getattr(other, column) if other is not None else None
+                if mine is not None and theirs is not None:
+                    differences.append(float(mine) - float(theirs))
+            result[column] = t_interval(differences)
         return result
 
+    def rules(self, recipe: str) -> dict[str, dict[str, float]]:
+        """Per rule: how often it fired in the recipe's runs, in total and in how many runs."""
+        names = sorted({name for r in self.of(recipe) for name in r.rules})
+        return {
+            name: {
+                "total": float(sum(r.rules.get(name, 0) for r in self.of(recipe))),
+                "runs": float(sum(1 for r in self.of(recipe) if r.rules.get(name, 0))),
+            }
+            for name in names
+        }
+
     def to_json(self) -> dict[str, Any]:
+        draws = range(self.split_seeds)
         return {
             "experiment": self.experiment,
             "rounds": self.rounds,
             "seeds": self.seeds,
+            "seed_start": self.seed_start,
+            "split_seeds": self.split_seeds,
             "transfer_seeds": self.transfer_seeds,
             "start": self.start,
+            "starts": {str(d): self.starts.get(d, {}) for d in draws},
+            "reference": self.recipes[0],
             "recipes": {
-                name: {"runs": [asdict(r) for r in self.of(name)], "summary": self.summary(name)}
+                name: {
+                    "runs": [_run_json(r) for r in self.of(name)],
+                    "summary": self.summary(name),
+                    "by_draw": {str(d): self.summary(name, d) for d in draws},
+                    "paired": self.paired(name) if name != self.recipes[0] else None,
+                    "rules": self.rules(name),
+                }
                 for name in self.recipes
             },
         }
 
 
+def _run_json(r: RunOutcome) -> dict[str, Any]:
+    data = asdict(r)
+    data["edits"] = [{**asdict(e), "leaky": e.leaky} for e in r.edits]
+    return data
+
+
 def _t95(df: int) -> float:
     return _T95[df - 1] if df <= len(_T95) else 1.96
+
+
+@dataclass
+class _Planned:
+    recipe: str
+    seed: int
+    draw: int
+    run: Run
 
 
 def recipes_compare(
@@ -120,39 +217,91 @@ def recipes_compare(
     experiment: Experiment,
     recipes: Sequence[str],
     seeds: int,
+    seed_start: int = 0,
+    split_seeds: int = 1,
     rounds: int | None = None,
     candidates: int | None = None,
     k: int | None = None,
     proposer: str | None = None,
     transfer_seeds: int = 3,
+    inline: bool = False,
+    timeout: float = 6 * 3600,
     on_progress: Callable[[str], None] | None = None,
 ) -> Comparison:
-    """Run each of ``recipes`` (preset names) with proposer seeds 0..``seeds``-1, each in a twin of
-    ``experiment``, and measure every final harness (see the module docstring)."""
+    """Run each of ``recipes`` (preset names) with proposer seeds ``seed_start``.. ``seed_start + seeds - 1`` on
+    ``split_seeds`` split draws, each in a twin of ``experiment``, and measure every accepted harness (see the
+    module docstring). Through the workers unless ``inline``; CompareError when a run's transfer evaluation
+    fails or nothing finishes within ``timeout`` seconds (every run and evaluation made so far stays)."""
     unknown = [name for name in recipes if name not in PRESET_NAMES]
     if unknown:
         raise CompareError(f"unknown recipe(s) {', '.join(unknown)}: expected presets ({', '.join(PRESET_NAMES)})")
-    if seeds < 1 or transfer_seeds < 1:
-        raise CompareError("--seeds and --transfer-seeds must be at least 1")
+    if not recipes:
+        raise CompareError("--recipes names no recipe")
+    if seeds < 1 or transfer_seeds < 1 or split_seeds < 1:
+        raise CompareError("--seeds, --split-seeds and --transfer-seeds must be at least 1")
+    if seed_start < 0:
+        raise CompareError("--seed-start must be 0 or more")
     if experiment.seed_candidate is None:
         raise CompareError(f"experiment {experiment.pk} has no seed harness")
     say = on_progress or (lambda text: None)
+    deadline = time.monotonic() + timeout
     proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
     specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
     for spec in specs.values():
         lifecycle.check_llm_endpoints(spec)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    planned: list[_Planned] = []
+    for draw in range(split_seeds):
+        for name, spec in specs.items():
+            for seed in range(seed_start, seed_start + seeds):
+                twin = experiment_twin(
+                    like=experiment,
+                    name=f"{experiment.name} · {name} seed {seed} draw {draw} · {stamp}",
+                    split_seed=experiment.split_seed + draw if draw else None,
+                )
+                run = lifecycle.run_create(experiment=twin, recipe=_seeded(spec, seed))
+                planned.append(_Planned(name, seed, draw, run))
+                say(f"{name} seed {seed} draw {draw}: run {run.pk} on experiment {twin.pk}")
+    if inline:
+        for item in planned:
+            item.run = run_drive(item.run, max_steps=100_000)
+    _wait(
+        lambda: not Run.objects.filter(pk__in=[p.run.pk for p in planned], status__in=RUN_UNFINISHED).exists(),
+        deadline,
+        "the runs",
+    )
+    for item in planned:
+        item.run.refresh_from_db()
+    measured = _TransferMeasure(transfer_seeds, inline=inline, deadline=deadline)
+    # The start of each split draw: the seed harness in the first run's twin of that draw.
+    firsts = {p.draw: p for p in reversed(planned)}
+    for item in planned:
+        measured.want(_accepted(item.run) + [_seed_of(item.run)], specs[item.recipe])
+    measured.measure(say)
+    starts = {draw: _start(p.run, specs[p.recipe], measured) for draw, p in sorted(firsts.items())}
     runs = []
-    for name, spec in specs.items():
-        for seed in range(seeds):
-            twin = experiment_twin(like=experiment, name=f"{experiment.name} · {name} seed {seed} · {stamp}")
-            run = lifecycle.run_create(experiment=twin, recipe=_seeded(spec, seed))
-            say(f"{name} seed {seed}: run {run.pk} on experiment {twin.pk}")
-            run = run_drive(run, max_steps=100_000)
-            runs.append(_outcome(name, seed, run, transfer_seeds, spec))
-            say(_row_text(runs[-1]))
-    start = _start(experiment, specs, transfer_seeds)
-    return Comparison(experiment.pk, list(recipes), seeds, rounds, transfer_seeds, start, runs)
+    for item in planned:
+        runs.append(_outcome(item, specs[item.recipe], measured))
+        say(_row_text(runs[-1]))
+    return Comparison(
+        experiment=experiment.pk,
+        recipes=list(recipes),
+        seeds=seeds,
+        rounds=rounds,
+        transfer_seeds=transfer_seeds,
+        start=starts[0],
+        runs=runs,
+        seed_start=seed_start,
+        split_seeds=split_seeds,
+        starts=starts,
+    )
+
+
+def _wait(done: Callable[[], bool], deadline: float, what: str) -> None:
+    while not done():
+        if time.monotonic() > deadline:
+            raise CompareError(f"timed out waiting for {what} (is a worker running? --inline runs them here)")
+        time.sleep(POLL_SECONDS)
 
 
 def _recipe(name: str, *, rounds: int | None, candidates: int | None, k: int | None, proposer: str | None) -> Recipe:
@@ -181,53 +330,137 @@ def _transfer_splits(experiment: Experiment) -> list[str]:
     return [s for s in (SplitName.SEALED, SplitName.HELDOUT) if s in experiment.split_digests]
 
 
-def _transfer(candidate: Candidate, *, k: int, seeds: int, run: Run | None, metric: str) -> dict[str, list[float]]:
-    """S per transfer split, one value per trial seed: each a certified evaluation of its own."""
-    splits = _transfer_splits(candidate.experiment)
-    by_split: dict[str, list[float]] = {s: [] for s in splits}
-    if not splits:
-        return by_split
-    for index in range(seeds):
-        evaluation = evaluation_services.evaluation_start(
-            candidate=candidate,
-            splits=splits,
-            k=k,
-            purpose=Evaluation.Purpose.TRANSFER,
-            seed=TRANSFER_SEED_BASE + index,
-            run=run,
-        )
-        for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-            evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
-        result_certify(evaluation_id=evaluation.pk)
-        evaluation.refresh_from_db()
-        if evaluation.state != Evaluation.State.CERTIFIED:
-            raise CompareError(f"the transfer evaluation {evaluation.pk} of #{candidate.pk} failed: {evaluation.error}")
-        for split, rows in load.evaluation_split_rows(evaluation).items():
-            value = measure.score(measure.totals(rows), metric)
-            if value is not None:
-                by_split[split].append(value)
-    return by_split
+def _seed_of(run: Run) -> Candidate:
+    assert run.start_candidate_id is not None  # run_create always sets it
+    return Candidate.objects.select_related("tree", "experiment").get(pk=run.start_candidate_id)
 
 
-def _outcome(name: str, seed: int, run: Run, transfer_seeds: int, recipe: Recipe) -> RunOutcome:
-    final = run.current_candidate
-    metric = recipe.evaluation.score_metric
-    accepted = list(
+def _accepted(run: Run) -> list[Candidate]:
+    return list(
         Candidate.objects.filter(run=run, state=Candidate.State.ACCEPTED)
         .exclude(origin=Candidate.Origin.SEED)
-        .select_related("parent__tree", "tree")
+        .select_related("parent__tree", "tree", "experiment")
+        .order_by("pk")
     )
-    leaky = _leaky(run, accepted)
+
+
+class _TransferMeasure:
+    """The transfer evaluations of many candidates, started together and awaited together: S per transfer
+    split, one value per trial seed, each from a certified evaluation of its own."""
+
+    def __init__(self, seeds: int, *, inline: bool, deadline: float) -> None:
+        self.seeds, self.inline, self.deadline = seeds, inline, deadline
+        self.wanted: dict[int, tuple[Candidate, Recipe]] = {}
+        self.evaluations: dict[int, list[Evaluation]] = {}
+        self.scores: dict[int, dict[str, list[float]]] = {}
+
+    def want(self, candidates: Iterable[Candidate], recipe: Recipe) -> None:
+        for candidate in candidates:
+            self.wanted.setdefault(candidate.pk, (candidate, recipe))
+
+    def measure(self, say: Callable[[str], None]) -> None:
+        for candidate, recipe in self.wanted.values():
+            splits = _transfer_splits(candidate.experiment)
+            self.evaluations[candidate.pk] = [
+                evaluation_services.evaluation_start(
+                    candidate=candidate,
+                    splits=splits,
+                    k=recipe.evaluation.trials_per_task,
+                    purpose=Evaluation.Purpose.TRANSFER,
+                    seed=TRANSFER_SEED_BASE + index,
+                    run=candidate.run,
+                )
+                for index in range(self.seeds)
+                if splits
+            ]
+        ids = [e.pk for evaluations in self.evaluations.values() for e in evaluations]
+        say(f"transfer: {len(ids)} evaluations of {len(self.wanted)} harnesses")
+        if self.inline:
+            pending = Trial.objects.filter(evaluation_id__in=ids, state=Trial.State.PENDING).order_by("pk")
+            for trial_id in pending.values_list("pk", flat=True):
+                evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
+            complete = Evaluation.objects.filter(pk__in=ids, state=Evaluation.State.COMPLETE)
+            for evaluation_id in complete.values_list("pk", flat=True):
+                result_certify(evaluation_id=evaluation_id)
+        # A worker may hold some of these trials (or certify them): wait for every record either way.
+        ended = (Evaluation.State.CERTIFIED, Evaluation.State.FAILED)
+        _wait(
+            lambda: not Evaluation.objects.filter(pk__in=ids).exclude(state__in=ended).exists(),
+            self.deadline,
+            f"{len(ids)} transfer evaluations",
+        )
+        for pk, evaluations in self.evaluations.items():
+            candidate, recipe = self.wanted[pk]
+            by_split: dict[str, list[float]] = {s: [] for s in _transfer_splits(candidate.experiment)}
+            for evaluation in evaluations:
+                evaluation.refresh_from_db()
+                if evaluation.state != Evaluation.State.CERTIFIED:
+                    raise CompareError(
+                        f"the transfer evaluation {evaluation.pk} of #{candidate.pk} failed: {_failure(evaluation)}"
+                    )
+                for split, rows in load.evaluation_split_rows(evaluation).items():
+                    value = measure.score(measure.totals(rows), recipe.evaluation.score_metric)
+                    if value is not None:
+                        by_split[split].append(value)
+            self.scores[pk] = by_split
+
+    def of(self, candidate_id: int) -> dict[str, list[float]]:
+        return self.scores.get(candidate_id, {})
+
+    def sealed(self, candidate_id: int) -> float | None:
+        return _mean(self.of(candidate_id).get(SplitName.SEALED))
+
+
+def _failure(evaluation: Evaluation) -> str:
+    """Why an evaluation failed, never empty: its error, else its trials' errors, else its state."""
+    if evaluation.error:
+        return evaluation.error
+    errors = list(
+        Trial.objects.filter(evaluation=evaluation)
+        .exclude(error="")
+        .values_list("error_kind", "error")
+        .order_by("pk")[:3]
+    )
+    if errors:
+        return "; ".join(f"{kind or 'error'}: {text[:200]}" for kind, text in errors)
+    return f"it ended {evaluation.state} with {evaluation.trials_finished} of {evaluation.trials_total} trials"
+
+
+def _outcome(item: _Planned, recipe: Recipe, measured: _TransferMeasure) -> RunOutcome:
+    run = item.run
+    final = run.current_candidate
+    metric = recipe.evaluation.score_metric
+    accepted = _accepted(run)
+    edits = _edits(run, accepted, recipe, measured)
+    leaky = sum(1 for e in edits if e.critic_flagged)
+    by_transfer = sum(1 for e in edits if e.leaky)
+    rules = rules_fired(run)
     if final is None or run.status != Run.Status.FINISHED:
         return RunOutcome(
-            name, seed, run.pk, run.experiment_id, run.status, None, len(accepted), leaky, None, None, None, None, None
+            item.recipe,
+            item.seed,
+            run.pk,
+            run.experiment_id,
+            run.status,
+            None,
+            len(accepted),
+            leaky,
+            None,
+            None,
+            None,
+            None,
+            None,
+            split_draw=item.draw,
+            leaky_by_transfer=by_transfer,
+            edits=edits,
+            rules=rules,
         )
     scores = measurements.split_scores(candidate_id=final.pk, metric=metric)
-    transfer = _transfer(final, k=recipe.evaluation.trials_per_task, seeds=transfer_seeds, run=run, metric=metric)
+    transfer = measured.of(final.pk)
     stats = load.candidate_stats(final, list(recipe.evaluation.evolve_splits), metric)
     return RunOutcome(
-        recipe=name,
-        seed=seed,
+        recipe=item.recipe,
+        seed=item.seed,
         run=run.pk,
         experiment=run.experiment_id,
         status=run.status,
@@ -240,49 +473,69 @@ def _outcome(name: str, seed: int, run: Run, transfer_seeds: int, recipe: Recipe
         held_out=_mean(transfer.get(SplitName.HELDOUT)),
         cost=stats.cost if stats is not None and stats.cost else None,
         transfer_by_seed=transfer,
+        split_draw=item.draw,
+        leaky_by_transfer=by_transfer,
+        edits=edits,
+        rules=rules,
     )
 
 
-def _start(experiment: Experiment, specs: dict[str, Recipe], transfer_seeds: int) -> dict[str, float | None]:
-    """The seed harness measured like a final harness, in a twin of its own (evolve splits once)."""
-    recipe = next(iter(specs.values()))
-    twin = experiment_twin(like=experiment, name=f"{experiment.name} · compare start · {datetime.now(UTC):%H%M%S%f}")
-    seed = twin.seed_candidate
-    assert seed is not None
-    k, metric = recipe.evaluation.trials_per_task, recipe.evaluation.score_metric
-    with transaction.atomic():
-        evaluation = evaluation_services.evaluation_start(
-            candidate=seed, splits=list(recipe.evaluation.evolve_splits), k=k, purpose=Evaluation.Purpose.BASELINE
-        )
-    for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
-        evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
-    result_certify(evaluation_id=evaluation.pk)
-    seed.refresh_from_db()
-    rows_by_split = load.evaluation_split_rows(evaluation)
-    scores = {split: measure.score(measure.totals(rows), metric) for split, rows in rows_by_split.items()}
-    transfer = _transfer(seed, k=k, seeds=transfer_seeds, run=None, metric=metric)
-    totals = measure.totals(row for rows in rows_by_split.values() for row in rows)
+def _start(run: Run, recipe: Recipe, measured: _TransferMeasure) -> dict[str, float | None]:
+    """The seed harness of a split draw measured like a final harness: its run's certified baseline on the
+    evolve splits, and the transfer evaluations."""
+    seed = _seed_of(run)
+    metric = recipe.evaluation.score_metric
+    scores = measurements.split_scores(candidate_id=seed.pk, metric=metric)
+    stats = load.candidate_stats(seed, list(recipe.evaluation.evolve_splits), metric)
+    transfer = measured.of(seed.pk)
     return {
         "train": scores.get(SplitName.TRAIN),
         "gate": scores.get(SplitName.GATE),
         "sealed": _mean(transfer.get(SplitName.SEALED)),
         "held_out": _mean(transfer.get(SplitName.HELDOUT)),
-        "cost": measure.cost(totals),
+        "cost": stats.cost if stats is not None and stats.cost else None,
         "leaky_accepted": 0.0,
+        "leaky_by_transfer": 0.0,
     }
 
 
-def _leaky(run: Run, accepted: Sequence[Candidate]) -> int:
-    """Accepted candidates whose diff against their parent the leakage critic's rules flag."""
+def _edits(run: Run, accepted: Sequence[Candidate], recipe: Recipe, measured: _TransferMeasure) -> list[EditTransfer]:
+    """Each accepted edit against its parent: the evolve gain from the certified records, the sealed gain
+    from the transfer evaluations, and whether the leakage critic's rules flag its diff."""
     if not accepted:
-        return 0
+        return []
     index = build_index(proposals.evolve_tasks_for_critic(run=run))
-    flagged = [
-        c
-        for c in accepted
-        if c.parent is not None and critique(tree_diff(old=c.parent.tree, new=c.tree, binary_as_text=True), index)
-    ]
-    return len(flagged)
+    metric = recipe.evaluation.score_metric
+    evolve = list(recipe.evaluation.evolve_splits)
+
+    def evolve_score(candidate: Candidate) -> float | None:
+        stats = load.candidate_stats(candidate, evolve, metric)
+        return stats.score if stats is not None else None
+
+    edits = []
+    for c in accepted:
+        if c.parent is None or c.parent_id is None:
+            continue
+        mine, theirs = evolve_score(c), evolve_score(c.parent)
+        sealed_mine, sealed_theirs = measured.sealed(c.pk), measured.sealed(c.parent_id)
+        edits.append(
+            EditTransfer(
+                candidate=c.pk,
+                parent=c.parent_id,
+                evolve_gain=mine - theirs if mine is not None and theirs is not None else None,
+                sealed_gain=sealed_mine - sealed_theirs
+                if sealed_mine is not None and sealed_theirs is not None
+                else None,
+                critic_flagged=bool(critique(tree_diff(old=c.parent.tree, new=c.tree, binary_as_text=True), index)),
+            )
+        )
+    return edits
+
+
+def rules_fired(run: Run) -> dict[str, int]:
+    """How often each regularizer fired in ``run``, counted from its stored records (placeholder: filled by
+    the records reader)."""
+    return {}
 
 
 def _mean(values: Sequence[float] | None) -> float | None:

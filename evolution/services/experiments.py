@@ -333,10 +333,12 @@ def experiment_create(
     return experiment
 
 
-def experiment_twin(*, like: Experiment, name: str) -> Experiment:
+def experiment_twin(*, like: Experiment, name: str, split_seed: int | None = None) -> Experiment:
     """A fresh experiment with ``like``'s benchmark, evaluator, surface, seed
     harness, splits and settings, so its certified records compare with
-    ``like``'s (crash tests and the trust suite set one against the other)."""
+    ``like``'s (crash tests and the trust suite set one against the other).
+    With ``split_seed`` the splits are drawn anew: ``like``'s ratios cut with
+    that seed (another draw of the same benchmark, held-out benchmarks kept)."""
     if like.seed_candidate is None:
         raise ExperimentError(f"experiment {like.pk} has no seed harness to copy")
     lists: dict[str, list[str]] = {}
@@ -348,9 +350,10 @@ def experiment_twin(*, like: Experiment, name: str) -> Experiment:
         evaluator=like.evaluator,
         surface=like.surface,
         seed_tree=like.seed_candidate.tree,
-        split_seed=like.split_seed,
+        split_seed=like.split_seed if split_seed is None else split_seed,
         split_ratios=like.split_ratios,
-        split_lists=lists,
+        split_lists=lists if split_seed is None else None,
+        heldout=list(like.heldout_benchmarks.all()) if split_seed is not None else (),
         trials_per_task=like.trials_per_task,
         run_settings=like.run_settings,
     )

@@ -30,11 +30,12 @@ def test_compare_recipes_prints_each_run_and_the_start_as_json() -> None:
         proposer="example",
         transfer_seeds=2,
         json=True,
+        inline=True,
         stdout=out,
     )
     data = json.loads(out.getvalue())
     assert (data["seeds"], data["rounds"], data["transfer_seeds"]) == (2, 1, 2)
-    assert set(data["start"]) == {"train", "gate", "sealed", "held_out", "cost", "leaky_accepted"}
+    assert set(data["start"]) == {"train", "gate", "sealed", "held_out", "cost", "leaky_accepted", "leaky_by_transfer"}
     for name in ("unregularized",):
         runs = data["recipes"][name]["runs"]
         assert [r["seed"] for r in runs] == [0, 1]
@@ -50,7 +51,10 @@ def test_compare_recipes_prints_each_run_and_the_start_as_json() -> None:
         assert summary["mean"] == pytest.approx(sum(values) / 2)
         assert summary["low"] <= summary["mean"] <= summary["high"]
     assert not Run.objects.filter(experiment=experiment).exists()
-    assert Experiment.objects.count() == 1 + 2 + 1  # the start, two run twins and the start's measurement
+    assert Experiment.objects.count() == 1 + 2  # the start and two run twins (the start measured in the first)
+    for r in runs:  # every accepted edit judged by sealed transfer, against its parent's sealed score
+        assert len(r["edits"]) == r["accepted"]
+        assert r["leaky_by_transfer"] == sum(e["leaky"] for e in r["edits"])
 
 
 def test_compare_recipes_refuses_an_unknown_recipe_or_experiment() -> None:

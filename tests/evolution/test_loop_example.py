@@ -38,6 +38,7 @@ def test_regularization_keeps_transfer_across_five_proposer_seeds() -> None:
         k=1,
         proposer="example",
         transfer_seeds=1,
+        inline=True,
     )
     print("", *comparison_table(comparison), sep="\n")
     rrsi, unregularized = comparison.summary("rrsi"), comparison.summary("unregularized")
