@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from evolution.models import AtomicEdit, CertifiedResult, GateDecision, LeakageFlag, LedgerEntry
-    from review.views.candidates import Check, NumberRow
+    from evolution.models import LeakageFlag
 
     class ShownFlag(LeakageFlag):
         anchor: str
@@ -27,19 +26,3 @@ if TYPE_CHECKING:
         evidence_extra: list[tuple[str, str]]
         task_label: str
         instruction_excerpt: str
-
-    class ShownEdit(AtomicEdit):
-        structural: bool
-        flag_count: int
-        path_links: list[tuple[str, str]]
-        ledger: LedgerEntry | None
-
-    class ShownDecision(GateDecision):
-        words: str
-        check_number: int | None
-        number_rows: list[NumberRow]
-        summary: str
-
-    class ShownRecord(CertifiedResult):
-        checks: list[Check]
-        verified: bool

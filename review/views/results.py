@@ -12,7 +12,6 @@ candidates, trials or steps there are.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from evolution.trajectory_formats import STEP_FIELDS
 from review import selectors as review_selectors
 from review import trajectories as tj
 from review.matrix import CHANGES, Cell, Column, Row, cells_html
+from review.pages import external_source_text
 
 CANDIDATES_PER_PAGE = 30
 TASKS_PER_PAGE = 200
@@ -51,7 +51,6 @@ STEPS_PER_PAGE = 100
 SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
 STEP_COLUMNS = ("pk", *STEP_FIELDS, "extra")
 ERROR_STEPS_LISTED = 50
-SOURCE_SHOWN_CHARS = 300
 
 
 class InputError(Exception):
@@ -455,15 +454,6 @@ def _parent_trial(trial: Trial) -> Mapping[str, Any] | None:
         .values("pk", "outcome", "score", "state")
         .first()
     )
-
-
-def external_source_text(source: Any, *, limit: int = SOURCE_SHOWN_CHARS) -> str:
-    """An external evaluation's ``source`` as one line of JSON, cut at
-    ``limit`` characters. Plain text: the templates escape it."""
-    if not source:
-        return "none given"
-    text = json.dumps(source, sort_keys=True, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _external_notice(evaluation: Evaluation) -> str:

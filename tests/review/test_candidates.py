@@ -29,7 +29,7 @@ from evolution.services.snapshots import tree_entries, tree_store
 from evolution.trees import FileEntry
 from review import diffs
 from review.models import ViewedFile
-from review.views.candidates import RULE_WORDS, delta_text, gate_summary
+from review.pages.candidate import RULE_WORDS, delta_text, gate_summary
 from tests.factories import seed_of
 from tests.review.world import grow
 

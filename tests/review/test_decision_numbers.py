@@ -23,7 +23,7 @@ from rest_framework.test import APIClient
 
 from evolution.loop import lifecycle, load, measure
 from evolution.models import Candidate, Evaluation, Experiment, GateDecision, Run, Trial
-from review.views.candidates import interval_text
+from review.pages.candidate import interval_text
 from tests.evolution.test_loop import tiny_recipe
 from tests.factories import TINY_AGENT, make_tiny_experiment, run_evaluation_inline, seed_of
 from tests.loop_driver import drive

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from evolution.loop import load
-from review.views.candidates import interval_text
+from review.pages.candidate import interval_text
 from tests.review.test_browser import Journey, browser  # noqa: F401 (the fixture)
 from tests.review.test_decision_numbers import decided_then_remeasured
 
