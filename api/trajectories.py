@@ -1,7 +1,7 @@
 """Import trajectories: POST /api/v1/trials/<pk>/trajectory/ for one trial,
 POST /api/v1/trajectories/ for a batch.
 
-One: ``{"format": "auto" | "atif" | "mini-swe-agent" | "openai", "document": ...,
+One: ``{"format": "auto" | one of ``FORMATS``, "document": ...,
 "files": {name: document, ...}, "lenient": false}``: ``files`` holds the
 trajectory's other files by name (ATIF continuations named by
 ``continued_trajectory_ref``, subagent trajectories named by a step's
@@ -82,7 +82,8 @@ class TrajectoryImportInput(serializers.Serializer):
     format = serializers.ChoiceField(choices=("auto", *FORMATS), default="auto", required=False)
     document = ParsedJSONField(
         help_text="an ATIF v1.0-v1.7 trajectory, a mini-swe-agent 1.x/2.x trajectory file or message list, "
-        "an OpenAI chat message list, or a tau-bench run"
+        "a SWE-agent 0.x/1.x .traj, an OpenHands event list or evaluation instance (one line of output.jsonl), "
+        "one tau2-bench simulation, an OpenAI chat message list, or a tau-bench run"
     )
     files = serializers.DictField(
         child=ParsedJSONField(),
@@ -152,7 +153,12 @@ class TrajectoryImportView(APIView):
                 }
             ) from exc
         except TrajectoryFormatError as exc:
-            raise ValidationError({"document": exc.errors}) from exc
+            refusal: dict[str, list[str]] = {"document": exc.errors}
+            if exc.lenient_imports and not data.validated_data["lenient"]:
+                refusal["lenient"] = [
+                    '"lenient": true imports it, keeping each off-spec step\'s text and listing the deviations'
+                ]
+            raise ValidationError(refusal) from exc
         body = TrajectoryImportOutput(_summary(trajectory))
         return Response(body.data, status=status.HTTP_201_CREATED)
 

@@ -44,6 +44,13 @@ from evolution.formats.common import (
 )
 from evolution.formats.mini_swe_agent import from_mini_swe_agent, is_mini_messages
 from evolution.formats.openai import from_openai
+from evolution.formats.openhands import from_openhands
+from evolution.formats.openhands import is_event_list as is_openhands_events
+from evolution.formats.openhands import is_instance as is_openhands_instance
+from evolution.formats.swe_agent import from_swe_agent, is_swe_agent
+from evolution.formats.tau2_bench import from_simulation
+from evolution.formats.tau2_bench import is_results as is_tau2_results
+from evolution.formats.tau2_bench import is_simulation as is_tau2_simulation
 
 __all__ = [
     "AGENT_ONLY",
@@ -55,6 +62,7 @@ __all__ = [
     "STEP_FIELDS",
     "SUPPORTED",
     "TrajectoryFormatError",
+    "JsonLines",
     "TrajectoryListError",
     "detect_format",
     "from_mini_swe_agent",
@@ -64,31 +72,58 @@ __all__ = [
     "loads_text",
     "parse",
     "subagent_refs",
+    "trajectory_items",
     "validate_atif",
 ]
 
-FORMATS = ("atif", "mini-swe-agent", "openai")
+FORMATS = ("atif", "mini-swe-agent", "openai", "swe-agent", "openhands", "tau2-bench")
 SUPPORTED = (
     "ATIF v1.0 to v1.7 (JSON, or streaming JSONL), a mini-swe-agent 1.x or 2.x .traj.json or message list, "
+    "a SWE-agent 0.x or 1.x .traj, an OpenHands event list or evaluation output.jsonl, tau2-bench results, "
     "an OpenAI chat message list, a tau-bench run"
 )
+_LENIENT_HINT = (
+    'document: off-spec as ATIF, but importable with --lenient (the API\'s "lenient": true), which keeps each '
+    "off-spec step's text and records each deviation"
+)
+# Event streams no reader takes, by the types their lines have: (kinds, name).
+_EVENT_STREAMS = (
+    ({"user", "assistant", "summary", "system", "file-history-snapshot", "queue-operation"}, "a Claude Code session"),
+    ({"session_meta", "response_item", "event_msg", "turn_context"}, "a Codex CLI session"),
+    (
+        {"message", "function_call", "function_call_output", "reasoning", "web_search_call"},
+        "OpenAI Responses API items",
+    ),
+)
+
+
+class JsonLines(list[Any]):
+    """The values of a JSONL file's lines (so a refusal can say it was JSONL)."""
+
+
+def _event_stream(items: list[dict[str, Any]]) -> str | None:
+    kinds = {item.get("type") for item in items}
+    if not items or not all(isinstance(kind, str) for kind in kinds):
+        return None
+    for known, name in _EVENT_STREAMS:
+        if kinds <= known:
+            return name
+    return None
 
 
 def _looks_like(document: Any) -> str:
     """What ``document`` looks like, in a few words, for a refusal."""
     if isinstance(document, list):
-        items = [item for item in document[:20] if isinstance(item, dict)]
-        if (
-            items
-            and all("action" in item or "observation" in item for item in items if "source" in item)
-            and any("source" in item and ("action" in item or "observation" in item) for item in items)
-        ):
-            return f"an OpenHands event list ({len(document)} events)"
+        items = [item for item in document[:50] if isinstance(item, dict)]
+        jsonl = isinstance(document, JsonLines)
+        count = f"{'JSONL, ' if jsonl else ''}{len(document)} {'line' if jsonl else 'item'}{'s' * (len(document) != 1)}"
+        if (stream := _event_stream(items)) is not None:
+            return f"{stream} ({'JSONL, ' if jsonl else ''}{len(document)} events)"
         if not items:
             kinds = sorted({type_name(item) for item in document[:20]}) or ["nothing"]
-            return f"a JSON list of {len(document)} items ({', '.join(kinds)})"
+            return f"a {'JSONL file' if jsonl else 'JSON list'} of {count.split(', ')[-1]} ({', '.join(kinds)})"
         keys = sorted({key for item in items for key in item})[:6]
-        return f"a JSON list of {len(document)} objects with keys {', '.join(keys)}"
+        return f"a {'JSONL file' if jsonl else 'JSON list'} of {len(document)} objects with keys {', '.join(keys)}"
     if isinstance(document, dict):
         messages = document.get("messages")
         if (
@@ -108,20 +143,49 @@ def _unsupported(document: Any) -> TrajectoryFormatError:
 
 def _is_trajectory_item(item: Any) -> bool:
     return isinstance(item, dict) and (
-        "schema_version" in item or "steps" in item or "traj" in item or "messages" in item
+        "schema_version" in item
+        or "steps" in item
+        or "traj" in item
+        or "messages" in item
+        or is_openhands_instance(item)
+        or is_swe_agent(item)
     )
 
 
+def _list_kind(items: list[Any]) -> str:
+    first = items[0]
+    if "traj" in first:
+        return "tau-bench runs"
+    if is_openhands_instance(first):
+        return "OpenHands instances"
+    if is_tau2_simulation(first):
+        return "tau2-bench simulations"
+    if is_swe_agent(first):
+        return "SWE-agent trajectories"
+    return "ATIF trajectories" if "schema_version" in first or "steps" in first else "trajectories"
+
+
+def trajectory_items(document: Any) -> list[Any] | None:
+    """The trajectories of a file that holds several (a list of them, an
+    OpenHands output.jsonl, tau2-bench results), one per trial, in order;
+    None for a file of one trajectory or none."""
+    if is_tau2_results(document):
+        return list(document["simulations"])
+    if isinstance(document, list) and document and all(_is_trajectory_item(item) for item in document):
+        return list(document)
+    return None
+
+
 def detect_format(document: Any) -> str:
-    """Which of FORMATS ``document`` is; TrajectoryListError for a list of
-    trajectories, TrajectoryFormatError naming what it looks like when none."""
+    """Which of FORMATS ``document`` is; TrajectoryListError for a file of
+    several trajectories, TrajectoryFormatError naming what it looks like
+    when none."""
+    items = trajectory_items(document)
+    if items is not None:
+        raise TrajectoryListError(len(items), _list_kind(items))
     if isinstance(document, list):
-        if document and all(_is_trajectory_item(item) for item in document):
-            first = document[0]
-            kind = "ATIF trajectories" if "schema_version" in first or "steps" in first else "trajectories"
-            if "traj" in first:
-                kind = "tau-bench runs"
-            raise TrajectoryListError(len(document), kind)
+        if is_openhands_events(document):
+            return "openhands"
         if not document or any(isinstance(item, dict) and "role" in item for item in document[:20]):
             return "mini-swe-agent" if is_mini_messages(document) else "openai"
         raise _unsupported(document)
@@ -130,6 +194,12 @@ def detect_format(document: Any) -> str:
             return "atif"
         if isinstance(document.get("traj"), list):
             return "openai"
+        if is_swe_agent(document):
+            return "swe-agent"
+        if is_openhands_instance(document):
+            return "openhands"
+        if is_tau2_simulation(document):
+            return "tau2-bench"
         if "messages" in document and _looks_like(document) != "a gemini-cli session":
             marker = str(document.get("trajectory_format") or "")
             if marker.startswith("mini-swe-agent") or "info" in document:
@@ -138,25 +208,42 @@ def detect_format(document: Any) -> str:
     raise _unsupported(document)
 
 
+_CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "mini-swe-agent": from_mini_swe_agent,
+    "openai": from_openai,
+    "swe-agent": from_swe_agent,
+    "openhands": from_openhands,
+    "tau2-bench": from_simulation,
+}
+
+
 def parse(document: Any, fmt: str = "auto", *, lenient: bool = False) -> tuple[str, dict[str, Any]]:
     """(format, normalized ATIF document) of ``document``, validated.
 
     With ``lenient``, off-spec steps keep their text and each problem is
     listed in ``extra["deviations"]``; what leaves no trajectory at all (no
-    steps, an unsupported shape) is still an error."""
+    steps, an unsupported shape) is still an error. A strict refusal of a
+    document the lenient import takes has ``lenient_imports`` set."""
     if fmt == "auto":
         fmt = detect_format(document)
-    deviations: list[str] = []
-    if fmt == "atif":
-        normalized = validate_atif(document, deviations=deviations if lenient else None)
-    elif fmt == "mini-swe-agent":
-        converted = from_mini_swe_agent(document, deviations=deviations if lenient else None)
-        normalized = validate_atif(converted, deviations=deviations if lenient else None)
-    elif fmt == "openai":
-        converted = from_openai(document, deviations=deviations if lenient else None)
-        normalized = validate_atif(converted, deviations=deviations if lenient else None)
-    else:
+    if fmt != "atif" and fmt not in _CONVERTERS:
         raise TrajectoryFormatError([f"format: must be one of auto, {', '.join(FORMATS)}; got {fmt!r}"])
+    deviations: list[str] = []
+    try:
+        if fmt == "atif":
+            normalized = validate_atif(document, deviations=deviations if lenient else None)
+        else:
+            converted = _CONVERTERS[fmt](document, deviations=deviations if lenient else None)
+            normalized = validate_atif(converted, deviations=deviations if lenient else None)
+    except TrajectoryFormatError as exc:
+        if lenient or isinstance(exc, TrajectoryListError):
+            raise
+        try:
+            parse(document, fmt, lenient=True)
+        except TrajectoryFormatError:
+            raise exc from None
+        exc.lenient_imports = True
+        raise
     if deviations:
         normalized["extra"] = {**normalized.get("extra", {}), "deviations": deviations}
     return fmt, normalized
@@ -167,9 +254,10 @@ def loads_text(
 ) -> Any:
     """The JSON value of a trajectory file's ``text``: one JSON document, or
     streaming ATIF JSONL (a first line without ``steps``, then one step per
-    line) joined into one document. A JSONL file whose every line is a
-    whole trajectory is a list of them. ``json.JSONDecodeError`` for text
-    that is neither, with the line of the fault. ``loads`` parses each
+    line) joined into one document. Any other JSONL is the list of its
+    lines' values (a ``JsonLines``): trajectories, instances or events,
+    for ``detect_format`` to tell. ``json.JSONDecodeError`` for text that
+    is neither JSON nor JSONL, with the line of the fault. ``loads`` parses each
     piece; ``count_lines`` is given the number of JSONL lines before they are
     parsed (to refuse too many)."""
     try:
@@ -192,6 +280,4 @@ def loads_text(
     head = values[0]
     if isinstance(head, dict) and "schema_version" in head and "steps" not in head:
         return {**head, "steps": values[1:]}
-    if all(_is_trajectory_item(value) for value in values):
-        return values
-    raise first_error
+    return JsonLines(values)

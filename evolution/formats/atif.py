@@ -5,8 +5,9 @@ timestamps, each observation's ``source_call_id`` naming a tool call of the
 same step), continuations joined, subagent trajectories named. Unknown
 fields are kept (step-level ones end up in the stored step's ``extra``,
 top-level ones in the trajectory's ``extra["document_fields"]``). ATIF v1.0
-to v1.7 are read (v1.7's ``trajectory_id`` may stand for ``session_id``; its
-embedded ``subagent_trajectories`` are validated too)."""
+to v1.7 are read (``session_id`` is optional from v1.7, and
+``trajectory_id`` may stand for it; v1.7's embedded
+``subagent_trajectories`` are validated too)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from evolution.formats.common import (
     type_name,
 )
 
-_VERSION_RE = re.compile(r"^ATIF-v1\.\d+$")
+_VERSION_RE = re.compile(r"^ATIF-v1\.(\d+)$")
 _STEP_INT_METRICS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 _FINAL_INT_METRICS = ("total_prompt_tokens", "total_completion_tokens", "total_cached_tokens", "total_steps")
 
@@ -168,8 +169,13 @@ def validate_atif(document: Any, *, deviations: list[str] | None = None, where: 
         document["schema_version"]
     ):
         check.fail("schema_version", f"must be ATIF-v1.x, got {document['schema_version']!r}")
-    # ATIF v1.7 lets trajectory_id stand for session_id.
-    if document.get("trajectory_id") is None or document.get("session_id") is not None:
+    # ATIF v1.7 made session_id optional (trajectory_id may name the
+    # trajectory instead); before it, trajectory_id may stand for it.
+    optional_session = _minor_version(document.get("schema_version")) >= 7
+    if optional_session:
+        check.expect(document, "session_id", "", "str")
+        check.expect(document, "trajectory_id", "", "str")
+    elif document.get("trajectory_id") is None or document.get("session_id") is not None:
         check.expect(document, "session_id", "", "str", required=True)
     else:
         check.expect(document, "trajectory_id", "", "str", required=True)
@@ -221,6 +227,12 @@ def validate_atif(document: Any, *, deviations: list[str] | None = None, where: 
         normalized["extra"] = {**normalized.get("extra", {}), "subagent_trajectories": subagents}
     normalized["steps"] = [dict(step) for step in steps]
     return normalized
+
+
+def _minor_version(version: Any) -> int:
+    """The x of an ``ATIF-v1.x`` version, -1 for anything else."""
+    match = _VERSION_RE.match(version) if isinstance(version, str) else None
+    return int(match.group(1)) if match else -1
 
 
 def _salvaged(step: Any, index: int) -> dict[str, Any]:

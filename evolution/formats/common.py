@@ -30,10 +30,13 @@ MAX_ERRORS = 50
 
 
 class TrajectoryFormatError(ValueError):
-    """The document is not a valid trajectory; ``errors`` name each field at fault."""
+    """The document is not a valid trajectory; ``errors`` name each field at
+    fault; ``lenient_imports`` says the lenient import would take it."""
 
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
+        # Set by ``parse`` when the lenient import would take the document.
+        self.lenient_imports = False
         shown = errors[:MAX_ERRORS]
         more = f" (and {len(errors) - MAX_ERRORS} more)" if len(errors) > MAX_ERRORS else ""
         super().__init__("; ".join(shown) + more)

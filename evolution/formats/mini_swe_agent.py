@@ -20,18 +20,34 @@ from evolution.formats.openai import messages_to_steps
 BASH_BLOCK_RE = re.compile(r"```(?:mswea_bash_command|bash|sh|shell)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
+# What mini-swe-agent 1.x's prompts and observations hold: its closing
+# command (MINI_SWE_AGENT_FINAL_OUTPUT before 2.0, COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+# since) and each observation's <returncode>.
+_MINI_1_MARKERS = ("MINI_SWE_AGENT_FINAL_OUTPUT", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+
+
 def is_mini_messages(messages: list[Any]) -> bool:
-    """Whether a plain message list was written by mini-swe-agent (its exit
-    message, its actions, or its text-mode fence)."""
+    """Whether a plain message list was written by mini-swe-agent: its exit
+    message, its actions, its 2.x text-mode fence, or (1.x) a fenced bash
+    action answered by a ``<returncode>`` observation or its closing
+    command named in the prompt."""
+    fenced = marked = False
     for message in messages:
         if not isinstance(message, dict):
             continue
         if message.get("role") == "exit" or isinstance((message.get("extra") or {}).get("actions"), list):
             return True
         content = message.get("content")
-        if message.get("role") == "assistant" and isinstance(content, str) and "```mswea_bash_command" in content:
-            return True
-    return False
+        if not isinstance(content, str):
+            continue
+        if message.get("role") == "assistant":
+            if "```mswea_bash_command" in content:
+                return True
+            fenced = fenced or len(BASH_BLOCK_RE.findall(content)) == 1
+        elif message.get("role") == "user" and content.lstrip().startswith("<returncode>"):
+            marked = True
+        marked = marked or (message.get("role") == "system" and any(m in content for m in _MINI_1_MARKERS))
+    return fenced and marked
 
 
 def text_action(message: dict[str, Any], text: str) -> str | None:

@@ -109,7 +109,8 @@ def test_invalid_document_is_400_naming_the_field_and_keeps_the_previous(trials:
     assert response.json() == {
         "document": [
             "steps[4].observation.results[0].source_call_id: 'call_missing' does not name a tool call of step 5"
-        ]
+        ],
+        "lenient": ['"lenient": true imports it, keeping each off-spec step\'s text and listing the deviations'],
     }
     assert Trajectory.objects.get(trial=trials["train"]).step_count == 6
 

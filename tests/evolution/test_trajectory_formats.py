@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from evolution.trajectory_formats import (
+    FORMATS,
     SUPPORTED,
     TrajectoryFormatError,
     TrajectoryListError,
@@ -178,7 +179,7 @@ def test_all_errors_are_reported_at_once() -> None:
 def test_not_a_trajectory() -> None:
     assert errors_of("text") == [f"document: looks like a string; supported: {SUPPORTED}"]
     assert errors_of({"hello": 1}) == [f"document: looks like a JSON object with keys hello; supported: {SUPPORTED}"]
-    assert errors_of(VALID, "yaml") == ["format: must be one of auto, atif, mini-swe-agent, openai; got 'yaml'"]
+    assert errors_of(VALID, "yaml") == [f"format: must be one of auto, {', '.join(FORMATS)}; got 'yaml'"]
     with pytest.raises(TrajectoryFormatError, match="document: must be a JSON object, got a list"):
         validate_atif([])
 
@@ -267,7 +268,7 @@ def test_openai_tool_message_without_a_call() -> None:
 def test_openai_bad_messages() -> None:
     assert errors_of([]) == ["messages: must hold at least one message"]
     assert errors_of([1], "openai") == ["messages[0]: must be an object, got a number"]
-    assert errors_of([1]) == [f"document: looks like a JSON list of 1 items (a number); supported: {SUPPORTED}"]
+    assert errors_of([1]) == [f"document: looks like a JSON list of 1 item (a number); supported: {SUPPORTED}"]
     calls = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}]
     assert errors_of(calls) == ["messages[0].tool_calls[0].id: must be a non-empty string"]
 
@@ -435,7 +436,6 @@ def test_a_tau_bench_run_keeps_tool_names() -> None:
 @pytest.mark.parametrize(
     ("name", "looks_like"),
     [
-        ("openhands-events.json", "an OpenHands event list (7 events)"),
         ("gemini-cli-session.json", "a gemini-cli session"),
     ],
 )

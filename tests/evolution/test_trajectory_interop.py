@@ -180,10 +180,53 @@ def test_a_list_with_the_wrong_number_of_trials_stores_nothing(trials: list[Tria
     assert not Trajectory.objects.exists()
 
 
+def test_openhands_output_jsonl_imports_one_instance_per_trial(trials: list[Trial]) -> None:
+    path = FIXTURES / "openhands" / "multi-swe-bench-output.first-2.jsonl"
+    code, out, err = command("--trial", str(trials[0].pk), str(path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"{path}: this is a list of 2 OpenHands instances, not one trajectory; import them with")
+    code, out, err = command("--trials", f"{trials[1].pk},{trials[2].pk}", str(path))
+    assert (code, err) == (0, "")
+    assert out == (
+        # The microagent text in the instance's recall shows https://oauth2:${GITLAB_TOKEN}@gitlab.com.
+        f"imported 27 steps (openhands) into trial {trials[1].pk}; redacted: url_password: 1\n"
+        f"imported 38 steps (openhands) into trial {trials[2].pk}; redacted: none\n"
+    )
+    instances = [json.loads(line) for line in path.read_text().splitlines()]
+    for trial, instance in zip(trials[1:], instances, strict=True):
+        assert Trajectory.objects.get(trial=trial).session_id == instance["instance_id"]
+    assert tally(stored(trials[1])) == {
+        "steps": 27,
+        "tool_calls": 23,
+        "observations": 22,  # each answer joins its call's step
+        "with_tokens": 23,
+        "with_time": 27,
+    }
+
+
+def test_tau2_bench_results_import_one_simulation_per_trial(trials: list[Trial]) -> None:
+    path = FIXTURES / "tau2-bench" / "whissle-airline_run1.first-2.json"
+    code, out, err = command("--trials", f"{trials[0].pk},{trials[1].pk}", str(path))
+    assert (code, err) == (0, "")
+    assert out == (
+        f"imported 14 steps (tau2-bench) into trial {trials[0].pk}; redacted: none\n"
+        f"imported 19 steps (tau2-bench) into trial {trials[1].pk}; redacted: none\n"
+    )
+    rewards = [Trajectory.objects.get(trial=trial).extra["reward"] for trial in trials[:2]]
+    assert rewards == [s["reward_info"]["reward"] for s in json.loads(path.read_text())["simulations"]] == [0.0, 1.0]
+
+
+def test_swe_agent_traj_imports(trial: Trial) -> None:
+    path = FIXTURES / "swe-agent" / "1.x-function-calling-marshmallow-code__marshmallow-1867.traj"
+    code, out, err = command("--trial", str(trial.pk), str(path))
+    assert (code, err) == (0, "")
+    assert out == f"imported 13 steps (swe-agent) into trial {trial.pk}; redacted: none\n"
+    assert tally(stored(trial))["tool_calls"] == 11
+
+
 @pytest.mark.parametrize(
     ("name", "looks_like"),
     [
-        ("openhands-events.json", "an OpenHands event list (7 events)"),
         ("gemini-cli-session.json", "a gemini-cli session"),
     ],
 )
@@ -203,6 +246,10 @@ def test_lenient_import_keeps_off_spec_steps_and_the_page_shows_a_badge(trial: T
     path.write_text(json.dumps(document))
     code, _, err = command("--trial", str(trial.pk), str(path))
     assert code == 1 and "steps[1].source: must be one of system, user, agent, got 'environment'" in err
+    assert err.endswith(
+        "1 error(s); nothing was imported; --lenient imports it, keeping each off-spec step's text and listing "
+        "the deviations"
+    )
     assert not Trajectory.objects.exists()
 
     code, out, _ = command("--trial", str(trial.pk), "--lenient", str(path))
@@ -279,7 +326,8 @@ def test_api_lenient_flag(trial: Trial, operator: Client) -> None:
     url = reverse("api:trial-trajectory-import", args=[trial.pk])
     strict = post(operator, url, {"document": messages})
     assert strict.json() == {
-        "document": ["messages[1].role: must be system, developer, user, assistant or tool, got 'function'"]
+        "document": ["messages[1].role: must be system, developer, user, assistant or tool, got 'function'"],
+        "lenient": ['"lenient": true imports it, keeping each off-spec step\'s text and listing the deviations'],
     }
     assert not Trajectory.objects.exists()
     response = post(operator, url, {"document": messages, "lenient": True})

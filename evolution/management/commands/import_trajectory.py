@@ -1,9 +1,12 @@
 """Import a trajectory file into a trial, replacing the trial's trajectory.
 
-The file is JSON, or streaming ATIF JSONL. An ATIF trajectory continued in
-other files (``continued_trajectory_ref``) is joined from the files beside
-it, and the subagent trajectories its steps name are linked when they are
-there too. A file holding a list of trajectories is imported with
+The file is JSON or JSONL: ATIF (streaming JSONL too), mini-swe-agent,
+SWE-agent, OpenHands (an event list, or an evaluation ``output.jsonl``),
+tau2-bench results, OpenAI chat messages or a tau-bench run. An ATIF
+trajectory continued in other files (``continued_trajectory_ref``) is
+joined from the files beside it, and the subagent trajectories its steps name are linked when they are
+there too. A file holding several trajectories (a list of them, an
+OpenHands ``output.jsonl``, tau2-bench results) is imported with
 ``--trials``, one trial per trajectory in order, all or nothing.
 
 Exit codes: 0 imported, 1 invalid document (each error names the field, or
@@ -32,10 +35,11 @@ from evolution.services.trajectories import (
     trajectories_import,
     trajectory_import,
 )
-from evolution.trajectory_formats import FORMATS, loads_text
+from evolution.trajectory_formats import FORMATS, loads_text, trajectory_items
 
 INVALID = 1
 UNUSABLE = 2
+LENIENT_HINT = "--lenient imports it, keeping each off-spec step's text and listing the deviations"
 
 
 def _read(path: Path) -> Any:
@@ -85,8 +89,9 @@ class FolderFiles(dict[str, Any]):
 
 class Command(BaseCommand):
     help = (
-        "Import a trajectory file (ATIF v1.0-v1.7 JSON or JSONL, mini-swe-agent 1.x/2.x, OpenAI messages, a "
-        "tau-bench run) into a trial, replacing its trajectory; a list of trajectories into --trials."
+        "Import a trajectory file (ATIF v1.0-v1.7 JSON or JSONL, mini-swe-agent 1.x/2.x, SWE-agent 0.x/1.x, "
+        "OpenHands events or output.jsonl, tau2-bench results, OpenAI messages, a tau-bench run) into a trial, "
+        "replacing its trajectory; a file of several trajectories into --trials."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -135,7 +140,7 @@ class Command(BaseCommand):
                 returncode=INVALID,
             ) from exc
         except TrajectoryFormatError as exc:
-            self._fail(path, exc.errors)
+            self._fail(path, exc.errors, lenient_imports=exc.lenient_imports and not options["lenient"])
         except limits.InputLimitError as exc:  # a continuation or subagent file beside it
             raise CommandError(f"{exc}; nothing was imported", returncode=UNUSABLE) from exc
         self._report([trajectory])
@@ -159,27 +164,29 @@ class Command(BaseCommand):
         return [found[pk] for pk in ids]
 
     def _import_list(self, path: Path, document: Any, trials: list[Trial], options: dict[str, Any]) -> None:
-        if not isinstance(document, list):
+        items = trajectory_items(document)
+        if items is None:
             raise CommandError(f"{path}: --trials needs a list of trajectories; this is one", returncode=UNUSABLE)
-        if len(document) != len(trials):
+        if len(items) != len(trials):
             raise CommandError(
-                f"{path}: this is a list of {len(document)} trajectories and {len(trials)} trials were given; "
+                f"{path}: this is a list of {len(items)} trajectories and {len(trials)} trials were given; "
                 "nothing was imported",
                 returncode=UNUSABLE,
             )
         try:
             imported = trajectories_import(
-                [(trial, item, options["format"]) for trial, item in zip(trials, document, strict=True)],
+                [(trial, item, options["format"]) for trial, item in zip(trials, items, strict=True)],
                 lenient=options["lenient"],
             )
         except TrajectoryBatchError as exc:
             self._fail(path, [f"[{index}] {error}" for index, errors in sorted(exc.errors.items()) for error in errors])
         self._report(imported)
 
-    def _fail(self, path: Path, errors: list[str]) -> None:
+    def _fail(self, path: Path, errors: list[str], *, lenient_imports: bool = False) -> None:
         for error in errors:
             self.stderr.write(f"{path}: {error}")
-        raise CommandError(f"{len(errors)} error(s); nothing was imported", returncode=INVALID)
+        hint = f"; {LENIENT_HINT}" if lenient_imports else ""
+        raise CommandError(f"{len(errors)} error(s); nothing was imported{hint}", returncode=INVALID)
 
     def _report(self, trajectories: list[Trajectory]) -> None:
         for trajectory in trajectories:
