@@ -26,7 +26,7 @@ its interpreter must be reachable by any user. Nothing here contains a hostile p
 read. The platform does not trust the answer either: it recomputes the diff
 and checks the surface, the declarations and the budget itself.
 
-Importing this module also registers the offline example's proposer.
+Importing this module also registers the offline example's proposer and the reasoning-gym benchmark's.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import evolution.example.proposer  # noqa: F401  (registers the "example" proposer)
+import evolution.rgym.proposer  # noqa: F401  (registers the "rgym" proposer)
 from evolution import limits, operators
 from evolution.operators import EditDeclaration, Proposal, ProposerView
 from evolution.sandbox import Limits, SandboxError, run_sandboxed

@@ -28,6 +28,10 @@ EXAMPLE_DIR = Path(__file__).resolve().parent
 EXPERIMENT_NAME = "example-routing"
 # The agent a trial runs, by the file that names its evaluator.
 AGENTS = {"scripted": "evaluator.toml", "llm": "evaluator-llm.toml"}
+# The benchmarks ``load_example --benchmark`` (and the comparisons) know by name, each with the offline
+# proposer whose edits it understands: this example's, and reasoning-gym's (evolution/rgym/).
+BENCHMARKS = {"support-routing": "example", "reasoning-gym": "rgym"}
+REASONING_GYM_EXPERIMENT = "example-reasoning-gym"
 
 
 def read_tasks(path: Path) -> list[TaskInput]:
@@ -100,6 +104,23 @@ def example_experiment_create(*, name: str, task_limit: int | None = None, agent
         return experiment
 
 
+def benchmark_experiment_create(
+    *, benchmark: str, name: str | None = None, task_limit: int | None = None, agent: str = "scripted"
+) -> Experiment:
+    """An experiment on the benchmark named ``benchmark`` (a key of BENCHMARKS). ``task_limit``: for
+    support-routing the first N tasks, for reasoning-gym the first N seeds of every family in every split.
+    ``agent`` "llm" exists for support-routing only. ValueError for an unknown benchmark or agent."""
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+    if benchmark == "support-routing":
+        return example_experiment_create(name=name or EXPERIMENT_NAME, task_limit=task_limit, agent=agent)
+    if agent != "scripted":
+        raise ValueError("the reasoning-gym benchmark has the scripted agent only")
+    from evolution.rgym.setup import rgym_experiment_create
+
+    return rgym_experiment_create(name=name or REASONING_GYM_EXPERIMENT, per_split=task_limit)
+
+
 def model_of(agent: str, harness_config: dict[str, object]) -> str:
     """The model a trial's agent uses: the harness's offline policy, or the endpoint's model."""
     if agent == "llm":
@@ -118,6 +139,11 @@ def example_recipe(*, rounds: int, candidates: int, k: int, proposer: str = "exa
     if proposer == "llm":
         data["proposal"] = {"operator": "llm", "params": dict(LLM_PROPOSER_PARAMS)}
         data["critique"] = {**data["critique"], "operator": "llm", "params": dict(LLM_CRITIC_PARAMS)}
+        data["noise"] = {**data["noise"], "repeats": 2, "trials_per_task": k}
+    elif proposer == "rgym":
+        # The scripted solver is deterministic (its seed changes no answer), so one trial a task measures it
+        # and two single-trial repeats of the seed show its noise band (zero).
+        data["proposal"] = {"operator": "rgym", "params": {}}
         data["noise"] = {**data["noise"], "repeats": 2, "trials_per_task": k}
     else:
         weights = {"generic": 0.4, "leaky": 0.5, "cost": 0.1}
@@ -151,7 +177,7 @@ def example_run_create(
     *, experiment: Experiment, rounds: int, candidates: int, k: int, proposer: str = "example"
 ) -> Run:
     """A run of ``example_recipe`` on ``experiment``, not started (``example_run_drive`` drives it)."""
-    import evolution.proposers  # noqa: F401  (registers the example proposer)
+    import evolution.proposers  # noqa: F401  (registers the example and reasoning-gym proposers)
     from evolution.loop import lifecycle
 
     recipe = example_recipe(rounds=rounds, candidates=candidates, k=k, proposer=proposer)

@@ -9,8 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from evolution.example.setup import (
     AGENTS,
+    BENCHMARKS,
     EXPERIMENT_NAME,
-    example_experiment_create,
+    REASONING_GYM_EXPERIMENT,
+    benchmark_experiment_create,
     example_run_create,
     example_run_drive,
 )
@@ -28,6 +30,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
+            "--benchmark",
+            choices=sorted(BENCHMARKS),
+            default="support-routing",
+            help="support-routing (the bundled example, default) or reasoning-gym (questions drawn from the "
+            "reasoning-gym package's generators, splits by seed range; docs/loop.md)",
+        )
+        parser.add_argument(
             "--agent",
             choices=sorted(AGENTS),
             default="scripted",
@@ -41,7 +50,8 @@ class Command(BaseCommand):
             "--tasks",
             type=int,
             default=None,
-            help=f"only the first N tasks, as a benchmark of their own (default: all; with --agent llm {LLM_TASKS})",
+            help=f"only the first N tasks, as a benchmark of their own (default: all; with --agent llm {LLM_TASKS}); "
+            "with --benchmark reasoning-gym the first N seeds of every family in every split",
         )
         parser.add_argument(
             "--rounds",
@@ -62,9 +72,12 @@ class Command(BaseCommand):
         parser.add_argument("--k", type=int, default=1, help="trials per task with --rounds")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        agent = options["agent"]
+        agent, benchmark = options["agent"], options["benchmark"]
         llm = agent == "llm"
-        name = options["name"] or (f"{EXPERIMENT_NAME}-llm" if llm else EXPERIMENT_NAME)
+        if llm and benchmark != "support-routing":
+            raise CommandError(f"--agent llm runs on the support-routing benchmark only, not {benchmark}")
+        default_name = EXPERIMENT_NAME if benchmark == "support-routing" else REASONING_GYM_EXPERIMENT
+        name = options["name"] or (f"{default_name}-llm" if llm else default_name)
         tasks = options["tasks"] if options["tasks"] is not None else (LLM_TASKS if llm else None)
         candidates = options["candidates"] or (1 if llm else 3)
         if (tasks is not None and tasks < 1) or candidates < 1 or options["k"] < 1:
@@ -74,7 +87,7 @@ class Command(BaseCommand):
             rest = "" if options["rounds"] > 0 else "; nothing to do"
             self.stdout.write(f"example experiment {name!r} exists (id {experiment.pk}){rest}")
         else:
-            experiment = example_experiment_create(name=name, task_limit=tasks, agent=agent)
+            experiment = benchmark_experiment_create(benchmark=benchmark, name=name, task_limit=tasks, agent=agent)
             counts = Counter(experiment.split_memberships.values_list("split", flat=True))
             self.stdout.write(
                 f"loaded example experiment {name!r} (id {experiment.pk}): {experiment.benchmark.tasks.count()} tasks "
@@ -95,7 +108,7 @@ class Command(BaseCommand):
                     rounds=rounds,
                     candidates=candidates,
                     k=options["k"],
-                    proposer="llm" if llm else "example",
+                    proposer="llm" if llm else BENCHMARKS[benchmark],
                 )
             except LoopError as exc:  # e.g. --agent llm with no endpoint configured: it says which variables
                 raise CommandError(f"the example's run was not started: {exc}") from exc

@@ -1,0 +1,1 @@
+"""The reasoning-gym benchmark: questions drawn from the generators of the reasoning-gym package."""
