@@ -14,7 +14,7 @@ from django.db.models import BigIntegerField, Count, Exists, IntegerField, Outer
 from django.db.models.functions import MD5, Cast, Coalesce
 from django.utils import timezone
 
-from evolution import measurements, metrics
+from evolution import measurements, metrics, splits
 from evolution.loop import lifecycle, load, measure
 from evolution.models import (
     AtomicEdit,
@@ -707,3 +707,21 @@ def identical_waiting(*, item_ids: Iterable[int], waiting_states: Iterable[str])
         for item_id in items & wanted:
             same.setdefault(item_id, set()).update(items - {item_id})
     return {item_id: sorted(others) for item_id, others in same.items() if others}
+
+
+def split_concentration_warnings(*, experiment_id: int) -> list[str]:
+    """Every value of a categorical task attribute (``splits.categorical_attributes``) whose tasks all sit
+    in one of train, gate or sealed ("sealed holds all 3 tasks of kind from_ticket"): a capability only
+    that split measures. One query."""
+    rows = SplitMembership.objects.filter(experiment_id=experiment_id, split__in=splits.SPLITS).values_list(
+        "task__external_id", "split", "task__metadata"
+    )
+    assignment = {task_id: split for task_id, split, _ in rows}
+    metadata = {task_id: meta for task_id, _, meta in rows if isinstance(meta, dict)}
+    return [
+        line
+        for attribute in splits.categorical_attributes(metadata)
+        for line in splits.concentration_warnings(
+            assignment, {t: m.get(attribute) for t, m in metadata.items()}, attribute=attribute
+        )
+    ]

@@ -30,16 +30,36 @@ def validate_ratios(ratios: Mapping[str, float]) -> dict[str, float]:
     return values
 
 
-def assign_by_ratio(task_ids: Sequence[str], *, seed: int, ratios: Mapping[str, float]) -> dict[str, str]:
+def assign_by_ratio(
+    task_ids: Sequence[str],
+    *,
+    seed: int,
+    ratios: Mapping[str, float],
+    strata: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Shuffle the sorted ids with ``seed`` and cut them by ``ratios``.
 
     Counts use largest-remainder rounding so they add up to the number of
     tasks; ties in the remainders go to train, then gate, then sealed.
+
+    ``strata`` (``stratify_by``: task id -> the value of a task attribute)
+    cuts each value's tasks by ``ratios`` on its own, so every value with
+    enough tasks has some in every split with a nonzero ratio and no
+    capability lives in one split only. A task missing from ``strata`` is in
+    a stratum of its own name "".
     """
     values = validate_ratios(ratios)
     ids = sorted(set(task_ids))
     if len(ids) != len(task_ids):
         raise SplitError("task ids must be unique")
+    if strata is not None:
+        groups: dict[str, list[str]] = {}
+        for task_id in ids:
+            groups.setdefault(str(strata.get(task_id, "")), []).append(task_id)
+        assignment: dict[str, str] = {}
+        for _, members in sorted(groups.items()):
+            assignment.update(assign_by_ratio(members, seed=seed, ratios=values))
+        return assignment
     rng = random.Random(seed)
     rng.shuffle(ids)
     exact = {name: values[name] * len(ids) for name in SPLITS}
@@ -48,7 +68,7 @@ def assign_by_ratio(task_ids: Sequence[str], *, seed: int, ratios: Mapping[str, 
     by_remainder = sorted(SPLITS, key=lambda name: (-(exact[name] - counts[name]), SPLITS.index(name)))
     for name in by_remainder[:leftover]:
         counts[name] += 1
-    assignment: dict[str, str] = {}
+    assignment = {}
     start = 0
     for name in SPLITS:
         for task_id in ids[start : start + counts[name]]:
@@ -76,3 +96,35 @@ def assign_explicit(task_ids: Sequence[str], lists: Mapping[str, Sequence[str]])
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise SplitError(f"{len(missing)} task(s) are in no split: {shown}")
     return assignment
+
+
+def concentration_warnings(
+    assignment: Mapping[str, str], attribute_of: Mapping[str, object], *, attribute: str
+) -> list[str]:
+    """One line for every value of a task attribute held by one split only ("sealed holds all 3 tasks of
+    category ticket-context"): a capability no other split can measure. ``assignment`` maps task ids to
+    splits, ``attribute_of`` task ids to the attribute's value (tasks without one are left out). Values of a
+    single task are left out too: one task is always in one split."""
+    where: dict[str, dict[str, int]] = {}
+    for task_id, value in attribute_of.items():
+        split = assignment.get(task_id)
+        if split is not None and value is not None:
+            counts = where.setdefault(str(value), {})
+            counts[split] = counts.get(split, 0) + 1
+    return [
+        f"{split} holds all {count} tasks of {attribute} {value}"
+        for value, counts in sorted(where.items())
+        for split, count in counts.items()
+        if len(counts) == 1 and count > 1
+    ]
+
+
+def categorical_attributes(metadata: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """The task attributes worth a concentration check: metadata keys whose values are strings and repeat
+    (fewer distinct values than half the tasks that have the key)."""
+    values: dict[str, list[str]] = {}
+    for attributes in metadata.values():
+        for key, value in attributes.items():
+            if isinstance(value, str):
+                values.setdefault(key, []).append(value)
+    return sorted(key for key, seen in values.items() if 1 < len(set(seen)) <= len(seen) // 2)

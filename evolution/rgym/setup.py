@@ -24,7 +24,7 @@ EXPERIMENT_NAME = "example-reasoning-gym"
 
 
 def rgym_experiment_create(*, name: str = EXPERIMENT_NAME, per_split: int | None = None) -> Experiment:
-    """Create the benchmark (named with the package's version), its held-out benchmark, the evaluator, the
+    """Create the benchmark, its held-out benchmark, the evaluator, the
     surface and an experiment named ``name`` whose splits are the seed ranges of ``benchmark.toml``.
 
     ``per_split``: only the first N seeds of each family in each split, as benchmarks of their own names.
@@ -34,8 +34,14 @@ def rgym_experiment_create(*, name: str = EXPERIMENT_NAME, per_split: int | None
     config = config_read()
     by_split = {s: [_input(t) for t in items] for s, items in tasks_by_split(config, per_split=per_split).items()}
     version = package_version()
-    suffix = f"-{version}" + (f"-{per_split}-per-split" if per_split is not None else "")
-    bench = {**config.benchmark, "name": f"{config.benchmark['name']}{suffix}"}
+    # The name compare_recipes --benchmark finds; the version is in every task's expected data (so in the
+    # split digests) and in the title.
+    suffix = f"-{per_split}-per-split" if per_split is not None else ""
+    bench = {
+        **config.benchmark,
+        "name": f"{config.benchmark['name']}{suffix}",
+        "title": f"{config.benchmark['title']} {version}",
+    }
     heldout_bench = {
         "name": f"{config.benchmark['name']}-heldout{suffix}",
         "title": f"reasoning-gym held-out families ({', '.join(config.heldout_families)})",

@@ -80,7 +80,7 @@ def task_input(family: str, seed: int, *, split: str, version: str) -> Drawn:
         instruction=str(entry["question"]),
         expected={"family": family, "seed": seed, "version": version, "entry": entry},
         criteria=[{"id": "answer", "description": "reasoning-gym's score_answer gives the answer 1.0"}],
-        metadata={"family": family, "seed": seed, "split": split, "reasoning_gym": version},
+        metadata={"family": family, "seed": seed, "reasoning_gym": version},
     )
 
 

@@ -664,6 +664,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "split_sizes": [(s, sizes[s]) for s in SplitName.values if s in sizes],
         "task_total": sum(sizes.values()),
         "heldout_benchmarks": list(experiment.heldout_benchmarks.values_list("name", flat=True)),
+        "split_warnings": selectors.split_concentration_warnings(experiment_id=experiment.pk),
         "state_counts": review_selectors.candidate_state_counts(experiment=experiment),
         # k as the runs used it (a start form or a recipe may override the experiment's default).
         "run_ks": sorted({r.trials_per_task for r in runs if r.trials_per_task is not None}),

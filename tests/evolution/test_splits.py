@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from evolution import splits
 from evolution.splits import SplitError, assign_by_ratio, assign_explicit
 
 IDS = [f"task-{i:02d}" for i in range(10)]
@@ -67,3 +68,28 @@ def test_explicit_lists_are_used_as_given() -> None:
 def test_bad_explicit_lists_are_refused(lists: dict[str, list[str]], message: str) -> None:
     with pytest.raises(SplitError, match=message):
         assign_explicit(["a", "b", "c"], lists)
+
+
+def test_stratify_by_cuts_every_value_by_the_ratios() -> None:
+    ids = [f"t{i:02}" for i in range(30)]
+    strata = {task_id: ("rare" if i < 3 else "common") for i, task_id in enumerate(ids)}
+    ratios = {"train": 0.4, "gate": 0.3, "sealed": 0.3}
+
+    plain = splits.assign_by_ratio(ids, seed=7, ratios=ratios)
+    stratified = splits.assign_by_ratio(ids, seed=7, ratios=ratios, strata=strata)
+
+    assert sorted(stratified) == ids
+    assert sorted(stratified[t] for t in ids[:3]) == ["gate", "sealed", "train"]
+    assert sorted(stratified.values()).count("train") == 12
+    assert stratified == splits.assign_by_ratio(ids, seed=7, ratios=ratios, strata=strata)
+    assert splits.concentration_warnings(stratified, strata, attribute="size") == []
+    # Without strata some seeds put a value's every task in one split; the warning names it.
+    concentrated = {t: "sealed" if t in ids[:3] else split for t, split in plain.items()}
+    assert splits.concentration_warnings(concentrated, strata, attribute="size") == [
+        "sealed holds all 3 tasks of size rare"
+    ]
+
+
+def test_categorical_attributes_are_repeating_strings() -> None:
+    metadata = {f"t{i}": {"kind": "a" if i % 2 else "b", "name": f"n{i}", "long": True, "seed": i} for i in range(6)}
+    assert splits.categorical_attributes(metadata) == ["kind"]

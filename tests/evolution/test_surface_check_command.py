@@ -221,3 +221,19 @@ def test_a_diff_adding_hidden_characters_exits_1_under_refuse_hidden_characters(
         }
     ]
     assert surface_check("--surface", str(lenient), "--diff", str(diff_file)).returncode == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_experiment_split_that_holds_every_task_of_a_kind_is_warned_about() -> None:
+    from evolution.example.setup import example_experiment_create
+
+    # The example's ratio split puts all 3 tasks that need the ticket (kind from_ticket) in sealed.
+    experiment = example_experiment_create(name="concentrated")
+    allowed = PROMPT_EDIT.replace("prompts/a.md", "prompts/system.md")
+
+    result = surface_check(
+        "--experiment", str(experiment.pk), "--diff", "-", stdin=allowed, database_url=subprocess_database_url()
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["warning: sealed holds all 3 tasks of kind from_ticket"]

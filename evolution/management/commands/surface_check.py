@@ -19,6 +19,7 @@ from django.db import DatabaseError
 from evolution import limits
 from evolution.gitdiff import DiffParseError
 from evolution.models import Experiment
+from evolution.selectors import split_concentration_warnings
 from evolution.surfaces import DEFAULT_RESERVED, SurfaceSpec, SurfaceSpecError, check_diff, parse_surface
 
 UNUSABLE = 2
@@ -42,6 +43,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         spec = self._load_spec(options["experiment"], options["surface"])
+        if options["experiment"] is not None:
+            # Advice, not a violation: a split that holds every task of some kind hides that capability.
+            for line in split_concentration_warnings(experiment_id=_experiment_id(options["experiment"])):
+                self.stderr.write(f"warning: {line}")
         diff_text = self._read_diff(options["diff"])
         try:
             verdict = check_diff(spec, diff_text, reserved=(*DEFAULT_RESERVED, *options["reserved"]))
@@ -79,6 +84,12 @@ class Command(BaseCommand):
         # git writes paths as raw bytes; keep invalid UTF-8 visible to the
         # path checks instead of failing or replacing it.
         return data.decode("utf-8", errors="surrogateescape")
+
+
+def _experiment_id(experiment: str) -> int:
+    if experiment.isdigit():
+        return int(experiment)
+    return int(Experiment.objects.values_list("pk", flat=True).get(uid=uuid.UUID(experiment)))
 
 
 def _experiment_surface_text(experiment: str) -> str:
