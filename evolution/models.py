@@ -564,6 +564,9 @@ class Trial(models.Model):
     error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True)
     error = models.TextField(blank=True)
     sandbox_profile = models.CharField(max_length=20, blank=True)
+    # The digest of the task environment's recipe (evolution/environments.py)
+    # the trial ran in: "" when it ran on the host's own system directories.
+    environment = models.CharField(max_length=64, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

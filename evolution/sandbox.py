@@ -313,12 +313,15 @@ def run_sandboxed(
     readable: Sequence[Path],
     use_bwrap: bool,
     network: bool = False,
+    root: Path | None = None,
 ) -> ProcessResult:
     """Run ``argv`` to completion (or ``timeout`` seconds) and clean up after it.
 
     Under bubblewrap the command has no network unless ``network`` is true;
     then it shares the host's (everything else stays private). Without
-    bubblewrap it always has the host's network.
+    bubblewrap it always has the host's network. ``root``: a task
+    environment's root filesystem (evolution/environments.py), whose system
+    directories replace the host's, read-only; it needs bubblewrap.
 
     Preconditions: absolute paths; ``cwd`` and every ``writable`` path exist;
     ``readable`` paths that do not exist are skipped. Raises ValueError for
@@ -329,6 +332,8 @@ def run_sandboxed(
     """
     argv = _checked_argv(argv)
     cwd, writable_paths, readable_paths = _checked_paths(cwd, writable, readable)
+    if root is not None and not use_bwrap:
+        raise SandboxError("a task environment's root filesystem needs bubblewrap (RSI_SANDBOX=off cannot use it)")
     env = _checked_env(env)
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -375,6 +380,7 @@ def run_sandboxed(
                 ids=(run_uid, run_gid) if drop else None,
                 network=network,
                 disk_bytes=limits.disk_bytes,
+                root=root,
             )
             # bwrap reports {"exit-code": n} only if the command really ran,
             # which tells a broken sandbox from a failing command.
@@ -700,6 +706,7 @@ def _bwrap_command(
     ids: tuple[int, int] | None,
     network: bool = False,
     disk_bytes: int = Limits.disk_bytes,
+    root: Path | None = None,
 ) -> list[str]:
     """The bubblewrap command line; the caller adds the descriptors.
 
@@ -714,10 +721,13 @@ def _bwrap_command(
     (tmpfs, in memory); the root bwrap builds is then remounted read-only,
     since in a user namespace the command owns it (and could fill memory
     there). A bubblewrap without ``--size`` (before 0.8) leaves them uncapped.
+    ``root``: the system directories come from this root filesystem instead
+    of the host's; a readable path inside them would be hidden by them, so
+    it is refused (SandboxError).
     """
     drop = ids is not None
     bwrap = _bwrap_path()
-    system_part, system_mounts = _system_part()
+    system_part, system_mounts = _system_part() if root is None else _root_part(str(root))
     if drop:
         # Everything --unshare-all does except the user namespace: as root it
         # would map the sandbox back to root, and the drop to the run's uid below
@@ -744,8 +754,13 @@ def _bwrap_command(
     seen: set[tuple[str, str]] = set()
     # Parents first, so a later bind never hides an earlier one below it.
     for flag, path in sorted(binds, key=lambda bind: bind[1].count("/")):
-        if (flag, path) in seen or (flag == "--ro-bind" and _covered(path, system_mounts)):
+        if (flag, path) in seen:
             continue
+        if _covered(path, system_mounts):
+            if root is not None:
+                raise SandboxError(f"{path} is inside the system directories of the root filesystem {root}")
+            if flag == "--ro-bind":
+                continue  # the host's system directories hold it already
         seen.add((flag, path))
         parent = ""
         for part in path.split("/")[1:-1]:
@@ -822,6 +837,31 @@ def _system_part() -> tuple[tuple[str, ...], tuple[str, ...]]:
         elif os.path.isdir(name):
             part += ["--ro-bind", name, name]
             mounts.append(name)
+    return tuple(part), tuple(mounts)
+
+
+# Top-level folders of a task environment's root that stay private: the
+# sandbox makes its own /proc, /dev and /tmp, and the rest belongs to no trial.
+ROOT_SKIPPED = frozenset({"proc", "dev", "sys", "tmp", "run", "root", "home", "mnt", "media", "lost+found", "boot"})
+
+
+@functools.lru_cache(maxsize=64)
+def _root_part(root: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Like ``_system_part`` for a task environment's root filesystem: its
+    top-level folders bound read-only (links recreated as links) in place of
+    the host's, but for ROOT_SKIPPED."""
+    part: list[str] = []
+    mounts: list[str] = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name in ROOT_SKIPPED or name.startswith("."):
+            continue
+        if os.path.islink(path):
+            part += ["--symlink", os.readlink(path), f"/{name}"]
+            mounts.append(f"/{name}")
+        elif os.path.isdir(path):
+            part += ["--ro-bind", path, f"/{name}"]
+            mounts.append(f"/{name}")
     return tuple(part), tuple(mounts)
 
 

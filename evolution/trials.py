@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolution import faults, limits
+from evolution import environments, faults, limits
 from evolution.sandbox import (
     SANDBOX_MODES,
     Limits,
@@ -85,7 +85,9 @@ class TrialSpec:
     added on top (e.g. RSI_SEED). ``python`` is the interpreter substituted
     for {python}. ``agent_network``: under bubblewrap the agent's command
     keeps the host's network (an agent that calls a hosted model); the
-    verifier's never does.
+    verifier's never does. ``environment``: the recipe of a task environment
+    (evolution/environments.py), built under ``environments_dir`` when it is
+    not yet and used as the root filesystem of the agent and the verifier.
     """
 
     harness_dir: Path
@@ -107,6 +109,8 @@ class TrialSpec:
     # folder instead of copied again (they are gone afterwards).
     move_inputs: bool = False
     agent_network: bool = False
+    environment: Mapping[str, Any] | None = None
+    environments_dir: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("runner_argv", "verifier_argv"):
@@ -130,6 +134,8 @@ class TrialSpec:
             raise ValueError("trial_index must not be negative")
         if not isinstance(self.agent_network, bool):
             raise ValueError("agent_network must be true or false")
+        if self.environment is not None and self.environments_dir is None:
+            raise ValueError("a task environment needs environments_dir")
         try:
             json.dumps(self.private, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -153,6 +159,8 @@ class TrialResult:
     sandbox_profile: str = "none"
     trajectory: dict[str, Any] | None = None
     agent_log: str = ""
+    # The digest of the task environment's recipe the trial ran in ("" for the host's system).
+    environment: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,8 +191,17 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
     work_root.mkdir(parents=True, exist_ok=True)
     trial_dir = Path(tempfile.mkdtemp(prefix="trial-", dir=work_root))
     result = TrialResult(outcome="error", sandbox_profile=recorded_profile(profile, agent_network=spec.agent_network))
+    root = None
     try:
-        _run(spec, trial_dir, profile, result)
+        if spec.environment is not None:
+            result.environment = environments.recipe_digest(dict(spec.environment))
+            if profile != "bwrap":
+                raise SandboxError("a task environment needs bubblewrap (RSI_SANDBOX=off cannot use it)")
+            assert spec.environments_dir is not None  # checked by TrialSpec
+            root = environments.environment_build(dict(spec.environment), root=spec.environments_dir)
+        _run(spec, trial_dir, profile, result, root)
+    except environments.EnvironmentBuildError as exc:
+        _fail(result, "infra", f"the task environment could not be built: {exc}")
     except SandboxError as exc:
         _fail(result, "sandbox", str(exc))
     except OSError as exc:
@@ -202,7 +219,7 @@ def recorded_profile(profile: str, *, agent_network: bool) -> str:
     return f"{profile}+agent-network" if profile == "bwrap" and agent_network else profile
 
 
-def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) -> None:
+def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, root: Path | None) -> None:
     # Reachable but not listable by the unprivileged trial user.
     trial_dir.chmod(0o711)
     workspace, output = trial_dir / "workspace", trial_dir / "output"
@@ -237,6 +254,7 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) ->
         readable=[evaluator, *python_dirs],
         use_bwrap=use_bwrap,
         network=spec.agent_network,
+        root=root,
     )
     result.wall_time = agent.wall_time
     result.agent_log = _tail(agent.stderr, AGENT_LOG_CHARS)
@@ -266,6 +284,7 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult) ->
         writable=[private],
         readable=[evaluator, output, *python_dirs],
         use_bwrap=use_bwrap,
+        root=root,
     )
     verdict, verifier_error = _verdict(verifier, spec)
     if verdict is not None:

@@ -440,6 +440,10 @@ def scratch_root(mounts: str = "/proc/mounts", shm: str = "/dev/shm", min_bytes:
 # able to reach its workspace but never the database or the keys.
 RSI_WORK_DIR = Path(env_str("RSI_WORK_DIR", str(scratch_root() / f"rsiweb-work-{os.getuid()}")))
 
+# Task environments built here from Debian packages (evolution/environments.py):
+# one root filesystem per recipe digest, and one base per Debian suite.
+RSI_ENVIRONMENTS_DIR = Path(env_str("RSI_ENVIRONMENTS_DIR", str(VAR_DIR / "environments")))
+
 # Tests that need PostgreSQL, Redis or a worker fail instead of skipping
 # when this is set (CI sets it).
 RSI_REQUIRE_SERVICES = env_bool("RSI_REQUIRE_SERVICES", False)

@@ -7,6 +7,9 @@ Layout (one folder per task, as Harbor lays tasks out)::
     tasks/<id>/environment/workspace/**  optional: files the agent's workspace starts with
     tasks/<id>/tests/test.sh             grades the workspace, writes /logs/verifier/reward.txt
     tasks/<id>/tests/**                  anything else the tests need
+    tasks/<id>/environment/Dockerfile    optional: the task's environment, built here from
+                                         Debian packages (evolution/environments.py); files
+                                         it copies into /app start the agent's workspace
 
 The public part (instruction, ``workspace/`` files) reaches the agent; the
 tests are private: they travel in the task's ``expected`` data, which the
@@ -21,6 +24,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from evolution import environments
 from evolution.services.experiments import TaskInput
 from evolution.trees import FileEntry, SnapshotError, open_inside
 
@@ -30,6 +34,11 @@ MAX_TASK_FILES = 200
 
 class HarborFolderError(ValueError):
     """The folder does not follow the layout; the message names the file."""
+
+
+class HarborTaskRefused(HarborFolderError):
+    """A task whose environment cannot be rebuilt from Debian here
+    (evolution/environments.py); the message names the task and the reason."""
 
 
 class HarborFolderRefused(HarborFolderError):
@@ -105,14 +114,32 @@ def read_task(folder: Path) -> TaskInput:
     if "test.sh" not in tests:
         raise HarborFolderError(f"{folder / 'tests' / 'test.sh'}: missing")
     workspace = _files(folder, "environment/workspace")
+    recipe = None
+    dockerfile = _text(folder, "environment/Dockerfile")
+    if dockerfile is not None:
+        # A link in the build context is refused before the recipe reads it.
+        _files(folder, "environment")
+        try:
+            recipe = environments.plan(dockerfile, context=folder / "environment")
+        except environments.EnvironmentRefused as exc:
+            raise HarborTaskRefused(f"{task_id}: {exc}") from None
+        workspace = {**recipe.workspace, **workspace}
     verifier = config.get("verifier") or {}
     agent = config.get("agent") or {}
-    expected = {
+    expected: dict[str, Any] = {
         "tests": tests,
         "workspace_files": {name: hashlib.sha256(data).hexdigest() for name, data in workspace.items()},
         "timeout_seconds": float(verifier.get("timeout_sec", 30.0)),
     }
     metadata = {**(config.get("metadata") or {}), "format": "harbor"}
+    if recipe is not None:
+        # Private like the tests (it binds the task's digest); the screens show the summary in metadata.
+        expected["environment"] = recipe.document()
+        metadata["environment"] = {
+            "digest": recipe.digest,
+            "built_from": f"Debian {recipe.suite} ({environments.VARIANT}), {len(recipe.steps)} step(s) replayed",
+            "notes": recipe.notes,
+        }
     if "timeout_sec" in agent:
         # Advice for the agent's own configuration; the evaluator's timeout is what is enforced.
         metadata["agent_timeout_sec"] = agent["timeout_sec"]

@@ -39,6 +39,7 @@ from evolution.models import (
     ModelEndpoint,
     Run,
     SplitMembership,
+    Task,
     Tree,
     Trial,
 )
@@ -379,7 +380,17 @@ def trial_spec(trial: Trial, root: Path) -> TrialSpec:
         # Fresh copies made for this trial alone: moved, not copied a second time.
         move_inputs=True,
         agent_network=evaluator.agent_network,
+        environment=_task_environment(trial.task),
+        environments_dir=settings.RSI_ENVIRONMENTS_DIR,
     )
+
+
+def _task_environment(task: Task) -> dict[str, Any] | None:
+    """The recipe of the environment ``task`` runs in (imported from its
+    Dockerfile: evolution/environments.py), None for the host's system."""
+    expected = task.expected
+    recipe = expected.get("environment") if isinstance(expected, dict) else None
+    return recipe if isinstance(recipe, dict) else None
 
 
 def lease_renew(*, trial: Trial, owner: str) -> bool:
@@ -610,6 +621,7 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
             error_kind=result.error_kind,
             error=result.error[:10000],
             sandbox_profile=result.sandbox_profile,
+            environment=result.environment,
             finished_at=now,
             lease_expires_at=None,
         )

@@ -128,7 +128,8 @@ def trial_rows_by_evaluation(evaluation_ids: list[int]) -> dict[int, list[dict[s
 
 
 def _payload(evaluation: Evaluation, *, seq: int, prev: str, task_sets: dict[str, str]) -> dict[str, Any]:
-    profiles = set(Trial.objects.filter(evaluation=evaluation).values_list("sandbox_profile", flat=True).distinct())
+    facts = Trial.objects.filter(evaluation=evaluation).values_list("sandbox_profile", "environment").distinct()
+    profiles = {profile for profile, _ in facts}
     return payload_build(
         evaluation,
         seq=seq,
@@ -136,6 +137,7 @@ def _payload(evaluation: Evaluation, *, seq: int, prev: str, task_sets: dict[str
         task_sets=task_sets,
         profile=evaluation_sandbox_profile(profiles),
         trials=trial_rows(evaluation),
+        environments=sorted({environment for _, environment in facts if environment}),
     )
 
 
@@ -147,12 +149,18 @@ def payload_build(
     task_sets: dict[str, str],
     profile: str,
     trials: list[dict[str, Any]],
+    environments: list[str] | None = None,
 ) -> dict[str, Any]:
     """The payload certifying ``evaluation`` from its trial rows (``trial_row``,
     in ``TRIAL_ORDER``) and sandbox profile. No queries when the evaluation's
-    experiment, evaluator, recipe, candidate and parent are loaded."""
+    experiment, evaluator, recipe, candidate and parent are loaded.
+    ``environments``: the digests of the Debian-built task environments its
+    trials ran in (evolution/environments.py); bound as
+    ``evaluator.environments`` only when there are some, so records of
+    trials on the host's system are what they were before environments."""
     experiment = evaluation.experiment
     candidate = evaluation.candidate
+    built = {"environments": environments} if environments else {}
     return {
         "schema": records.SCHEMA,
         "experiment": str(experiment.uid),
@@ -175,6 +183,7 @@ def payload_build(
             "files": experiment.evaluator.files_id,
             "sandbox_profile": profile,
             "digest": evaluator_digest_for(evaluation, profile),
+            **built,
         },
         "task_sets": {split: task_sets[split] for split in sorted(evaluation.splits)},
         "recipe": experiment.recipe.digest if experiment.recipe is not None else None,
@@ -676,6 +685,7 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         )
         recipe_digest = exp.recipe.digest if exp.recipe is not None else None
         run_settings = settings_bound(exp.run_settings)
+        environments_by_seq = _environments_by_seq(exp)
         trials = trial_rows_by_seq(exp)
         next_trials: tuple[int, list[tuple[Any, ...]]] | None = next(trials, None)
         decisions = _decision_rows(exp)
@@ -733,6 +743,10 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 current_digest = evaluator_digests[profile]
             if certified_evaluator.get("digest") != current_digest:
                 record_problems.append(f"{here}{seq}: evaluator (commands, files, environment or limits) changed")
+            if certified_evaluator.get("environments", []) != environments_by_seq.get(seq, []):
+                record_problems.append(
+                    f"{here}{seq}: the trials' Debian-built environments differ from the certified ones"
+                )
             certified_sets = payload.get("task_sets", {})
             if certified_sets != task_sets:  # a record of some of the splits, or a task set changed
                 for split, split_digest in certified_sets.items():
@@ -784,6 +798,21 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         report.problems += [f"{label}: {p}" for p in score_problems]
         report.checked.append(f"{label}: {checked}")
     return report
+
+
+def _environments_by_seq(experiment: Experiment) -> dict[int, list[str]]:
+    """The environment digests the trials of each certified record of
+    ``experiment`` ran in, by record seq (sorted, as ``payload_build`` binds them)."""
+    found: dict[int, set[str]] = {}
+    pairs = (
+        Trial.objects.filter(evaluation__certified_result__experiment=experiment)
+        .exclude(environment="")
+        .values_list("evaluation__certified_result__seq", "environment")
+        .distinct()
+    )
+    for seq, environment in pairs:
+        found.setdefault(seq, set()).add(environment)
+    return {seq: sorted(digests) for seq, digests in found.items()}
 
 
 # The evaluation fields a record binds (``payload["evaluation"]``), in the order records_verify reads them.
