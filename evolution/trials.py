@@ -329,6 +329,9 @@ def _trial_env(spec: TrialSpec, *, home: Path) -> dict[str, str]:
     there sets it (and bubblewrap does: the sandbox then runs no program to
     put another value back)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(home), "PWD": str(home)}
+    if spec.environment is not None:
+        # The task environment's ENV lines, as its image would set them.
+        env.update({str(k): str(v) for k, v in dict(spec.environment.get("env") or {}).items()})
     env.update({name: os.environ[name] for name in spec.env_allowlist if name in os.environ})
     env.update(spec.extra_env)
     return env

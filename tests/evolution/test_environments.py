@@ -159,7 +159,7 @@ def test_docker_image_in_task_toml_is_no_reason_to_refuse(tmp_path: Path) -> Non
         task,
         {
             "instruction.md": b"Build pMARS from Debian sources.\n",
-            "task.toml": b'[environment]\ndocker_image = "alexgshaw/build-pmars:20251031"\n[verifier]\ntimeout_sec = 900.0\n',
+            "task.toml": b'[environment]\ndocker_image = "alexgshaw/build-pmars:20251031"\n',
             "tests/test.sh": b"#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
             "environment/Dockerfile": _dockerfile("tb2-build-pmars").encode(),
             "environment/warriors/flashpaper.red": b";redcode\n",
