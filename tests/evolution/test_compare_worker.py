@@ -20,7 +20,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
 
-def test_compare_recipes_goes_through_a_running_worker(start_worker) -> None:  # type: ignore[no-untyped-def]
+def test_compare_recipes_goes_through_a_running_worker(start_worker) -> None:
     experiment = example_experiment_create(name="compare-worker", task_limit=9)
     worker = start_worker()
     argv = [sys.executable, "manage.py", "compare_recipes", "--experiment", str(experiment.pk)]
