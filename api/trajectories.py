@@ -83,7 +83,8 @@ class TrajectoryImportInput(serializers.Serializer):
     document = ParsedJSONField(
         help_text="an ATIF v1.0-v1.7 trajectory, a mini-swe-agent 1.x/2.x trajectory file or message list, "
         "a SWE-agent 0.x/1.x .traj, an OpenHands event list or evaluation instance (one line of output.jsonl), "
-        "one tau2-bench simulation, an OpenAI chat message list, or a tau-bench run"
+        "one tau2-bench simulation, a Claude Code or Codex CLI session (its lines as a list), OpenAI Responses "
+        "API items or one NeMo Gym rollout, an OpenAI chat message list, or a tau-bench run"
     )
     files = serializers.DictField(
         child=ParsedJSONField(),

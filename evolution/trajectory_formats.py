@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from evolution.formats.atif import join_continuations, subagent_refs, validate_atif
+from evolution.formats.claude_code import from_claude_code
+from evolution.formats.claude_code import is_session as is_claude_session
 from evolution.formats.common import (
     AGENT_ONLY,
     CONVERTED_VERSION,
@@ -47,6 +49,8 @@ from evolution.formats.openai import from_openai
 from evolution.formats.openhands import from_openhands
 from evolution.formats.openhands import is_event_list as is_openhands_events
 from evolution.formats.openhands import is_instance as is_openhands_instance
+from evolution.formats.responses import from_codex, from_responses, is_codex_session, is_rollout
+from evolution.formats.responses import is_items as is_responses_items
 from evolution.formats.swe_agent import from_swe_agent, is_swe_agent
 from evolution.formats.tau2_bench import from_simulation
 from evolution.formats.tau2_bench import is_results as is_tau2_results
@@ -76,10 +80,21 @@ __all__ = [
     "validate_atif",
 ]
 
-FORMATS = ("atif", "mini-swe-agent", "openai", "swe-agent", "openhands", "tau2-bench")
+FORMATS = (
+    "atif",
+    "mini-swe-agent",
+    "openai",
+    "swe-agent",
+    "openhands",
+    "tau2-bench",
+    "claude-code",
+    "codex",
+    "openai-responses",
+)
 SUPPORTED = (
     "ATIF v1.0 to v1.7 (JSON, or streaming JSONL), a mini-swe-agent 1.x or 2.x .traj.json or message list, "
     "a SWE-agent 0.x or 1.x .traj, an OpenHands event list or evaluation output.jsonl, tau2-bench results, "
+    "a Claude Code or Codex CLI session (JSONL), OpenAI Responses API items or NeMo Gym rollouts, "
     "an OpenAI chat message list, a tau-bench run"
 )
 _LENIENT_HINT = (
@@ -149,6 +164,7 @@ def _is_trajectory_item(item: Any) -> bool:
         or "messages" in item
         or is_openhands_instance(item)
         or is_swe_agent(item)
+        or is_rollout(item)
     )
 
 
@@ -162,6 +178,8 @@ def _list_kind(items: list[Any]) -> str:
         return "tau2-bench simulations"
     if is_swe_agent(first):
         return "SWE-agent trajectories"
+    if is_rollout(first):
+        return "NeMo Gym rollouts"
     return "ATIF trajectories" if "schema_version" in first or "steps" in first else "trajectories"
 
 
@@ -186,6 +204,12 @@ def detect_format(document: Any) -> str:
     if isinstance(document, list):
         if is_openhands_events(document):
             return "openhands"
+        if is_codex_session(document):
+            return "codex"
+        if is_claude_session(document):
+            return "claude-code"
+        if is_responses_items(document):
+            return "openai-responses"
         if not document or any(isinstance(item, dict) and "role" in item for item in document[:20]):
             return "mini-swe-agent" if is_mini_messages(document) else "openai"
         raise _unsupported(document)
@@ -200,6 +224,8 @@ def detect_format(document: Any) -> str:
             return "openhands"
         if is_tau2_simulation(document):
             return "tau2-bench"
+        if is_rollout(document):
+            return "openai-responses"
         if "messages" in document and _looks_like(document) != "a gemini-cli session":
             marker = str(document.get("trajectory_format") or "")
             if marker.startswith("mini-swe-agent") or "info" in document:
@@ -214,6 +240,9 @@ _CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
     "swe-agent": from_swe_agent,
     "openhands": from_openhands,
     "tau2-bench": from_simulation,
+    "claude-code": from_claude_code,
+    "codex": from_codex,
+    "openai-responses": from_responses,
 }
 
 

@@ -136,3 +136,14 @@ def iso_time(value: Any) -> str | None:
     if is_number(value) and 0 <= value < 32503680000:  # before the year 3000
         return datetime.fromtimestamp(value, tz=UTC).isoformat().replace("+00:00", "Z")
     return None
+
+
+def step_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final metrics summed from the steps' own: ``total_steps`` and each of
+    the prompt, completion and cached token counts some step has."""
+    final: dict[str, Any] = {"total_steps": len(steps)}
+    for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+        counted = [step["metrics"][name] for step in steps if name in step.get("metrics", {})]
+        if counted:
+            final[f"total_{name}"] = sum(counted)
+    return final

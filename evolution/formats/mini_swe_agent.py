@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from evolution.formats.common import CONVERTED_VERSION, TrajectoryFormatError, is_number, type_name
+from evolution.formats.common import CONVERTED_VERSION, TrajectoryFormatError, is_number, step_totals, type_name
 from evolution.formats.openai import messages_to_steps
 
 BASH_BLOCK_RE = re.compile(r"```(?:mswea_bash_command|bash|sh|shell)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -88,11 +88,7 @@ def from_mini_swe_agent(document: Any, *, deviations: list[str] | None = None) -
         for step in steps:
             if step["source"] == "agent":
                 step["model_name"] = model
-    final: dict[str, Any] = {"total_steps": len(steps)}
-    for ours, theirs in (("total_prompt_tokens", "prompt_tokens"), ("total_completion_tokens", "completion_tokens")):
-        counted = [step["metrics"][theirs] for step in steps if theirs in step.get("metrics", {})]
-        if counted:
-            final[ours] = sum(counted)
+    final = step_totals(steps)
     model_stats = info.get("model_stats")
     stats: dict[str, Any] = model_stats if isinstance(model_stats, dict) else {}
     if is_number(stats.get("instance_cost")):

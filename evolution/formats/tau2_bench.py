@@ -25,6 +25,7 @@ from evolution.formats.common import (
     content_text,
     is_number,
     iso_time,
+    step_totals,
     type_name,
     usage_metrics,
 )
@@ -119,11 +120,7 @@ def from_simulation(document: Any, *, deviations: list[str] | None = None) -> di
         errors.append("messages: must hold at least one message")
     if errors:
         raise TrajectoryFormatError(errors)
-    final: dict[str, Any] = {"total_steps": len(steps)}
-    for ours, theirs in (("total_prompt_tokens", "prompt_tokens"), ("total_completion_tokens", "completion_tokens")):
-        counted = [step["metrics"][theirs] for step in steps if theirs in step.get("metrics", {})]
-        if counted:
-            final[ours] = sum(counted)
+    final = step_totals(steps)
     if is_number(document.get("agent_cost")) and document["agent_cost"] >= 0:
         final["total_cost_usd"] = document["agent_cost"]
     reward_info = document.get("reward_info")

@@ -216,6 +216,22 @@ def test_tau2_bench_results_import_one_simulation_per_trial(trials: list[Trial])
     assert rewards == [s["reward_info"]["reward"] for s in json.loads(path.read_text())["simulations"]] == [0.0, 1.0]
 
 
+def test_claude_code_and_codex_sessions_import_from_jsonl(trials: list[Trial]) -> None:
+    claude = FIXTURES / "claude-code" / "2.0.64-4c2ddfdc-b619-4525-8d03-1950fb1b0257.jsonl"
+    codex = FIXTURES / "codex" / "rollout-2026-01-02T18-39-45-019b7f94-51b4-7593-922e-ba12b5b73b52.jsonl"
+    assert command("--trial", str(trials[0].pk), str(claude)) == (
+        0,
+        f"imported 13 steps (claude-code) into trial {trials[0].pk}; redacted: none\n",
+        "",
+    )
+    assert command("--trial", str(trials[1].pk), str(codex)) == (
+        0,
+        f"imported 6 steps (codex) into trial {trials[1].pk}; redacted: none\n",
+        "",
+    )
+    assert tally(stored(trials[0]))["tool_calls"] == 6 and tally(stored(trials[1]))["tool_calls"] == 3
+
+
 def test_swe_agent_traj_imports(trial: Trial) -> None:
     path = FIXTURES / "swe-agent" / "1.x-function-calling-marshmallow-code__marshmallow-1867.traj"
     code, out, err = command("--trial", str(trial.pk), str(path))

@@ -1,6 +1,7 @@
 """Real files of producers other than Harbor (issue 43), parsed as the import
 reads them: SWE-agent 0.x and 1.x, OpenHands evaluation output, tau2-bench
-results, mini-swe-agent 1.x by detection, and the one-line refusals. Each
+results, Claude Code and Codex CLI sessions, NeMo Gym's Responses API
+rollouts, mini-swe-agent 1.x by detection, and the one-line refusals. Each
 expected count is computed from the raw file by its own route (the
 producer's fields), not by the reader. Pure parsing: no database (the
 command's end-to-end import is in test_trajectory_interop)."""
@@ -28,6 +29,24 @@ SWE_AGENT = FIXTURES / "swe-agent"
 OPENHANDS = FIXTURES / "openhands" / "multi-swe-bench-output.first-2.jsonl"
 TAU2 = FIXTURES / "tau2-bench" / "whissle-airline_run1.first-2.json"
 MINI_1 = FIXTURES / "mini-swe-agent" / "v1.7.0-text-github_issue.traj.json"
+CLAUDE = FIXTURES / "claude-code" / "2.0.64-4c2ddfdc-b619-4525-8d03-1950fb1b0257.jsonl"
+CODEX = FIXTURES / "codex" / "rollout-2026-01-02T18-39-45-019b7f94-51b4-7593-922e-ba12b5b73b52.jsonl"
+ROLLOUTS = FIXTURES / "openai-responses" / "nemo-gym-example_tool_call_multireward-rollouts.jsonl"
+MODEL_ITEMS = ("reasoning", "function_call", "custom_tool_call", "web_search_call")
+
+
+def jsonl(path: Path) -> list[Any]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def model_runs(items: list[dict[str, Any]]) -> int:
+    """How many maximal runs of model output (reasoning, assistant messages, calls) ``items`` hold."""
+    runs, inside = 0, False
+    for item in items:
+        output = item.get("type") in MODEL_ITEMS or (item.get("type") == "message" and item.get("role") == "assistant")
+        runs += output and not inside
+        inside = output
+    return runs
 
 
 def tally(document: dict[str, Any]) -> dict[str, int]:
@@ -231,13 +250,9 @@ def test_a_strict_refusal_says_when_the_lenient_import_takes_the_file() -> None:
 @pytest.mark.parametrize(
     ("lines", "looks_like"),
     [
+        ([{"type": "summary", "summary": "s", "leafUuid": "u"}] * 42, "a Claude Code session (JSONL, 42 events)"),
         (
-            [{"type": "summary", "summary": "s", "leafUuid": "u"}]
-            + [{"type": "user", "sessionId": "s", "message": {"role": "user", "content": "hi"}}] * 41,
-            "a Claude Code session (JSONL, 42 events)",
-        ),
-        (
-            [{"type": "session_meta", "payload": {}}, {"type": "response_item", "payload": {}}],
+            [{"type": "event_msg", "payload": {"type": "token_count"}}] * 2,
             "a Codex CLI session (JSONL, 2 events)",
         ),
         ([{"a": 1}, {"b": 2}], "a JSONL file of 2 objects with keys a, b"),
@@ -257,3 +272,102 @@ def test_the_openhands_event_list_harbor_ships_imports() -> None:
     calls = {e["id"] for e in events if e["source"] == "agent" and e.get("action") not in (None, "message", "system")}
     answers = [e for e in events if "observation" in e and e.get("cause") in calls]
     assert (tally(document)["steps"], tally(document)["tool_calls"], len(answers)) == (len(events) - len(answers), 2, 1)
+
+
+def test_claude_code_session_imports_its_tool_calls_answers_and_tokens_once_per_response() -> None:
+    lines = jsonl(CLAUDE)
+    messages = [line for line in lines if line["type"] in ("user", "assistant")]
+    blocks = [(line, block) for line in messages for block in line["message"]["content"] if isinstance(block, dict)]
+    user_texts = [line for line in messages if line["type"] == "user" and isinstance(line["message"]["content"], str)]
+    assistant = [line for line in messages if line["type"] == "assistant"]
+    responses: dict[str, Any] = {}
+    for line in assistant:
+        responses.setdefault(line["message"]["id"], line["message"]["usage"])
+    fmt, document = parse(read(CLAUDE))
+    assert fmt == "claude-code"
+    assert tally(document) == {
+        "steps": len(assistant) + len(user_texts),  # 10 + 3
+        "tool_calls": sum(1 for _line, block in blocks if block["type"] == "tool_use"),  # 6
+        "observations": sum(1 for _line, block in blocks if block["type"] == "tool_result"),  # 6
+        "with_tokens": len(responses),  # 7: Claude Code repeats a response's usage on each of its lines
+        "with_time": len(assistant) + len(user_texts),
+    }
+    assert tally(document)["steps"] == 13
+    usage = list(responses.values())
+    assert document["final_metrics"] == {
+        "total_steps": 13,
+        "total_prompt_tokens": sum(u["input_tokens"] + u["cache_read_input_tokens"] for u in usage),
+        "total_completion_tokens": sum(u["output_tokens"] for u in usage),
+        "total_cached_tokens": sum(u["cache_read_input_tokens"] for u in usage),
+    }
+    assert document["final_metrics"]["total_prompt_tokens"] == 214660
+    assert (document["session_id"], document["agent"]["version"]) == (lines[1]["sessionId"], "2.0.64")
+    assert document["extra"]["skipped"] == {"file-history-snapshot": len(lines) - len(messages)}
+
+
+def test_codex_session_imports_its_calls_and_the_tokens_of_each_model_call() -> None:
+    lines = jsonl(CODEX)
+    items = [line["payload"] for line in lines if line["type"] == "response_item"]
+    counts = [line["payload"]["info"] for line in lines if line["payload"].get("type") == "token_count"]
+    inputs = [item for item in items if item["type"] == "message" and item["role"] != "assistant"]
+    fmt, document = parse(read(CODEX))
+    assert fmt == "codex"
+    assert tally(document) == {
+        "steps": len(inputs) + model_runs(items),  # 3 user messages, 3 model calls
+        "tool_calls": sum(1 for item in items if item["type"] == "function_call"),  # 3
+        "observations": sum(1 for item in items if item["type"] == "function_call_output"),  # 3
+        "with_tokens": model_runs(items),  # each closed by a token_count
+        "with_time": len(inputs) + model_runs(items),
+    }
+    totals = [info for info in counts if info][-1]["total_token_usage"]
+    assert document["final_metrics"] == {
+        "total_steps": 6,
+        "total_prompt_tokens": totals["input_tokens"],  # 22474
+        "total_completion_tokens": totals["output_tokens"],  # 300
+        "total_cached_tokens": totals["cached_input_tokens"],  # 14848
+    }
+    first = next(step for step in document["steps"] if step.get("tool_calls"))
+    assert first["tool_calls"][0]["arguments"]["command"] == ["bash", "-lc", "ls"]
+    assert first["observation"]["results"][0]["extra"]["metadata"]["exit_code"] == 0
+    assert document["extra"]["skipped"] == {"ghost_snapshot": 1}
+
+
+def test_nemo_gym_rollouts_are_one_trajectory_per_line() -> None:
+    rollouts = jsonl(ROLLOUTS)
+    document = read(ROLLOUTS)
+    with pytest.raises(TrajectoryListError) as info:
+        parse(document)
+    assert (info.value.count, info.value.kind) == (5, "NeMo Gym rollouts")
+    got = []
+    for rollout in rollouts:
+        inputs = rollout["responses_create_params"]["input"]
+        output = rollout["response"]["output"]
+        fmt, converted = parse(rollout)
+        assert fmt == "openai-responses"
+        assert tally(converted) == {
+            "steps": len(inputs) + model_runs(output),
+            "tool_calls": sum(1 for item in output if item["type"] == "function_call"),
+            "observations": sum(1 for item in output if item["type"] == "function_call_output"),
+            "with_tokens": 0,  # the response's usage is the rollout's total
+            "with_time": 0,
+        }
+        usage = rollout["response"]["usage"]
+        assert converted["final_metrics"]["total_prompt_tokens"] == usage["input_tokens"]
+        assert converted["final_metrics"]["total_completion_tokens"] == usage["output_tokens"]
+        assert converted["extra"]["reward"] == rollout["reward"]
+        got.append((tally(converted)["steps"], tally(converted)["tool_calls"], usage["output_tokens"]))
+    assert got == [(4, 1, 142), (4, 1, 193), (4, 1, 187), (4, 1, 179), (4, 1, 1193)]
+
+
+def test_a_list_of_responses_items_imports() -> None:
+    rollout = jsonl(ROLLOUTS)[1]
+    items = [*rollout["responses_create_params"]["input"], *rollout["response"]["output"]]
+    fmt, document = parse(items)
+    assert fmt == "openai-responses"
+    assert tally(document)["steps"] == 4
+    call = next(item for item in rollout["response"]["output"] if item["type"] == "function_call")
+    assert document["steps"][2]["tool_calls"] == [
+        {"tool_call_id": call["call_id"], "function_name": call["name"], "arguments": json.loads(call["arguments"])}
+    ]
+    answer = rollout["response"]["output"][-1]
+    assert document["steps"][3]["message"] == answer["content"][0]["text"]

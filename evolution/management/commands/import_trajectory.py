@@ -2,11 +2,12 @@
 
 The file is JSON or JSONL: ATIF (streaming JSONL too), mini-swe-agent,
 SWE-agent, OpenHands (an event list, or an evaluation ``output.jsonl``),
-tau2-bench results, OpenAI chat messages or a tau-bench run. An ATIF
+tau2-bench results, a Claude Code or Codex CLI session, OpenAI Responses
+API items or NeMo Gym rollouts, OpenAI chat messages or a tau-bench run. An ATIF
 trajectory continued in other files (``continued_trajectory_ref``) is
 joined from the files beside it, and the subagent trajectories its steps name are linked when they are
 there too. A file holding several trajectories (a list of them, an
-OpenHands ``output.jsonl``, tau2-bench results) is imported with
+OpenHands ``output.jsonl``, tau2-bench results, NeMo Gym rollouts) is imported with
 ``--trials``, one trial per trajectory in order, all or nothing.
 
 Exit codes: 0 imported, 1 invalid document (each error names the field, or
@@ -90,7 +91,8 @@ class FolderFiles(dict[str, Any]):
 class Command(BaseCommand):
     help = (
         "Import a trajectory file (ATIF v1.0-v1.7 JSON or JSONL, mini-swe-agent 1.x/2.x, SWE-agent 0.x/1.x, "
-        "OpenHands events or output.jsonl, tau2-bench results, OpenAI messages, a tau-bench run) into a trial, "
+        "OpenHands events or output.jsonl, tau2-bench results, Claude Code or Codex sessions, OpenAI Responses "
+        "items or NeMo Gym rollouts, OpenAI messages, a tau-bench run) into a trial, "
         "replacing its trajectory; a file of several trajectories into --trials."
     )
 
