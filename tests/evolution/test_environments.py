@@ -173,3 +173,38 @@ def test_docker_image_in_task_toml_is_no_reason_to_refuse(tmp_path: Path) -> Non
     (task / "environment" / "Dockerfile").write_text(_dockerfile("harbor-hello-world"))
     with pytest.raises(harbor.HarborTaskRefused, match=r"^build-pmars: Dockerfile line 1: base image 'ubuntu:24.04'"):
         harbor.read_task(task)
+
+
+@pytest.mark.django_db
+def test_the_worked_example_imports_two_tasks_and_refuses_the_third() -> None:
+    import io
+
+    from django.core.management import call_command
+
+    from evolution.agents import cli_runner
+    from evolution.models import Experiment
+
+    folder = Path(cli_runner.__file__).parent / "terminal_bench_example"
+    out = io.StringIO()
+    call_command("import_harbor_tasks", str(folder), "--name", "tb-debian", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        "refused qemu-alpine-ssh: Dockerfile line 17: RUN fetches from dl-cdn.alpinelinux.org, which this machine "
+        "cannot reach: wget -q https://dl-cdn.alpinelinux.org/alpine/v3.19/releases/x86_64/alpine-extended-3.19.0-"
+        "x86_64.iso -O /app/alpine.iso"
+    )
+    experiment = Experiment.objects.get(name="tb-debian")
+    tasks = {task.external_id: task for task in experiment.benchmark.tasks.all()}
+    assert sorted(tasks) == ["build-pmars", "winning-avg-corewars"]
+    corewars = tasks["winning-avg-corewars"].expected["environment"]
+    assert [step["run"][:30] for step in corewars["steps"]] == [
+        "apt-get update && apt-get inst",
+        "echo 'deb-src http://deb.debia",
+        "apt-get update",
+        "apt-get source pmars && cd /ap",
+    ]
+    # The warriors copied into /app start the agent's workspace; the tests stay private.
+    assert tasks["winning-avg-corewars"].public_files is not None
+    assert "test.sh" in tasks["build-pmars"].expected["tests"]
+    assert experiment.evaluator.timeout_seconds == 3600
+    assert lines[-1].startswith("imported experiment 'tb-debian'")

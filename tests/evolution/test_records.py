@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
 from evolution import digests, records
-from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, TreeEntry
+from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, TreeEntry, Trial
 from evolution.services import evaluation as evaluation_services
 from evolution.services.records import records_verify, result_certify
 from tests.factories import evaluate_seed_inline, make_tiny_experiment, run_evaluation_inline, seed_id, seed_of
@@ -518,3 +518,19 @@ def test_an_evaluator_without_the_network_keeps_the_digest_it_had_before_the_set
     )
     assert digests.evaluator_digest(**fields) == before
     assert digests.evaluator_digest(**fields, agent_network=False) == before
+
+
+def test_the_environment_a_trial_ran_in_is_certified_and_checked(certified: Experiment) -> None:
+    """A record binds the digests of the Debian-built environments its trials
+    ran in (none here: the host's system) and verify_records recomputes them
+    from the trials: a trial stamped with an environment afterwards, or one
+    whose stamp is removed, is named."""
+    record = CertifiedResult.objects.get(experiment=certified, seq=1)
+    assert "environments" not in record.payload["evaluator"]
+    assert run_verify(certified)[0] == 0
+    trial = Trial.objects.filter(evaluation=record.evaluation).order_by("pk").first()
+    assert trial is not None
+    Trial.objects.filter(pk=trial.pk).update(environment="e" * 64)
+    problems = records_verify(experiment=certified).problems
+    label = f"experiment {certified.pk} {certified.name!r}"
+    assert f"{label} record #1: the trials' Debian-built environments differ from the certified ones" in problems
