@@ -147,6 +147,8 @@ def _looks_like(document: Any) -> str:
             and any(isinstance(m, dict) and "type" in m for m in messages)
         ):
             return "a gemini-cli session"
+        if "task_id" in document and "termination_reason" in document and isinstance(document.get("ticks"), list):
+            return f"a tau2-bench full-duplex (voice) simulation ({len(document['ticks'])} ticks, no messages)"
         keys = sorted(document)[:8]
         return f"a JSON object with keys {', '.join(keys)}" if keys else "an empty JSON object"
     return type_name(document)

@@ -265,6 +265,16 @@ def test_jsonl_no_reader_takes_is_named_not_called_invalid_json(lines: list[Any]
     assert info.value.errors == [f"document: looks like {looks_like}; supported: {SUPPORTED}"]
 
 
+def test_a_tau2_bench_voice_simulation_is_named() -> None:
+    # tau2-bench's full-duplex mode records ticks of audio chunks, not messages (its test data:
+    # tests/test_voice/test_interaction_metrics/testdata/experiment/simulations/*.json).
+    voice = {"id": "s", "task_id": "0", "termination_reason": "user_stop", "mode": "full_duplex", "ticks": [{}] * 3}
+    with pytest.raises(TrajectoryFormatError) as info:
+        parse(voice)
+    named = "a tau2-bench full-duplex (voice) simulation (3 ticks, no messages)"
+    assert info.value.errors == [f"document: looks like {named}; supported: {SUPPORTED}"]
+
+
 def test_the_openhands_event_list_harbor_ships_imports() -> None:
     events = json.loads((FIXTURES / "harbor" / "openhands-events.json").read_text())
     fmt, document = parse(events)
