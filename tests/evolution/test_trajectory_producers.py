@@ -381,3 +381,23 @@ def test_a_list_of_responses_items_imports() -> None:
     ]
     answer = rollout["response"]["output"][-1]
     assert document["steps"][3]["message"] == answer["content"][0]["text"]
+
+
+def test_a_claude_code_answer_to_no_call_is_refused_and_kept_by_the_lenient_import() -> None:
+    # A resumed or cut session: the lines holding the tool_use blocks are gone, their answers remain.
+    lines = [
+        line
+        for line in jsonl(CLAUDE)
+        if not (line["type"] == "assistant" and any(b["type"] == "tool_use" for b in line["message"]["content"]))
+    ]
+    orphans = [b for line in lines if line["type"] == "user" for b in line["message"]["content"] if "tool_use_id" in b]
+    with pytest.raises(TrajectoryFormatError) as info:
+        parse(lines)
+    assert len(info.value.errors) == len(orphans) == 6
+    assert info.value.errors[0] == (
+        f"line 5: tool_result {orphans[0]['tool_use_id']!r} answers no tool_use of an earlier line"
+    )
+    assert info.value.lenient_imports is True
+    _fmt, document = parse(lines, lenient=True)
+    assert document["extra"]["deviations"] == info.value.errors
+    assert sum(1 for step in document["steps"] if step["source"] == "system") == 6
