@@ -497,7 +497,21 @@ def _replay_run(target: Path, step: dict[str, Any], *, progress: Progress) -> No
     for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
         if name in os.environ:
             env[name] = os.environ[name]
-    command = [bwrap, "--bind", str(target), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # /tmp world-writable with the sticky bit, as on any system: apt's own unprivileged user writes there.
+    command = [
+        bwrap,
+        "--bind",
+        str(target),
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+    ]
     command += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
     if Path("/etc/resolv.conf").exists():
         command += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]

@@ -30,6 +30,8 @@ DOCKERFILE = """\
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/* \\
     && echo replayed > /etc/rsi-test-step
+# apt drops to its own user to fetch; its files go to /tmp, which must be writable to it.
+RUN setpriv --reuid=_apt --regid=nogroup --clear-groups touch /tmp/apt-writes-here
 ENV GREETING_FILE=hello.txt
 WORKDIR /app
 COPY data.json /app/data.json
@@ -88,7 +90,7 @@ def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
     root = environments.environment_path(settings.RSI_ENVIRONMENTS_DIR, digest)
     assert (root / "usr" / "bin" / "jq").is_file()
     assert "debootstrap --variant=minbase bookworm" in built.getvalue()
-    assert "step 1/1: RUN apt-get update && apt-get install -y --no-install-recommends jq" in built.getvalue()
+    assert "step 1/2: RUN apt-get update && apt-get install -y --no-install-recommends jq" in built.getvalue()
     again = io.StringIO()
     call_command("environment_build", "debian-built", stdout=again)
     assert f"environment {digest[:12]} already built" in again.getvalue()
