@@ -30,11 +30,22 @@ from typing import Any
 
 from evolution import example, measurements, operators
 from evolution.critic import build_index, critique
-from evolution.loop import lifecycle, load, measure
+from evolution.loop import lifecycle, load, measure, regularization
 from evolution.loop.certify import result_certify
 from evolution.loop.inline import run_drive
-from evolution.models import RUN_UNFINISHED, Candidate, Evaluation, Experiment, Run, SplitName, Trial
-from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict
+from evolution.loop.state import RunState
+from evolution.models import (
+    RUN_UNFINISHED,
+    Candidate,
+    Evaluation,
+    Experiment,
+    GateDecision,
+    LedgerEntry,
+    Run,
+    SplitName,
+    Trial,
+)
+from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe, recipe_to_dict, run_recipe
 from evolution.services import evaluation as evaluation_services
 from evolution.services import proposals
 from evolution.services.experiments import experiment_twin
@@ -47,6 +58,7 @@ __all__ = [
     "RunOutcome",
     "comparison_table",
     "recipes_compare",
+    "rules_fired",
     "t_interval",
 ]
 
@@ -160,7 +172,7 @@ class Comparison:
 
     def rules(self, recipe: str) -> dict[str, dict[str, float]]:
         """Per rule: how often it fired in the recipe's runs, in total and in how many runs."""
-        names = sorted({name for r in self.of(recipe) for name in r.rules})
+        names = [name for name in RULES if any(name in r.rules for r in self.of(recipe))]
         return {
             name: {
                 "total": float(sum(r.rules.get(name, 0) for r in self.of(recipe))),
@@ -532,10 +544,68 @@ def _edits(run: Run, accepted: Sequence[Candidate], recipe: Recipe, measured: _T
     return edits
 
 
+# The regularizers whose firing a comparison counts (docs/loop.md, "Every regularizer exercised").
+RULES = (
+    "edit_budget",
+    "ledger_refusals",
+    "stall_exploration",
+    "critic",
+    "noise_band",
+    "floor",
+    "cost_admissibility",
+    "novelty_bonus",
+    "guards",
+    "pruning",
+)
+_NOISE_BAND_RULES = ("inside_noise_gain", "inside_noise_no_gain", "noise_unknown")
+_STALLED = "stalled:"  # the reason a stall slot's candidate that explored nothing new is rejected with
+
+
 def rules_fired(run: Run) -> dict[str, int]:
-    """How often each regularizer fired in ``run``, counted from its stored records (placeholder: filled by
-    the records reader)."""
-    return {}
+    """How often each regularizer fired in ``run``, counted from what the run stored where each rule decided
+    (no counter of its own):
+
+    - edit_budget: candidates rejected for more atomic edits than the round's budget (their state);
+    - ledger_refusals: refuted ledger rows the proposer was shown as hypotheses not to repeat (ledger on);
+    - stall_exploration: rounds proposed while stalled (the run's ``stalled_rounds``);
+    - critic: candidates the leakage critic flagged (their flags);
+    - noise_band, floor, cost_admissibility, guards: gate decisions whose rule is the band's (inside the
+      band, or the band unknown), ``floor``, ``cost_too_high``, ``guard_*``;
+    - novelty_bonus: gate decisions inside the band whose objective counted a new structural kind
+      (N_new > 0 with lambda_N > 0);
+    - pruning: rounds after which pruning advised deleting some component: ``regularization.pruning_targets``
+      over the run's ledger, as the gate computed it (pruning on).
+    """
+    recipe = run_recipe(run)
+    candidates = Candidate.objects.filter(run=run)
+    budget = candidates.filter(state=Candidate.State.REJECTED_BUDGET)
+    decisions = list(GateDecision.objects.filter(run=run).values_list("rule", "numbers"))
+    ledger = list(LedgerEntry.objects.filter(run=run).values_list("round", "component", "delta_score", "admissible"))
+    novelty = sum(
+        1
+        for rule, numbers in decisions
+        if rule in _NOISE_BAND_RULES and (numbers.get("N_new") or 0) > 0 and (numbers.get("lambda_N") or 0) > 0
+    )
+    pruned = 0
+    if recipe.pruning.enabled:
+        points = [regularization.LedgerPoint(round=r, component=c, dS=d) for r, c, d, _ in ledger]
+        for number in sorted({r for r, *_ in ledger}):
+            so_far = [p for p in points if p.round <= number]
+            window, threshold = recipe.pruning.window, recipe.pruning.threshold
+            if regularization.pruning_targets(so_far, current_round=number, window=window, threshold=threshold):
+                pruned += 1
+    return {
+        "edit_budget": budget.exclude(state_reason__startswith=_STALLED).count(),
+        "ledger_refusals": sum(1 for *_, admissible in ledger if not admissible) if recipe.ledger.enabled else 0,
+        "stall_exploration": len(RunState.of(run).stalled_rounds),
+        "critic": candidates.filter(leakage_flags__isnull=False).distinct().count(),
+        "noise_band": sum(1 for rule, _ in decisions if rule in _NOISE_BAND_RULES),
+        "floor": sum(1 for rule, _ in decisions if rule == "floor"),
+        "cost_admissibility": sum(1 for rule, _ in decisions if rule == "cost_too_high"),
+        "novelty_bonus": novelty,
+        "guards": sum(1 for rule, _ in decisions if rule.startswith("guard_")),
+        "pruning": pruned,
+    }
 
 
 def _mean(values: Sequence[float] | None) -> float | None:
@@ -554,33 +624,48 @@ def _row_text(r: RunOutcome) -> str:
 
 
 def comparison_table(comparison: Comparison) -> list[str]:
-    """The table ``compare_recipes`` prints: the start, each run, each recipe's mean and 95% interval."""
+    """The tables ``compare_recipes`` prints: the start of each split draw, each run, each recipe's mean and 95%
+    interval, the paired difference against the first recipe, and how often each regularizer fired."""
     columns = [c for c in COLUMNS if c != "held_out" or any(r.held_out is not None for r in comparison.runs)]
-    header = f"{'recipe':<20} {'seed':>4} {'run':>5} " + " ".join(f"{c:>15}" for c in columns)
+    header = f"{'recipe':<20} {'seed':>4} {'draw':>4} {'run':>5} " + " ".join(f"{c:>17}" for c in columns)
     lines = [header]
+    counts = {"cost", "leaky_accepted", "leaky_by_transfer"}
 
     def cell(column: str, value: float | None) -> str:
-        if column == "leaky_accepted":
-            return f"{value:>15.0f}" if value is not None else f"{'-':>15}"
-        if column == "cost":
-            return f"{value:>15.0f}" if value is not None else f"{'-':>15}"
-        return f"{_fmt(value, 15)}"
+        if value is None:
+            return f"{'-':>17}"
+        return f"{value:>17.0f}" if column in counts else _fmt(value, 17)
 
-    lines.append(f"{'(start)':<20} {'':>4} {'':>5} " + " ".join(cell(c, comparison.start.get(c)) for c in columns))
+    def interval(column: str, values: dict[str, float | None], signed: bool = False) -> str:
+        low, high = values["low"], values["high"]
+        if low is None or high is None:
+            return f"{'-':>17}"
+        if column in counts:
+            return f"{f'[{round(low)},{round(high)}]':>17}"  # round(): no "-0"
+        return f"{f'[{low:+.3f},{high:+.3f}]' if signed else f'[{low:.3f},{high:.3f}]':>17}"
+
+    def row(label: str, seed: str, draw: str, run: str, cells: Iterable[str]) -> str:
+        return f"{label:<20} {seed:>4} {draw:>4} {run:>5} " + " ".join(cells)
+
+    for draw, start in sorted(comparison.starts.items()):
+        lines.append(row("(start)", "", str(draw), "", (cell(c, start.get(c)) for c in columns)))
     for name in comparison.recipes:
         for r in comparison.of(name):
-            values = " ".join(cell(c, getattr(r, c)) for c in columns)
-            lines.append(f"{name:<20} {r.seed:>4} {r.run:>5} {values}")
+            lines.append(
+                row(name, str(r.seed), str(r.split_draw), str(r.run), (cell(c, getattr(r, c)) for c in columns))
+            )
         summary = comparison.summary(name)
-        lines.append(f"{name + ' mean':<20} {'':>4} {'':>5} " + " ".join(cell(c, summary[c]["mean"]) for c in columns))
-
-        def interval(column: str, summary: dict[str, dict[str, float | None]] = summary) -> str:
-            low, high = summary[column]["low"], summary[column]["high"]
-            if low is None or high is None:
-                return f"{'-':>15}"
-            if column in {"cost", "leaky_accepted"}:
-                return f"{f'[{round(low)},{round(high)}]':>15}"  # round(): no "-0"
-            return f"{f'[{low:.3f},{high:.3f}]':>15}"
-
-        lines.append(f"{'  95% interval':<20} {'':>4} {'':>5} " + " ".join(interval(c) for c in columns))
+        lines.append(row(name + " mean", "", "", "", (cell(c, summary[c]["mean"]) for c in columns)))
+        lines.append(row("  95% interval", "", "", "", (interval(c, summary[c]) for c in columns)))
+        if name != comparison.recipes[0]:
+            paired = comparison.paired(name)
+            signed = (f"{v:>+17.3f}" if (v := paired[c]["mean"]) is not None else f"{'-':>17}" for c in columns)
+            lines.append(row(f"  - {comparison.recipes[0]}"[:20], "", "", "", signed))
+            lines.append(row("  95% interval", "", "", "", (interval(c, paired[c], signed=True) for c in columns)))
+    lines.append("")
+    lines.append(f"{'rule fired (runs)':<20} " + " ".join(f"{name:>17}" for name in comparison.recipes))
+    for rule in RULES:
+        fired = [comparison.rules(name).get(rule) for name in comparison.recipes]
+        texts = [f"{f['total']:.0f} ({f['runs']:.0f})" if f else "-" for f in fired]
+        lines.append(f"{rule:<20} " + " ".join(f"{text:>17}" for text in texts))
     return lines

@@ -9,7 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from evolution.example.setup import example_experiment_create
-from evolution.models import Experiment, Run
+from evolution.loop.compare import RULES
+from evolution.models import Candidate, Experiment, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,6 +56,8 @@ def test_compare_recipes_prints_each_run_and_the_start_as_json() -> None:
     for r in runs:  # every accepted edit judged by sealed transfer, against its parent's sealed score
         assert len(r["edits"]) == r["accepted"]
         assert r["leaky_by_transfer"] == sum(e["leaky"] for e in r["edits"])
+        assert set(r["rules"]) == set(RULES)
+        assert r["rules"]["edit_budget"] == Candidate.objects.filter(run=r["run"], state="rejected_budget").count()
 
 
 def test_compare_recipes_refuses_an_unknown_recipe_or_experiment() -> None:
