@@ -26,6 +26,7 @@ from evolution.models import (
     GateDecision,
     LeakageFlag,
     LedgerEntry,
+    RecipeComparison,
     ReviewDecision,
     Run,
     SplitMembership,
@@ -617,3 +618,21 @@ class AnnotationWriteSerializer(serializers.Serializer):
     )
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
     step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)
+
+
+class RecipeComparisonSerializer(serializers.ModelSerializer):
+    """A stored ``compare_recipes`` comparison; ``result`` is what ``--json`` printed (docs/loop.md)."""
+
+    class Meta:
+        model = RecipeComparison
+        fields: tuple[str, ...] = (
+            "id",
+            "experiment",
+            "status",
+            "params",
+            "command",
+            "result",
+            "error",
+            "created_at",
+            "finished_at",
+        )

@@ -40,6 +40,7 @@ from evolution.models import (
     Experiment,
     LeakageFlag,
     LedgerEntry,
+    RecipeComparison,
     ReviewDecision,
     ReviewItem,
     Run,
@@ -109,6 +110,13 @@ class ExperimentViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return out.ExperimentDetailSerializer if self.action == "retrieve" else out.ExperimentSerializer
+
+
+class RecipeComparisonViewSet(viewsets.ReadOnlyModelViewSet):
+    """Recipe comparisons (``compare_recipes``): how each was asked for and its JSON result."""
+
+    queryset = RecipeComparison.objects.order_by("-pk")
+    serializer_class = out.RecipeComparisonSerializer
 
 
 def _run_state_error(run: Run, done: str) -> Response:

@@ -394,3 +394,9 @@ class AnnotationLabelAdmin(admin.ModelAdmin[models.AnnotationLabel]):
 class AnnotationAdmin(admin.ModelAdmin[models.Annotation]):
     list_display = ("trial", "author", "label", "created_at")
     list_filter = ("label",)
+
+
+@admin.register(models.RecipeComparison)
+class RecipeComparisonAdmin(ReadOnlyAdmin):
+    list_display = ("pk", "experiment", "status", "command", "created_at", "finished_at")
+    list_filter = ("status",)

@@ -990,3 +990,29 @@ class Annotation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label_id} on {self.trial_id}"
+
+
+class RecipeComparison(models.Model):
+    """One ``compare_recipes`` comparison: how it was asked for and what it measured (``evolution.loop.compare``).
+
+    ``params`` holds the options it ran with (recipes, seeds, seed_start, split_seeds, rounds, candidates, k,
+    proposer, transfer_seeds), ``command`` the command line that reruns it, ``result`` the comparison's JSON
+    once it finished (``Comparison.to_json``); ``error`` why it stopped when it failed.
+    """
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FINISHED = "finished"
+        FAILED = "failed"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="comparisons")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    params = models.JSONField(default=dict)
+    command = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"comparison {self.pk} of experiment {self.experiment_id} ({self.status})"

@@ -26,6 +26,7 @@ from evolution.models import (
     GateDecision,
     LedgerEntry,
     ParityCheck,
+    RecipeComparison,
     ReviewDecision,
     ReviewItem,
     Run,
@@ -162,6 +163,11 @@ def experiments_with_latest_run() -> list[WithAnnotations[Experiment, _LatestRun
 
 def runs_by_id(*, run_ids: Iterable[int]) -> dict[int, Run]:
     return {run.pk: run for run in Run.objects.filter(pk__in=list(run_ids)).select_related("recipe")}
+
+
+def experiment_comparisons(*, experiment: Experiment) -> list[RecipeComparison]:
+    """The recipe comparisons started from the experiment, newest first (without their stored JSON)."""
+    return list(RecipeComparison.objects.filter(experiment=experiment).defer("result").order_by("-pk")[:20])
 
 
 def experiment_runs(*, experiment: Experiment) -> list[Run]:

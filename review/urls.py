@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # Aliased: the name ``annotations`` is taken by the __future__ import.
 from review.views import annotations as annotation_views
-from review.views import candidates, experiments, lineage, queue, results, runs
+from review.views import candidates, comparisons, experiments, lineage, queue, results, runs
 
 app_name = "review"
 
@@ -16,4 +16,5 @@ urlpatterns = [
     *results.urlpatterns,
     *queue.urlpatterns,
     *annotation_views.urlpatterns,
+    *comparisons.urlpatterns,
 ]

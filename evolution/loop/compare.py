@@ -20,6 +20,7 @@ table reports what the runs measured.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from django.utils import timezone
 
 from evolution import example, measurements, operators
 from evolution.critic import build_index, critique
@@ -41,6 +44,7 @@ from evolution.models import (
     Experiment,
     GateDecision,
     LedgerEntry,
+    RecipeComparison,
     Run,
     SplitName,
     Trial,
@@ -144,6 +148,7 @@ class Comparison:
     seed_start: int = 0
     split_seeds: int = 1
     starts: dict[int, dict[str, float | None]] = field(default_factory=dict)  # by split draw
+    record: int | None = None  # the RecipeComparison that stores it
 
     def of(self, recipe: str, draw: int | None = None) -> list[RunOutcome]:
         return [r for r in self.runs if r.recipe == recipe and (draw is None or r.split_draw == draw)]
@@ -184,6 +189,7 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         draws = range(self.split_seeds)
         return {
+            "comparison": self.record,
             "experiment": self.experiment,
             "rounds": self.rounds,
             "seeds": self.seeds,
@@ -239,11 +245,15 @@ def recipes_compare(
     inline: bool = False,
     timeout: float = 6 * 3600,
     on_progress: Callable[[str], None] | None = None,
+    command: str = "",
 ) -> Comparison:
     """Run each of ``recipes`` (preset names) with proposer seeds ``seed_start``.. ``seed_start + seeds - 1`` on
     ``split_seeds`` split draws, each in a twin of ``experiment``, and measure every accepted harness (see the
     module docstring). Through the workers unless ``inline``; CompareError when a run's transfer evaluation
-    fails or nothing finishes within ``timeout`` seconds (every run and evaluation made so far stays)."""
+    fails or nothing finishes within ``timeout`` seconds (every run and evaluation made so far stays).
+
+    Stored as a ``RecipeComparison`` (with ``command``, the line that reruns it) from the start: running,
+    then finished with its JSON, or failed with the reason."""
     unknown = [name for name in recipes if name not in PRESET_NAMES]
     if unknown:
         raise CompareError(f"unknown recipe(s) {', '.join(unknown)}: expected presets ({', '.join(PRESET_NAMES)})")
@@ -255,8 +265,62 @@ def recipes_compare(
         raise CompareError("--seed-start must be 0 or more")
     if experiment.seed_candidate is None:
         raise CompareError(f"experiment {experiment.pk} has no seed harness")
-    say = on_progress or (lambda text: None)
-    deadline = time.monotonic() + timeout
+    params = {
+        "recipes": list(recipes),
+        "seeds": seeds,
+        "seed_start": seed_start,
+        "split_seeds": split_seeds,
+        "rounds": rounds,
+        "candidates": candidates,
+        "k": k,
+        "proposer": proposer,
+        "transfer_seeds": transfer_seeds,
+    }
+    stored = RecipeComparison.objects.create(experiment=experiment, params=params, command=command)
+    try:
+        comparison = _compare(
+            experiment=experiment,
+            recipes=recipes,
+            seeds=seeds,
+            seed_start=seed_start,
+            split_seeds=split_seeds,
+            rounds=rounds,
+            candidates=candidates,
+            k=k,
+            proposer=proposer,
+            transfer_seeds=transfer_seeds,
+            inline=inline,
+            deadline=time.monotonic() + timeout,
+            say=on_progress or (lambda text: None),
+        )
+    except Exception as exc:
+        RecipeComparison.objects.filter(pk=stored.pk).update(
+            status=RecipeComparison.Status.FAILED, error=str(exc) or type(exc).__name__, finished_at=timezone.now()
+        )
+        raise
+    comparison = dataclasses.replace(comparison, record=stored.pk)
+    RecipeComparison.objects.filter(pk=stored.pk).update(
+        status=RecipeComparison.Status.FINISHED, result=comparison.to_json(), finished_at=timezone.now()
+    )
+    return comparison
+
+
+def _compare(
+    *,
+    experiment: Experiment,
+    recipes: Sequence[str],
+    seeds: int,
+    seed_start: int,
+    split_seeds: int,
+    rounds: int | None,
+    candidates: int | None,
+    k: int | None,
+    proposer: str | None,
+    transfer_seeds: int,
+    inline: bool,
+    deadline: float,
+    say: Callable[[str], None],
+) -> Comparison:
     proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
     specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
     for spec in specs.values():

@@ -671,6 +671,7 @@ def experiment(request: HttpRequest, pk: int) -> HttpResponse:
         "parity": _parity_fact(experiment),
         "unexplored": [],
         "run_rows": _run_rows(experiment, runs, counts, sizes),
+        "comparisons": review_selectors.experiment_comparisons(experiment=experiment),
         "best": review_selectors.best_harness(experiment=experiment),
         "runs_chart": charts.runs_chart(
             [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
 
-def test_compare_recipes_goes_through_a_running_worker(start_worker) -> None:
+def test_compare_recipes_goes_through_a_running_worker(start_worker: Any) -> None:
     experiment = example_experiment_create(name="compare-worker", task_limit=9)
     worker = start_worker()
     argv = [sys.executable, "manage.py", "compare_recipes", "--experiment", str(experiment.pk)]

@@ -26,6 +26,7 @@ from django.urls import reverse
 
 from evolution.models import CertifiedResult, Experiment, ReviewItem, Trial
 from tests.factories import seed_of
+from tests.review.comparison_world import small_comparison
 from tests.review.test_browser import browser, ensure_default_labels
 from tests.review.test_keys_browser import Screen, screen
 
@@ -116,6 +117,7 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
     record = CertifiedResult.objects.filter(experiment=example_world).order_by("seq").first()
     assert item is not None and candidate is not None and trial is not None and record is not None
     seed = seed_of(example_world)
+    comparison, _ = small_comparison()
     screens = {
         "home": reverse("review:home"),
         "dashboard": reverse("review:experiment", args=[example_world.pk]),
@@ -133,6 +135,7 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
         "review-item": reverse("review:review_item", args=[item.pk]),
         "annotation-queue": reverse("review:annotate_queue"),
         "annotation-stats": reverse("review:annotation_stats", args=[example_world.pk]),
+        "comparison": reverse("review:comparison", args=[comparison.pk]),
     }
     screen.login("rhea")
     page = screen.page

@@ -71,6 +71,7 @@ class Ids:
     train_task: int
     benchmark: int
     run: int
+    comparison: int = 999999  # no world here has one (a comparison shows aggregates only): its routes 404
 
 
 # Each route name -> the GET paths that exercise it (sealed objects included).
@@ -83,6 +84,10 @@ ROUTES: dict[str, Paths] = {
     "review:home": lambda i: ["/"],
     "favicon": lambda i: ["/favicon.ico"],
     "review:experiment": lambda i: [f"/experiments/{i.experiment}/"],
+    "review:comparison": lambda i: [f"/comparisons/{i.comparison}/"],
+    "review:comparison_json": lambda i: [f"/comparisons/{i.comparison}/json/"],
+    "api:comparison-list": lambda i: ["/api/v1/comparisons/"],
+    "api:comparison-detail": lambda i: [f"/api/v1/comparisons/{i.comparison}/"],
     "review:experiment_progress": lambda i: [f"/experiments/{i.experiment}/progress/"],
     "review:experiment_ledger": lambda i: [f"/experiments/{i.experiment}/ledger/"],
     "review:lineage": lambda i: [f"/experiments/{i.experiment}/lineage/"],

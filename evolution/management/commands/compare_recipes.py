@@ -4,6 +4,7 @@ and print what each one's final harness scores on train, gate and the transfer s
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -65,6 +66,7 @@ class Command(BaseCommand):
                 proposer=options["proposer"],
                 transfer_seeds=options["transfer_seeds"],
                 on_progress=None if quiet else (lambda text: self.stderr.write(text)),
+                command=_command_line(experiment, options),
             )
         except (CompareError, RecipeError, LoopError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
@@ -90,3 +92,15 @@ class Command(BaseCommand):
                 returncode=2,
             )
         return experiment
+
+
+def _command_line(experiment: Experiment, options: dict[str, Any]) -> str:
+    """The command that reruns this comparison (every option spelled out; --json left to the reader)."""
+    words = ["python", "manage.py", "compare_recipes", "--experiment", str(experiment.pk)]
+    for name in ("recipes", "seeds", "seed_start", "split_seeds", "rounds", "candidates", "k", "proposer"):
+        if options.get(name) is not None:
+            words += ["--" + name.replace("_", "-"), str(options[name])]
+    words += ["--transfer-seeds", str(options["transfer_seeds"])]
+    if options.get("inline"):
+        words.append("--inline")
+    return shlex.join(words)
