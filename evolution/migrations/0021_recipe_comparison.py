@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evolution', '0019_review_undo_corrections'),
+        ('evolution', '0020_trial_environment'),
     ]
 
     operations = [
