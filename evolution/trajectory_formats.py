@@ -117,8 +117,8 @@ class JsonLines(list[Any]):
 
 
 def _event_stream(items: list[dict[str, Any]]) -> str | None:
-    kinds = {item.get("type") for item in items}
-    if not items or not all(isinstance(kind, str) for kind in kinds):
+    kinds = {item.get("type") for item in items if isinstance(item.get("type"), str)}
+    if not items or len(kinds) == 0 or any(not isinstance(item.get("type"), str) for item in items):
         return None
     for known, name in _EVENT_STREAMS:
         if kinds <= known:

@@ -35,7 +35,9 @@ def is_session(document: Any) -> bool:
     items = document[:50] if isinstance(document, list) else []
     return (
         bool(items)
-        and all(isinstance(item, dict) and item.get("type") in TYPES for item in items)
+        and all(
+            isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] in TYPES for item in items
+        )
         and any(isinstance(item.get("message"), dict) and "sessionId" in item for item in items)
     )
 

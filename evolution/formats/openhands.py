@@ -75,7 +75,7 @@ def events_to_steps(events: list[Any], where: str) -> tuple[list[dict[str, Any]]
     """ATIF steps of an OpenHands event list, and the errors found."""
     steps: list[dict[str, Any]] = []
     errors: list[str] = []
-    by_event: dict[Any, tuple[dict[str, Any], str]] = {}  # action id -> (its step, its call id)
+    by_event: dict[int | str, tuple[dict[str, Any], str]] = {}  # action id -> (its step, its call id)
     by_call: dict[str, dict[str, Any]] = {}
     responses: set[str] = set()
     for index, event in enumerate(events):
@@ -94,7 +94,8 @@ def events_to_steps(events: list[Any], where: str) -> tuple[list[dict[str, Any]]
         )
         if "observation" in event:
             call_id = metadata.get("tool_call_id")
-            owner = by_event.get(event.get("cause"))
+            cause = event.get("cause")
+            owner = by_event.get(cause) if isinstance(cause, int | str) else None
             if owner is None and isinstance(call_id, str) and call_id in by_call:
                 owner = (by_call[call_id], call_id)
             content = content_text(event.get("content"))
@@ -136,7 +137,8 @@ def events_to_steps(events: list[Any], where: str) -> tuple[list[dict[str, Any]]
                 arguments = {key: value for key, value in args.items() if key != "thought"}
             name = metadata.get("function_name") or function.get("name") or action
             step["tool_calls"] = [{"tool_call_id": call_id, "function_name": str(name), "arguments": arguments}]
-            by_event[event.get("id")] = (step, call_id)
+            if isinstance(event.get("id"), int | str):
+                by_event[event["id"]] = (step, call_id)
             by_call[call_id] = step
         step["extra"] = {**extra, "args": args}
         steps.append(step)

@@ -46,7 +46,9 @@ CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_con
 def is_items(document: Any) -> bool:
     """A list of Responses API items: every one typed, all of the item types."""
     items = document[:50] if isinstance(document, list) else []
-    return bool(items) and all(isinstance(item, dict) and item.get("type") in ITEM_TYPES for item in items)
+    return bool(items) and all(
+        isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] in ITEM_TYPES for item in items
+    )
 
 
 def is_rollout(document: Any) -> bool:
@@ -63,7 +65,10 @@ def is_codex_session(document: Any) -> bool:
     items = document[:50] if isinstance(document, list) else []
     return (
         bool(items)
-        and all(isinstance(item, dict) and item.get("type") in CODEX_TYPES for item in items)
+        and all(
+            isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] in CODEX_TYPES
+            for item in items
+        )
         and any(item.get("type") in ("session_meta", "response_item") for item in items)
     )
 
@@ -180,7 +185,9 @@ def from_responses(document: Any, *, deviations: list[str] | None = None) -> dic
     if is_rollout(document):
         request, response = document["responses_create_params"], document["response"]
         given = request.get("input")
-        inputs = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+        inputs = (
+            [{"role": "user", "content": given}] if isinstance(given, str) else given if isinstance(given, list) else []
+        )
         items = [*inputs, *response["output"]]
         final = _token_metrics(response.get("usage"), totals=True)
         if isinstance(response.get("model"), str):

@@ -46,7 +46,7 @@ def _messages(history: list[Any]) -> list[Any]:
     messages = []
     for message in history:
         ids = message.get("tool_call_ids") if isinstance(message, dict) else None
-        if message.get("role") == "tool" and isinstance(ids, list) and len(ids) == 1 and "tool_call_id" not in message:
+        if isinstance(ids, list) and len(ids) == 1 and message.get("role") == "tool" and "tool_call_id" not in message:
             message = {**message, "tool_call_id": ids[0]}
         messages.append(message)
     return messages

@@ -401,3 +401,35 @@ def test_a_claude_code_answer_to_no_call_is_refused_and_kept_by_the_lenient_impo
     _fmt, document = parse(lines, lenient=True)
     assert document["extra"]["deviations"] == info.value.errors
     assert sum(1 for step in document["steps"] if step["source"] == "system") == 6
+
+
+def _broken(path: Path, change: Any) -> Any:
+    document = read(path)
+    items = trajectory_items(document)
+    first = copy.deepcopy(items[0] if items is not None else document)
+    change(first)
+    return first
+
+
+@pytest.mark.parametrize(
+    ("path", "change"),
+    [
+        (CLAUDE, lambda lines: lines[1].update(type={"user": 1})),
+        (CODEX, lambda lines: lines[0].update(type=["session_meta"])),
+        (ROLLOUTS, lambda rollout: rollout["responses_create_params"].update(input=True)),
+        (OPENHANDS, lambda instance: instance["history"][3].update(cause={"id": 2})),
+        (OPENHANDS, lambda instance: instance["history"][4].update(id=[5])),
+        (SWE_AGENT / "0.x-swe-agent__test-repo-i1.traj", lambda traj: traj["history"].append(3)),
+    ],
+)
+def test_a_broken_field_is_a_format_error_or_imports_never_a_crash(path: Path, change: Any) -> None:
+    # Each of these once raised TypeError (an unhashable or non-iterable value where the reader
+    # expected a string or a list), found by mutating the real files at random.
+    document = _broken(path, change)
+    for lenient in (False, True):
+        try:
+            _fmt, converted = parse(document, lenient=lenient)
+        except TrajectoryFormatError as exc:
+            assert exc.errors and all(isinstance(error, str) for error in exc.errors)
+        else:
+            assert converted["steps"]
