@@ -273,21 +273,22 @@ def recipes_compare(
         "rounds": rounds,
         "candidates": candidates,
         "k": k,
-        "proposer": proposer,
+        "proposer": proposer or example.preset_proposer(benchmark=experiment.benchmark.name),
         "transfer_seeds": transfer_seeds,
     }
+    proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
+    specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
+    for spec in specs.values():
+        lifecycle.check_llm_endpoints(spec)  # refused before anything is stored
     stored = RecipeComparison.objects.create(experiment=experiment, params=params, command=command)
     try:
         comparison = _compare(
             experiment=experiment,
-            recipes=recipes,
+            specs=specs,
             seeds=seeds,
             seed_start=seed_start,
             split_seeds=split_seeds,
             rounds=rounds,
-            candidates=candidates,
-            k=k,
-            proposer=proposer,
             transfer_seeds=transfer_seeds,
             inline=inline,
             deadline=time.monotonic() + timeout,
@@ -308,23 +309,17 @@ def recipes_compare(
 def _compare(
     *,
     experiment: Experiment,
-    recipes: Sequence[str],
+    specs: dict[str, Recipe],
     seeds: int,
     seed_start: int,
     split_seeds: int,
     rounds: int | None,
-    candidates: int | None,
-    k: int | None,
-    proposer: str | None,
     transfer_seeds: int,
     inline: bool,
     deadline: float,
     say: Callable[[str], None],
 ) -> Comparison:
-    proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
-    specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
-    for spec in specs.values():
-        lifecycle.check_llm_endpoints(spec)
+    recipes = list(specs)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     planned: list[_Planned] = []
     for draw in range(split_seeds):

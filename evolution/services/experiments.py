@@ -342,7 +342,9 @@ def experiment_twin(*, like: Experiment, name: str, split_seed: int | None = Non
     if like.seed_candidate is None:
         raise ExperimentError(f"experiment {like.pk} has no seed harness to copy")
     lists: dict[str, list[str]] = {}
-    for split, task in like.split_memberships.values_list("split", "task__external_id").order_by("pk"):
+    # Held-out tasks come from the held-out benchmarks (splits_assign adds them), never from the lists.
+    memberships = like.split_memberships.exclude(split=SplitName.HELDOUT)
+    for split, task in memberships.values_list("split", "task__external_id").order_by("pk"):
         lists.setdefault(split, []).append(task)
     return experiment_create(
         name=name,
@@ -353,7 +355,7 @@ def experiment_twin(*, like: Experiment, name: str, split_seed: int | None = Non
         split_seed=like.split_seed if split_seed is None else split_seed,
         split_ratios=like.split_ratios,
         split_lists=lists if split_seed is None else None,
-        heldout=list(like.heldout_benchmarks.all()) if split_seed is not None else (),
+        heldout=list(like.heldout_benchmarks.all()),
         trials_per_task=like.trials_per_task,
         run_settings=like.run_settings,
     )

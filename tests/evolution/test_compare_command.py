@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from evolution.example.setup import example_experiment_create
 from evolution.loop.compare import RULES
-from evolution.models import Candidate, Experiment, Run
+from evolution.models import Candidate, Experiment, RecipeComparison, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,4 +66,7 @@ def test_compare_recipes_refuses_an_unknown_recipe_or_experiment() -> None:
         call_command("compare_recipes", experiment=experiment.pk, recipes="rrsi,nope", seeds=1, stdout=io.StringIO())
     with pytest.raises(CommandError, match="no experiment with id"):
         call_command("compare_recipes", experiment=999999, stdout=io.StringIO())
+    with pytest.raises(CommandError, match="the llm proposal operator is not configured"):
+        call_command("compare_recipes", experiment=experiment.pk, recipes="rrsi", proposer="llm", stdout=io.StringIO())
     assert Experiment.objects.count() == 1  # nothing was created
+    assert not RecipeComparison.objects.exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from evolution.models import Candidate, Evaluation, Experiment, SplitMembership, SplitName, Task
@@ -155,6 +157,16 @@ def test_heldout_benchmark_tasks_are_reported_like_sealed() -> None:
     assert "heldout" in experiment.split_digests
     evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["heldout"], k=1)
     assert evaluation.trials_total == 3
+    # A twin (a comparison's run) keeps the held-out benchmark and the same splits; a new split draw too.
+    from evolution.services.experiments import experiment_twin
+
+    def splits(e: Any) -> set[tuple[str, str]]:
+        return set(SplitMembership.objects.filter(experiment=e).values_list("task__external_id", "split"))
+
+    twin = experiment_twin(like=experiment, name="with held-out, twin")
+    assert splits(twin) == splits(experiment) and twin.split_digests == experiment.split_digests
+    drawn = experiment_twin(like=experiment, name="with held-out, drawn", split_seed=7)
+    assert {t for t, s in splits(drawn) if s == SplitName.HELDOUT} == {"o0", "o1", "o2"}
 
 
 def test_the_own_benchmark_cannot_also_be_held_out() -> None:

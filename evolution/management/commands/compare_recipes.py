@@ -13,6 +13,7 @@ from evolution.loop.compare import CompareError, comparison_table, recipes_compa
 from evolution.loop.lifecycle import LoopError
 from evolution.models import Experiment
 from evolution.recipes import RecipeError
+from evolution.services.experiments import ExperimentError
 
 DEFAULT_RECIPES = "rrsi,unregularized,rrsi-no-selection,rrsi-no-proposal"
 
@@ -68,7 +69,7 @@ class Command(BaseCommand):
                 on_progress=None if quiet else (lambda text: self.stderr.write(text)),
                 command=_command_line(experiment, options),
             )
-        except (CompareError, RecipeError, LoopError) as exc:
+        except (CompareError, RecipeError, LoopError, ExperimentError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
         if quiet:
             self.stdout.write(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
