@@ -8,8 +8,8 @@ edit per candidate, from four families:
   question of the generator and names the primitive operation that answers it), or a fix of a seed skill
   (ignore case when counting a letter, the other spelling of an arithmetic question);
 - ``memorize``: a table of the train questions' answers in memory, keyed by a fingerprint of the question
-  (no task text in the diff, so the leakage critic has nothing to match; a fresh seed's question has
-  another fingerprint, so it cannot transfer);
+  (no question text in the diff, though the rules critic still matches the answers, which are the tasks'
+  expected values; a fresh seed's question has another fingerprint, so it cannot transfer);
 - ``leaky``: train questions and their answers pasted verbatim into the prompt as worked examples;
 - ``cost``: padding in the prompt that changes no answer.
 

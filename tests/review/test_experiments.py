@@ -844,3 +844,17 @@ def test_dashboard_says_when_the_evaluator_gives_its_agent_the_network(client_as
     }
     assert "the agent keeps the network" in texts[hosted.pk]
     assert "the agent keeps the network" not in texts[offline.pk]
+
+
+def test_dashboard_warns_when_one_split_holds_every_task_of_a_kind(client_as) -> None:
+    from evolution.example.setup import example_experiment_create
+
+    concentrated = example_experiment_create(name="concentrated")
+    even = make_tiny_experiment(tasks=4)
+
+    client = client_as("viewer")
+    html = client.get(reverse("review:experiment", args=[concentrated.pk])).content.decode()
+    plain = client.get(reverse("review:experiment", args=[even.pk])).content.decode()
+
+    assert "sealed holds all 3 tasks of kind from_ticket: no other split measures it" in unescape(html)
+    assert "split-warning" not in plain
