@@ -9,6 +9,7 @@ target it must meet. A module registers its benchmarks with ``@benchmark``;
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,3 +111,58 @@ def stopwatch() -> Iterator[list[float]]:
         yield elapsed
     finally:
         elapsed[0] = time.perf_counter() - start
+
+
+# The fields of /proc/stat's "cpu" line (proc(5)), in jiffies summed over every core.
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_jiffies() -> dict[str, int]:
+    """The machine's CPU time so far by kind, from /proc/stat (empty where there is none)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            values = stat.readline().split()[1 : 1 + len(_CPU_FIELDS)]
+    except OSError:
+        return {}
+    return dict(zip(_CPU_FIELDS, (int(value) for value in values), strict=False))
+
+
+@dataclass(frozen=True)
+class Load:
+    """How busy the machine was over a span: the load averages at its end and
+    the shares of the cores' time that were idle (idle and I/O wait), taken
+    by the hypervisor (steal) and busy (all the rest: this run and every
+    other tenant's processes) between its start and its end."""
+
+    averages: tuple[float, float, float]
+    idle: float
+    steal: float
+    busy: float
+
+    @classmethod
+    def between(cls, before: dict[str, int], after: dict[str, int]) -> Load:
+        spent = {name: after.get(name, 0) - before.get(name, 0) for name in _CPU_FIELDS}
+        total = sum(spent.values()) or 1
+        idle = (spent["idle"] + spent["iowait"]) / total
+        steal = spent["steal"] / total
+        return cls(averages=os.getloadavg(), idle=idle, steal=steal, busy=1.0 - idle - steal)
+
+    def text(self) -> str:
+        one, five, fifteen = self.averages
+        return (
+            f"load {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min) on {os.cpu_count()} cores; "
+            f"CPU over the span {100 * self.busy:.0f} % busy, {100 * self.idle:.0f} % idle, "
+            f"{100 * self.steal:.0f} % stolen"
+        )
+
+
+@contextmanager
+def load_meter() -> Iterator[list[Load]]:
+    """``with load_meter() as load: ...`` then ``load[0]`` is the machine's
+    load over the block: every figure a shared machine prints needs it beside."""
+    measured: list[Load] = []
+    before = cpu_jiffies()
+    try:
+        yield measured
+    finally:
+        measured.append(Load.between(before, cpu_jiffies()))

@@ -22,20 +22,19 @@ whose agent answers at once, its removal, and starting a worker.
 
 from __future__ import annotations
 
-import json
 import os
+import queue
 import shutil
 import subprocess
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -64,10 +63,10 @@ from evolution.services.experiments import (
     experiment_create,
     surface_create,
 )
-from evolution.services.snapshots import tree_materialize, tree_store
+from evolution.services.snapshots import tree_store
 from evolution.trees import FileEntry
-from evolution.trials import parse_verdict
-from lab.bench import BenchResult, benchmark, stopwatch
+from evolution.trials import TrialSpec, run_trial
+from lab.bench import BenchResult, Load, benchmark, load_meter, stopwatch
 from lab.processes import WorkerProcess as Worker
 from lab.processes import database_url_for_subprocess, process_descendants, process_stats, worker_spawn
 
@@ -300,55 +299,60 @@ def wait_certified(evaluation: Evaluation, *, timeout: float, workers: Sequence[
 # --- the two sides ------------------------------------------------------------
 
 
-def _direct_run(experiment: Experiment, *, k: int, parallel: int, root: Path) -> tuple[float, int]:
-    """Run every (task, index) agent and verifier command of ``experiment``
-    directly with ``parallel`` processes, each trial with the seed the
-    platform gives it (``trial_seed`` of the experiment's base seed); returns
-    (seconds, passes)."""
-    evaluator = experiment.evaluator
-    harness, evaluator_dir = root / "harness", root / "evaluator"
-    tree_materialize(tree=selectors.experiment_seed(experiment).tree, dest=harness)
-    tree_materialize(tree=evaluator.files, dest=evaluator_dir)
+def trial_specs(experiment: Experiment, *, k: int, root: Path) -> list[tuple[TrialSpec, Path]]:
+    """What ``run_trial`` gets for every (task, index) of ``experiment``'s
+    seed, written by the worker's own ``trial_spec`` (the same files, command
+    lines, limits, seeds and sandbox mode) from trials held in memory alone:
+    nothing is stored. Each with a fresh folder under ``root`` to run in."""
+    experiment = Experiment.objects.select_related("evaluator").get(pk=experiment.pk)
+    evaluation = Evaluation(experiment=experiment)
+    seed = selectors.experiment_seed(experiment)
     base_seed = int(experiment.run_settings.get("seed", 0))
-    jobs = []
-    for number, task in enumerate(experiment.benchmark.tasks.order_by("external_id")):
-        task_dir = root / "tasks" / task.external_id
-        task_dir.mkdir(parents=True)
-        if task.public_files is not None:
-            tree_materialize(tree=task.public_files, dest=task_dir)
-        (task_dir / "instruction.md").write_text(task.instruction)
+    work = []
+    for task in experiment.benchmark.tasks.order_by("external_id"):
         for index in range(k):
-            seed = evaluation_services.trial_seed(base_seed, task.external_id, index)
-            trial_dir = root / "trials" / f"{number}-{index}"
-            (trial_dir / "output").mkdir(parents=True)
-            (trial_dir / "private").mkdir()
-            (trial_dir / "private" / "expected.json").write_text(
-                json.dumps({"expected": task.expected, "criteria": task.criteria})
+            trial = Trial(
+                evaluation=evaluation,
+                candidate=seed,
+                task=task,
+                index=index,
+                seed=evaluation_services.trial_seed(base_seed, task.external_id, index),
             )
-            values = {
-                "{python}": settings.RSI_PYTHON,
-                "{evaluator}": str(evaluator_dir),
-                "{harness}": str(harness),
-                "{task}": str(task_dir),
-                "{output}": str(trial_dir / "output"),
-                "{private}": str(trial_dir / "private"),
-                "{seed}": str(seed),
-            }
-            trial_env = {"RSI_SEED": str(seed), "RSI_TRIAL_INDEX": str(index)}
-            jobs.append(
-                [_fill(evaluator.runner_argv, values), _fill(evaluator.verifier_argv, values), trial_dir, trial_env]
-            )
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            folder = Path(tempfile.mkdtemp(prefix=f"direct-{task.external_id}-{index}-", dir=root))
+            work.append((evaluation_services.trial_spec(trial, folder / "inputs"), folder))
+    return work
 
-    def one(job: list[Any]) -> bool:
-        agent, verifier, cwd, trial_env = job
-        subprocess.run(agent, cwd=cwd, env={**env, **trial_env}, check=True, stdin=subprocess.DEVNULL)
-        verdict = subprocess.run(verifier, cwd=cwd, env=env, check=True, capture_output=True)
-        return parse_verdict(verdict.stdout).passed
 
-    with stopwatch() as elapsed, ThreadPoolExecutor(max_workers=parallel) as pool:
-        passes = sum(pool.map(one, jobs))
-    return elapsed[0], passes
+def trials_alone(work: list[tuple[TrialSpec, Path]], *, threads: int, spread: float = 0.0) -> tuple[float, list[str]]:
+    """Run ``work`` through ``run_trial`` alone (the function a worker's slot
+    calls: the same sandbox, with no Celery, claim, finish or stored row) in
+    ``threads`` threads of this process, each taking the next trial in order;
+    thread ``i`` starts ``i * spread / threads`` seconds after the first.
+    Returns the seconds from the first start to the last finish and every
+    trial's outcome, in the order they finished."""
+    todo: queue.SimpleQueue[tuple[TrialSpec, Path]] = queue.SimpleQueue()
+    for item in work:
+        todo.put(item)
+    outcomes: list[str] = []
+
+    def slot(delay: float) -> None:
+        time.sleep(delay)
+        while True:
+            try:
+                spec, folder = todo.get_nowait()
+            except queue.Empty:
+                return
+            result = run_trial(spec, work_root=folder)
+            outcomes.append(result.outcome if result.outcome != "error" else f"error: {result.error}")
+            shutil.rmtree(folder, ignore_errors=True)
+
+    pool = [threading.Thread(target=slot, args=(number * spread / threads,)) for number in range(threads)]
+    with stopwatch() as elapsed:
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+    return elapsed[0], outcomes
 
 
 def _start_costs(*, use_bwrap: bool, starts: int = 100) -> tuple[float, float]:
@@ -423,15 +427,6 @@ def _cpu_sample(worker_pid: int, pool: list[int]) -> CpuSeconds:
     )
 
 
-def _fill(template: list[str], values: dict[str, str]) -> list[str]:
-    filled = []
-    for arg in template:
-        for placeholder, value in values.items():
-            arg = arg.replace(placeholder, value)
-        filled.append(arg)
-    return filled
-
-
 def _platform_run(experiment: Experiment, *, k: int, worker: Worker, timeout: float) -> tuple[float, Evaluation]:
     start = time.time()
     evaluation = evaluation_services.evaluation_start(
@@ -503,42 +498,52 @@ def with_example_experiment(
 @benchmark(
     "orchestration",
     "the bundled example's agent and verifier through Celery, a worker with two processes and certification "
-    "vs the same commands run directly",
+    "vs the same trials through the same sandbox alone",
     quick={"tasks": 10, "k": 2},
 )
 def orchestration(*, tasks: int = 60, k: int = 7, parallel: int = 2) -> BenchResult:
+    def direct(experiment: Experiment, root: Path) -> tuple[float, list[str], float, float, Load]:
+        """The direct side once: (seconds, outcomes, CPU seconds of the
+        commands and of this process, the load), its inputs written first."""
+        root.mkdir()
+        work = trial_specs(experiment, k=k, root=root)
+        start = os.times()
+        with load_meter() as load:
+            seconds, outcomes = trials_alone(work, threads=parallel)
+        end = os.times()
+        commands = (end.children_user + end.children_system) - (start.children_user + start.children_system)
+        return seconds, outcomes, commands, (end.user + end.system) - (start.user + start.system), load[0]
+
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
         tasks = experiment.benchmark.tasks.count()
         # Direct runs before and after the platform's, averaged: the load of
         # a shared machine drifts over a run of minutes.
-        direct_start = os.times()
-        before, direct_passes = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-1")
-        direct_end = os.times()
+        before, direct_outcomes, direct_commands, direct_here, before_load = direct(experiment, scratch / "direct-1")
         worker = worker_start(log_dir=scratch, concurrency=parallel)
         try:
             pool = process_descendants(worker.pid)  # the pool processes, before any trial
             cpu_start = _cpu_sample(worker.pid, pool)
-            platform_seconds, evaluation = _platform_run(experiment, k=k, worker=worker, timeout=60 + 2 * tasks * k)
+            with load_meter() as platform_load:
+                platform_seconds, evaluation = _platform_run(experiment, k=k, worker=worker, timeout=60 + 2 * tasks * k)
             cpu = _cpu_sample(worker.pid, pool) - cpu_start
         finally:
             worker.stop()
-        after, _ = _direct_run(experiment, k=k, parallel=parallel, root=scratch / "direct-2")
+        after, _, _, _, after_load = direct(experiment, scratch / "direct-2")
         direct_seconds = (before + after) / 2
-        direct_commands = (direct_end.children_user + direct_end.children_system) - (
-            direct_start.children_user + direct_start.children_system
-        )
-        direct_here = (direct_end.user + direct_end.system) - (direct_start.user + direct_start.system)
+        direct_passes = direct_outcomes.count("pass")
+        direct_errors = [outcome for outcome in direct_outcomes if outcome.startswith("error")]
         per_trial = 1000 / (tasks * k)
         outcomes = Trial.objects.filter(evaluation=evaluation)
         platform_passes = outcomes.filter(outcome=Trial.Outcome.PASS).count()
         errors = outcomes.filter(outcome=Trial.Outcome.ERROR).count()
         profiles = sorted(set(outcomes.values_list("sandbox_profile", flat=True)))
-        ratio = platform_seconds / direct_seconds
         sandboxed, plain = _start_costs(use_bwrap="bwrap" in profiles)
+        on_postgres, on_redis = connection.vendor == "postgresql", settings.CELERY_BROKER_URL.startswith("redis")
+        own_cpu = cpu.worker + cpu.here + (cpu.postgres if on_postgres else 0.0) + (cpu.redis if on_redis else 0.0)
         return BenchResult(
-            ratio=ratio,
-            target=1.15,
-            label="orchestration: platform / direct wall time",
+            ratio=platform_seconds / direct_seconds,
+            target=1.10,
+            label="orchestration: platform / the same trials through the same sandbox, wall time",
             lines=[
                 f"trials: {tasks * k} ({tasks} tasks of the bundled example x k={k}), its agent.py and verify.py; "
                 f"{parallel} parallel processes on each side",
@@ -547,22 +552,30 @@ def orchestration(*, tasks: int = 60, k: int = 7, parallel: int = 2) -> BenchRes
                 f"{({**os.environ, **prefork_connections(os.environ)}).get('RSI_DB_CONN_MAX_AGE', '0')} s "
                 "between tasks (RSI_DB_CONN_MAX_AGE)",
                 f"direct:   {direct_seconds:8.2f} s  ({1000 * direct_seconds / (tasks * k):.1f} ms per trial x "
-                f"{parallel}), {direct_passes} passed; mean of {before:.2f} s before and {after:.2f} s after",
+                f"{parallel}), {direct_passes} passed, {len(direct_errors)} errors; the same trials through "
+                f"run_trial alone (the worker's trial_spec and sandbox, no Celery, claim, finish or stored row), "
+                f"{parallel} threads; mean of {before:.2f} s before and {after:.2f} s after",
+                f"  load before: {before_load.text()}",
+                f"  load after: {after_load.text()}",
                 f"platform: {platform_seconds:8.2f} s  ({1000 * platform_seconds / (tasks * k):.1f} ms per trial x "
-                f"{parallel}), {platform_passes} passed, {errors} errors, certified",
+                f"{parallel}), {platform_passes} passed, {errors} errors, certified; {platform_load[0].text()}",
                 f"starting /bin/true: {1000 * plain:.2f} ms directly, {1000 * sandboxed:.2f} ms through "
                 f"run_sandboxed ({', '.join(profiles)}); a trial starts two commands",
-                f"CPU a trial, direct (first run): commands {per_trial * direct_commands:.1f} ms, "
+                f"CPU a trial, direct (first run): commands with their sandboxes {per_trial * direct_commands:.1f} ms, "
                 f"this process {per_trial * direct_here:.1f} ms",
                 f"CPU a trial, platform: commands with their sandboxes {per_trial * cpu.commands:.1f} ms, "
                 f"worker processes {per_trial * cpu.worker:.1f} ms, "
                 # Every server process on the host (other tenants' too): only when this run used that server.
-                + (f"PostgreSQL {per_trial * cpu.postgres:.1f} ms, " if connection.vendor == "postgresql" else "")
-                + (f"Redis {per_trial * cpu.redis:.1f} ms, " if settings.CELERY_BROKER_URL.startswith("redis") else "")
+                + (f"PostgreSQL {per_trial * cpu.postgres:.1f} ms, " if on_postgres else "")
+                + (f"Redis {per_trial * cpu.redis:.1f} ms, " if on_redis else "")
                 + f"this process {per_trial * cpu.here:.1f} ms; "
                 f"{os.cpu_count()} cores x wall time {per_trial * (os.cpu_count() or 1) * platform_seconds:.1f} ms",
+                f"the platform's own CPU a trial (worker processes, PostgreSQL, Redis, this process): "
+                f"{per_trial * own_cpu:.1f} ms",
             ],
-            checks={"same outcomes": platform_passes == direct_passes and errors == 0},
+            checks={
+                "same outcomes": platform_passes == direct_passes and errors == 0 and not direct_errors,
+            },
         )
 
     return with_example_experiment("orchestration", tasks, body)

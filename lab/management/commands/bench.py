@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
-from lab.bench import load_benchmarks
+from lab.bench import load_benchmarks, load_meter
 
 
 class Command(BaseCommand):
@@ -68,7 +68,8 @@ class Command(BaseCommand):
             sizes = bench.quick if options["quick"] else {}
             extra = {key: value for key, value in data.items() if value}
             try:
-                result = bench.run(**sizes, **extra)
+                with load_meter() as load:
+                    result = bench.run(**sizes, **extra)
             except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others)
                 self.stdout.write(traceback.format_exc())
                 self.stdout.write(f"{bench.name}: ERROR")
@@ -76,6 +77,8 @@ class Command(BaseCommand):
                 continue
             for line in result.lines:
                 self.stdout.write(f"  {line}")
+            # The machines are shared: every verdict is printed with the load it was measured under.
+            self.stdout.write(f"  the whole benchmark: {load[0].text()}")
             self.stdout.write(result.verdict())
             if not result.passed:
                 failed.append(name)
