@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -828,6 +829,17 @@ def settings_bound(run_settings: Any) -> Any:
     return {**{k: v for k, v in run_settings.items() if k != "imported_from"}, "imported_from": True}
 
 
+@functools.lru_cache(maxsize=64)
+def _splits_sorted(splits_text: str) -> Any:
+    """An evaluation's stored splits (JSON text) as a record binds them,
+    sorted. The same few texts repeat over a whole chain, so each is parsed
+    once: read the value, do not change it."""
+    splits = json_value(splits_text)
+    with contextlib.suppress(TypeError):  # a list of texts, unless forged: then compared as it is
+        splits = sorted(splits)
+    return splits
+
+
 def _bound_differences(
     payload: dict[str, Any],
     evaluation_fields: list[Any],
@@ -842,9 +854,7 @@ def _bound_differences(
     and origin, the experiment's recipe (a record made before the first run
     names none) and run settings. Pure."""
     purpose, repeat, splits_text, k, seed = evaluation_fields
-    splits = json_value(splits_text)
-    with contextlib.suppress(TypeError):  # a list of texts, unless forged: then compared as it is
-        splits = sorted(splits)
+    splits = _splits_sorted(splits_text)
     stored = {"purpose": purpose, "repeat": repeat, "splits": splits, "k": k, "seed": seed}
     certified = payload.get("evaluation")
     if not isinstance(certified, dict):
@@ -880,28 +890,44 @@ def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
     ).values_list("pk", flat=True)
     problems += [f"evaluation {pk} is certified, but no record binds it" for pk in unbound]
     evaluations = Evaluation.objects.filter(experiment=experiment)
+    # Both sides read as the driver returns them (``streamed_rows``): one
+    # row a split of every evaluation, where the ORM's per-row work took a
+    # quarter of a whole verification (issue 44). A sum over a 64-bit column
+    # may come back as a Decimal, which compares equal to the same int. The
+    # trials are totalled only for the certified evaluations with stored
+    # totals, the only ones compared below (a chain without any, as one
+    # imported without them, costs no pass over its trials).
+    with_totals = EvaluationSplitStats.objects.filter(
+        evaluation__experiment=experiment, evaluation__state=Evaluation.State.CERTIFIED
+    ).values("evaluation_id")
     recomputed = {
-        (row["evaluation_id"], row["split"]): (
-            row["first_candidate"],
-            row["n"],
-            row["passed"],
-            row["errors"],
-            float(row["score_sum"] or 0.0),
-            row["tokens_sum"] or 0,
-            row["tokens_count"],
+        (evaluation_id, split): tuple(totals)
+        for evaluation_id, split, *totals in streamed_rows(
+            Trial.objects.filter(evaluation__in=with_totals)
+            .values("evaluation_id", "split")
+            .annotate(
+                first_candidate=Min("candidate_id"),
+                n=Count("pk"),
+                passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
+                errors=Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
+                score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+                tokens_sum=Sum("tokens", default=0),
+                tokens_count=Count("tokens"),
+            )
+            .values_list(
+                "evaluation_id",
+                "split",
+                "first_candidate",
+                "n",
+                "passed",
+                "errors",
+                "score_sum",
+                "tokens_sum",
+                "tokens_count",
+            )
+            .order_by(),
+            4 * VERIFY_BATCH,
         )
-        for row in Trial.objects.filter(evaluation__in=evaluations.filter(state=Evaluation.State.CERTIFIED))
-        .values("evaluation_id", "split")
-        .annotate(
-            first_candidate=Min("candidate_id"),
-            n=Count("pk"),
-            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
-            errors=Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
-            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
-            tokens_sum=Sum("tokens", default=0),
-            tokens_count=Count("tokens"),
-        )
-        .order_by()
     }
     stored = EvaluationSplitStats.objects.filter(evaluation__in=evaluations).values_list(
         "evaluation_id",
@@ -916,7 +942,9 @@ def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
         "tokens_count",
     )
     count = 0
-    for evaluation_id, split, state, *totals in stored.order_by("evaluation_id", "split"):
+    for evaluation_id, split, state, *totals in streamed_rows(
+        stored.order_by("evaluation_id", "split"), 4 * VERIFY_BATCH
+    ):
         count += 1
         where = f"evaluation {evaluation_id}, split {split!r}"
         if state != Evaluation.State.CERTIFIED:
@@ -927,7 +955,7 @@ def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
         if (
             expected is None
             or tuple(totals[:4]) + tuple(totals[5:]) != expected[:4] + expected[5:]
-            or not math.isclose(float(totals[4]), expected[4], rel_tol=1e-9, abs_tol=1e-9)
+            or not math.isclose(float(totals[4]), float(expected[4]), rel_tol=1e-9, abs_tol=1e-9)
         ):
             problems.append(f"{where}: stored totals differ from its certified trials")
     checked = f"{count} stored split total(s) recomputed from the trials; certified evaluations bound by records"
@@ -1192,11 +1220,16 @@ def _certified_trial_rows(trials: Any) -> list[tuple[Any, ...] | None]:
     if not isinstance(trials, list):
         return [None]
     rows: list[tuple[Any, ...] | None] = []
+    size = len(TRIAL_ROW_KEYS)
     for trial in trials:
         row = None
-        if isinstance(trial, dict) and len(trial) == len(TRIAL_ROW_KEYS):
-            with contextlib.suppress(KeyError):
+        if isinstance(trial, dict) and len(trial) == size:
+            # try/except, not contextlib.suppress: entered once a trial, the context manager
+            # cost more than the lookup (issue 44's profile of records_verify).
+            try:
                 row = _trial_row_values(trial)
+            except KeyError:
+                pass
         rows.append(row)
     return rows
 

@@ -24,6 +24,7 @@ BENCH_MODULES = (
     "lab.bench.trajectories",
     "lab.bench.memory",
     "lab.bench.concurrency",
+    "lab.bench.shared",
     "lab.bench.llm",
 )
 

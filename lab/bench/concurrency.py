@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
@@ -224,11 +225,18 @@ def _mean_in_flight(trials: list[tuple[float, float, float]], begin: float, end:
 
 
 def _measure(
-    experiment: Experiment, trial_workers: list[Worker], all_workers: list[Worker], repeat: int, slots: int
+    experiment: Experiment,
+    trial_workers: list[Worker],
+    all_workers: list[Worker],
+    repeat: int,
+    slots: int,
+    around: AbstractContextManager[object] | None = None,
 ) -> Pass:
+    """One evaluation through the running workers; ``around`` (another
+    benchmark's meter) is entered for the same span as the clock."""
     pids = [worker.pid for worker in trial_workers]
     cpu_before = _cpu(pids)
-    with load_meter() as load, MemorySampler(workers=trial_workers) as sampler:
+    with around or nullcontext(), load_meter() as load, MemorySampler(workers=trial_workers) as sampler:
         start = time.time()
         evaluation = evaluation_services.evaluation_start(
             candidate=selectors.experiment_seed(experiment),
@@ -305,9 +313,16 @@ def _trial_worker_env(slots: int) -> dict[str, str]:
     return {"RSI_DB_POOL_SIZE": str(pool_size(slots))}
 
 
-def _run_with(hosts: list[int], experiment: Experiment, scratch: Path, repeat: int) -> Pass:
+def _run_with(
+    hosts: list[int],
+    experiment: Experiment,
+    scratch: Path,
+    repeat: int,
+    around: AbstractContextManager[object] | None = None,
+) -> Pass:
     """One pass with one trial worker per entry of ``hosts`` (its slots) and
-    a prefork worker of one process for certification."""
+    a prefork worker of one process for certification; ``around`` as for
+    ``_measure``."""
     workers: list[Worker] = []
     try:
         workers.append(worker_start(log_dir=scratch, concurrency=1, queues="celery"))
@@ -323,7 +338,7 @@ def _run_with(hosts: list[int], experiment: Experiment, scratch: Path, repeat: i
             for number, slots in enumerate(hosts)
         ]
         workers += trial_workers
-        return _measure(experiment, trial_workers, workers, repeat, sum(hosts))
+        return _measure(experiment, trial_workers, workers, repeat, sum(hosts), around)
     finally:
         for worker in workers:
             worker.stop()
@@ -391,8 +406,8 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                 f"({together.seconds / ideal:.3f} x ideal) starting together, {spread.seconds:.2f} s "
                 f"({spread.seconds / ideal:.3f} x ideal) with the starts spread over {agent_seconds:g} s; "
                 f"{together.errors + spread.errors} errors",
-                f"  load (together): {together.load.text()}",
-                f"  load (spread): {spread.load.text()}",
+                f"  the floor starting together: {together.load.text()}",
+                f"  the floor with the starts spread: {spread.load.text()}",
                 *(
                     f"  CPU a trial ({name}): this process {per * f.cpu.workers:.1f} ms, the commands "
                     f"{per * f.cpu.commands:.1f} ms; the machine {per * f.cpu.total:.1f} ms"

@@ -127,7 +127,7 @@ def test_concurrency_benchmark_runs_waiting_trials_in_thread_slots_on_one_and_tw
     assert first is not None, result.lines[2]
     floors = [float(s) for s in re.findall(r"([\d.]+) s \(\d\.\d{3} x ideal\) (?:starting|with)", floor)]
     assert result.ratio == pytest.approx(float(first.group(1)) / min(floors), rel=0.01)
-    assert "; load " in result.lines[2] and len([line for line in result.lines if "  load (" in line]) == 2
+    assert "; load " in result.lines[2] and len([line for line in result.lines if line.startswith("  the floor ")]) == 2
 
 
 def test_the_load_of_a_span_is_its_share_of_busy_idle_and_stolen_core_time() -> None:

@@ -187,6 +187,22 @@ def edit_split_totals(run: Run) -> str:
     return f"evaluation {stats.evaluation_id}, split {stats.split!r}: stored totals differ from its certified trials"
 
 
+def edit_split_tokens(run: Run) -> str:
+    # The token sum alone (a 64-bit sum: the database may return it as a Decimal).
+    stats = EvaluationSplitStats.objects.filter(evaluation__run=run).order_by("-pk")[0]
+    EvaluationSplitStats.objects.filter(pk=stats.pk).update(tokens_sum=stats.tokens_sum + 1)
+    return f"evaluation {stats.evaluation_id}, split {stats.split!r}: stored totals differ from its certified trials"
+
+
+def split_totals_without_trials(run: Run) -> str:
+    # Totals stored for a split the evaluation ran no trial on.
+    stats = EvaluationSplitStats.objects.filter(evaluation__run=run).order_by("pk")[0]
+    ran = set(Trial.objects.filter(evaluation_id=stats.evaluation_id).values_list("split", flat=True))
+    split = next(name for name in ("gate", "sealed", "train", "heldout") if name not in ran)
+    EvaluationSplitStats.objects.filter(pk=stats.pk).update(split=split)
+    return f"evaluation {stats.evaluation_id}, split {split!r}: stored totals differ from its certified trials"
+
+
 def extra_certified_evaluation(run: Run) -> str:
     candidate = Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_GATE).order_by("pk")[0]
     evaluation = Evaluation.objects.create(
@@ -235,6 +251,8 @@ def extra_imported_candidate(run: Run) -> str:
 
 DATABASE_FORGERIES: list[Callable[[Run], str]] = [
     edit_split_totals,
+    edit_split_tokens,
+    split_totals_without_trials,
     extra_certified_evaluation,
     reparent,
     edit_run_settings,
