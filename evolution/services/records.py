@@ -1229,7 +1229,7 @@ def _certified_trial_rows(trials: Any) -> list[tuple[Any, ...] | None]:
             try:
                 row = _trial_row_values(trial)
             except KeyError:
-                pass
+                row = None  # a key missing: equal to no stored row
         rows.append(row)
     return rows
 

@@ -123,9 +123,13 @@ class BrokerCommands:
             return self
         import redis
 
+        # Two clients: the one that sends the stop connects (and SELECTs its database) now,
+        # not counted; MONITOR takes a connection of its own.
         self.client = redis.Redis.from_url(self.url)
+        self.client.ping()
         self.db = int(self.client.connection_pool.connection_kwargs.get("db", 0))
-        monitor = self.client.monitor()  # type: ignore[no-untyped-call]
+        self.watcher = redis.Redis.from_url(self.url)
+        monitor = self.watcher.monitor()  # type: ignore[no-untyped-call]
         monitor.__enter__()  # sends MONITOR and waits for its OK: counted from here on
         self.monitor = monitor
         self.thread = threading.Thread(target=self._count, name="broker-monitor", daemon=True)
@@ -149,6 +153,7 @@ class BrokerCommands:
         self.thread.join(timeout=30)
         self.monitor.__exit__()
         self.client.close()
+        self.watcher.close()
 
 
 def table_writes() -> tuple[dict[str, int], int]:

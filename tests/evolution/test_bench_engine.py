@@ -297,3 +297,47 @@ def test_a_benchmarks_experiment_with_more_steps_than_sqlites_variable_limit_is_
             connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
     assert not Experiment.objects.filter(pk=experiment.pk).exists()
     assert not TrajectoryStep.objects.exists() and not Trial.objects.exists()
+
+
+def test_the_sizing_of_a_shared_server_follows_its_cost_a_trial() -> None:
+    from lab.bench.shared import Sizing
+
+    # 4 ms of one core a trial: 250 trials a second; a host of 64 slots with 60 s agents runs 64/60 a second.
+    sizing = Sizing.of(0.004)
+    assert sizing.per_second == pytest.approx(250.0)
+    assert sizing.hosts == pytest.approx(250.0 * 60 / 64)
+    assert Sizing.of(0.004, cores=4).per_second == pytest.approx(1000.0)
+
+
+@pytest.mark.django_db
+def test_the_backend_cpu_is_read_for_this_database_alone(postgres: None) -> None:
+    from lab.bench.shared import backend_cpu
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (own,) = cursor.fetchone()
+        # Some CPU on this backend, so its reading is above zero.
+        cursor.execute("SELECT count(*) FROM generate_series(1, 300000)")
+    name = connection.settings_dict["NAME"]
+    found = backend_cpu(name)
+    assert own in found and found[own] >= 0.0
+    assert own not in backend_cpu(name, leave_out=own)
+    assert own not in backend_cpu(f"{name}_no_such_database")
+
+
+def test_the_broker_commands_on_its_database_are_counted_and_no_other(redis_url: str) -> None:
+    import redis
+
+    from lab.bench.shared import BrokerCommands
+
+    client = redis.Redis.from_url(redis_url)
+    db = int(client.connection_pool.connection_kwargs.get("db", 0))
+    other = redis.Redis.from_url(f"{redis_url.rsplit('/', 1)[0]}/{(db + 1) % 16}")
+    client.ping(), other.ping()  # connected (and their database selected) before the count starts
+    with BrokerCommands(redis_url) as commands:
+        client.lpush("bench-queue", "a", "b")
+        client.rpop("bench-queue")
+        other.lpush("bench-queue-elsewhere", "c")
+    client.delete("bench-queue")
+    other.delete("bench-queue-elsewhere")
+    assert commands.counts == {"LPUSH": 1, "RPOP": 1}
