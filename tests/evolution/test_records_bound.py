@@ -28,6 +28,7 @@ from evolution.models import (
     Benchmark,
     Candidate,
     CertifiedDecision,
+    CertifiedResult,
     Evaluation,
     EvaluationSplitStats,
     Experiment,
@@ -41,7 +42,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.services.bundles import BundleError, bundle_build, bundle_import, bundle_verify
-from evolution.services.records import records_verify
+from evolution.services.records import TRIAL_ROW_KEYS, _certified_trial_rows, records_verify
 from tests.evolution.test_decision_records import reviewed_run
 from tests.evolution.test_late_decisions import ended_with_two_open_reviews, settle, user_in
 from tests.evolution.test_loop import tiny_recipe
@@ -203,6 +204,14 @@ def split_totals_without_trials(run: Run) -> str:
     return f"evaluation {stats.evaluation_id}, split {split!r}: stored totals differ from its certified trials"
 
 
+def edit_evaluation_splits(run: Run) -> str:
+    # Another split added to one certified evaluation; the others (the same splits text) still agree.
+    record = CertifiedResult.objects.filter(evaluation__run=run).select_related("evaluation").order_by("seq")[0]
+    splits = record.evaluation.splits
+    Evaluation.objects.filter(pk=record.evaluation_id).update(splits=[*splits, "heldout"])
+    return f"record #{record.seq}: evaluation splits differ(s) from the certified one"
+
+
 def extra_certified_evaluation(run: Run) -> str:
     candidate = Candidate.objects.filter(run=run, state=Candidate.State.REJECTED_GATE).order_by("pk")[0]
     evaluation = Evaluation.objects.create(
@@ -253,6 +262,7 @@ DATABASE_FORGERIES: list[Callable[[Run], str]] = [
     edit_split_totals,
     edit_split_tokens,
     split_totals_without_trials,
+    edit_evaluation_splits,
     extra_certified_evaluation,
     reparent,
     edit_run_settings,
@@ -260,6 +270,15 @@ DATABASE_FORGERIES: list[Callable[[Run], str]] = [
     add_heldout_benchmark,
     extra_imported_candidate,
 ]
+
+
+def test_a_certified_trial_is_compared_only_under_exactly_the_bound_keys() -> None:
+    good = {key: number for number, key in enumerate(TRIAL_ROW_KEYS)}
+    renamed = {**{key: value for key, value in good.items() if key != "seed"}, "sead": good["seed"]}
+    assert _certified_trial_rows([good]) == [tuple(range(len(TRIAL_ROW_KEYS)))]
+    # A key renamed, an entry that is no object, a key too many: none equals a stored row.
+    assert _certified_trial_rows([renamed, "trial", {**good, "extra": 1}]) == [None, None, None]
+    assert _certified_trial_rows({"trials": []}) == [None]
 
 
 def test_forged_scores_and_fields_bound_in_records_are_named_by_verification() -> None:
