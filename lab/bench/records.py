@@ -7,13 +7,17 @@ links, digest, signature, its evaluation's experiment and candidate tree,
 the stored canonical payload text) and every trial row a record binds (the
 twelve facts of ``TRIAL_ROW_FIELDS``), in seq order as a streamed check
 reads them, through the database driver's own cursor with no ORM, and
-hashes each payload with SHA-256. Everything ``records_verify`` does beyond
-that (parsing, comparing, signatures, the ORM) is what the ratio measures.
+hashes each payload with SHA-256, and the per-split totals stored beside
+each record (``EvaluationSplitStats``, which verification recomputes from
+the trials). Everything ``records_verify`` does beyond that (parsing,
+comparing, signatures, recomputing the totals, the ORM) is what the ratio
+measures.
 
 The records are made in bulk with the certification code itself
 (``payload_build``, ``trial_row``, ``record_digest``, ``record_signature``,
-``head_signature``) over real evaluation and trial rows, so they verify
-exactly as records written one at a time by ``result_certify`` would.
+``head_signature``, ``split_stats_store``) over real evaluation and trial
+rows, so they verify exactly as records written one at a time by
+``result_certify`` would.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from evolution import digests, records
-from evolution.models import Candidate, CertifiedResult, Evaluation, Experiment, SplitMembership, Task, Trial
+from evolution.models import (
+    Candidate,
+    CertifiedResult,
+    Evaluation,
+    EvaluationSplitStats,
+    Experiment,
+    SplitMembership,
+    Task,
+    Trial,
+)
 from evolution.services.evaluation import trial_seed
 from evolution.services.experiments import split_digests_compute
 from evolution.services.records import (
@@ -33,6 +46,7 @@ from evolution.services.records import (
     VERIFY_BATCH,
     payload_build,
     records_verify,
+    split_stats_store,
     trial_row,
 )
 from lab.bench import BenchResult, benchmark, stopwatch
@@ -41,11 +55,12 @@ from lab.bench.orchestration import SPLITS, with_bench_experiment
 BATCH = 2000
 
 
-def raw_read_and_hash(experiment: Experiment) -> tuple[int, int]:
+def raw_read_and_hash(experiment: Experiment) -> tuple[int, int, int]:
     """Read with the driver's cursor the rows ``records_verify`` must read
     for ``experiment`` (its records with their evaluation's experiment and
-    candidate tree; the trial rows they bind), in seq order, and SHA-256
-    each payload. Returns (records, trial rows).
+    candidate tree; the trial rows they bind; the per-split totals stored
+    beside them), in seq order, and SHA-256 each payload. Returns (records,
+    trial rows, stored totals).
 
     On PostgreSQL both are read through server-side cursors, ``VERIFY_BATCH``
     records (and four times as many trial rows) a round trip, as
@@ -66,13 +81,20 @@ def raw_read_and_hash(experiment: Experiment) -> tuple[int, int]:
         f"JOIN {results} r ON r.evaluation_id = t.evaluation_id JOIN {tasks} k ON k.id = t.task_id "
         f'WHERE r.experiment_id = %s ORDER BY r.seq, t.split, k.external_id, t."index"'
     )
+    stats_sql = (
+        f"SELECT s.evaluation_id, s.split, s.candidate_id, s.trials, s.passed, s.errors, s.score_sum, "
+        f"s.tokens_sum, s.tokens_count FROM {EvaluationSplitStats._meta.db_table} s "
+        f"JOIN {evaluations} e ON e.id = s.evaluation_id WHERE e.experiment_id = %s"
+    )
     connection.ensure_connection()
     raw = connection.connection
-    read, trial_count = 0, 0
+    counts = {"records": 0, "trials": 0, "totals": 0}
+    queries = (("records", record_sql, VERIFY_BATCH), ("trials", trial_sql, 4 * VERIFY_BATCH))
     with transaction.atomic():  # a server-side cursor lives in a transaction
-        for sql, size, hashed in ((record_sql, VERIFY_BATCH, True), (trial_sql, 4 * VERIFY_BATCH, False)):
+        for name, sql, size in (*queries, ("totals", stats_sql, 4 * VERIFY_BATCH)):
+            hashed = name == "records"
             if connection.vendor == "postgresql":
-                cursor = raw.cursor(name=f"bench_{'records' if hashed else 'trials'}")
+                cursor = raw.cursor(name=f"bench_{name}")
                 cursor.itersize = size
             else:
                 cursor = raw.cursor()
@@ -82,11 +104,9 @@ def raw_read_and_hash(experiment: Experiment) -> tuple[int, int]:
                 if hashed:
                     for row in rows:
                         hashlib.sha256(row[7].encode()).hexdigest()
-                    read += len(rows)
-                else:
-                    trial_count += len(rows)
+                counts[name] += len(rows)
             cursor.close()
-    return read, trial_count
+    return counts["records"], counts["trials"], counts["totals"]
 
 
 def certified_chain(experiment: Experiment, *, count: int) -> list[bytes]:
@@ -175,6 +195,8 @@ def certified_chain(experiment: Experiment, *, count: int) -> list[bytes]:
                 )
                 prev = digest
             CertifiedResult.objects.bulk_create(rows, batch_size=500)
+            # The per-split totals result_certify stores beside each record (what the screens read).
+            split_stats_store(evaluations=Evaluation.objects.filter(pk__in=[e.pk for e in evaluations]))
             Experiment.objects.filter(pk=experiment.pk).update(
                 chain_length=seq,
                 chain_head=prev,
@@ -200,7 +222,7 @@ def records_benchmark(*, count: int = 100_000, tasks: int = 4) -> BenchResult:
         baseline_times, verify_times = [], []
         for _ in range(2):
             with stopwatch() as raw:
-                raw_records, raw_trials = raw_read_and_hash(experiment)
+                raw_records, raw_trials, raw_totals = raw_read_and_hash(experiment)
             baseline_times.append(raw[0])
             with stopwatch() as verified:
                 report = records_verify(experiment=experiment)
@@ -214,8 +236,8 @@ def records_benchmark(*, count: int = 100_000, tasks: int = 4) -> BenchResult:
                 f"records: {count} ({tasks} trials each), {size / 1e6:.1f} MB of canonical payload; "
                 f"made in {made[0]:.1f} s",
                 f"hashlib sha256 over the canonical bytes alone: {hashed[0]:8.3f} s",
-                f"raw cursor read + hashlib ({raw_records} records, {raw_trials} trial rows): "
-                + ", ".join(f"{t:.3f} s" for t in baseline_times),
+                f"raw cursor read + hashlib ({raw_records} records, {raw_trials} trial rows, {raw_totals} stored "
+                "per-split totals): " + ", ".join(f"{t:.3f} s" for t in baseline_times),
                 "records_verify: "
                 + ", ".join(f"{t:.3f} s ({1e6 * t / count:.0f} us per record)" for t in verify_times),
                 "the ratio takes the faster of each",
@@ -223,7 +245,7 @@ def records_benchmark(*, count: int = 100_000, tasks: int = 4) -> BenchResult:
             ],
             checks={
                 "records verify ok": report.ok,
-                "baseline read every row": raw_records == count and raw_trials == count * tasks,
+                "baseline read every row": raw_records == count and raw_trials == count * tasks and raw_totals > 0,
             },
         )
 
