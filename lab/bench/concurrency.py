@@ -313,7 +313,7 @@ def _trial_worker_env(slots: int) -> dict[str, str]:
     return {"RSI_DB_POOL_SIZE": str(pool_size(slots))}
 
 
-def _run_with(
+def run_with(
     hosts: list[int],
     experiment: Experiment,
     scratch: Path,
@@ -357,8 +357,8 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
     ideal = tasks * k * agent_seconds / slots
 
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
-        one = _run_with([slots], experiment, scratch, repeat=0)
-        two = _run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1)
+        one = run_with([slots], experiment, scratch, repeat=0)
+        two = run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1)
         together = _floor(one.evaluation_id, slots, scratch, spread=0.0)
         spread = _floor(one.evaluation_id, slots, scratch, spread=agent_seconds)
         best = min(together.seconds, spread.seconds)

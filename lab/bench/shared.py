@@ -39,7 +39,7 @@ from django.db import connection
 
 from evolution.models import Experiment
 from lab.bench import BenchResult, benchmark
-from lab.bench.concurrency import WAITING_RUNNER_ARGV, Pass, _run_with
+from lab.bench.concurrency import WAITING_RUNNER_ARGV, Pass, run_with
 from lab.bench.memory import Periodic
 from lab.bench.orchestration import with_bench_experiment
 from lab.processes import process_stats
@@ -219,7 +219,7 @@ def shared(*, trials: int = 640, slots: int = 16, hosts: int = 4) -> BenchResult
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
         meter = SharedMeter(database=connection.settings_dict["NAME"], broker=settings.CELERY_BROKER_URL)
         rows_before, size_before = table_writes()
-        one: Pass = _run_with([slots] * hosts, experiment, scratch, repeat=0, around=meter)
+        one: Pass = run_with([slots] * hosts, experiment, scratch, repeat=0, around=meter)
         time.sleep(1.0)  # the ended backends' last counts reach the statistics
         rows_after, size_after = table_writes()
         assert meter.backends is not None and meter.commands is not None
