@@ -6,7 +6,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -195,21 +195,28 @@ def payload_build(
     }
 
 
+def split_totals() -> dict[str, Any]:
+    """The totals of a split's trials as ``EvaluationSplitStats`` stores
+    them, as aggregates for ``annotate`` (stored by ``split_stats_store``,
+    recomputed by ``scores_verify``)."""
+    return {
+        "n": Count("pk"),
+        "passed": Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
+        "errors": Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
+        "score_sum": Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
+        "tokens_sum": Sum("tokens", default=0),
+        "tokens_count": Count("tokens"),
+    }
+
+
 def split_stats_store(*, evaluations: QuerySet[Evaluation]) -> int:
     """Store per-split trial totals of ``evaluations`` (certified ones: their
     trials no longer change) in one aggregate query and one insert. Safe to
     repeat: existing rows are kept. Returns the rows written or kept."""
-    rows = (
+    rows: Iterable[Mapping[str, Any]] = (
         Trial.objects.filter(evaluation__in=evaluations)
         .values("evaluation_id", "candidate_id", "split")
-        .annotate(
-            n=Count("pk"),
-            passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
-            errors=Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
-            score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
-            tokens_sum=Sum("tokens", default=0),
-            tokens_count=Count("tokens"),
-        )
+        .annotate(**split_totals())
         .order_by()
     )
     stats = [
@@ -905,15 +912,7 @@ def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
         for evaluation_id, split, *totals in streamed_rows(
             Trial.objects.filter(evaluation__in=with_totals)
             .values("evaluation_id", "split")
-            .annotate(
-                first_candidate=Min("candidate_id"),
-                n=Count("pk"),
-                passed=Count("pk", filter=Q(outcome=Trial.Outcome.PASS)),
-                errors=Count("pk", filter=Q(outcome=Trial.Outcome.ERROR)),
-                score_sum=Sum("score", filter=~Q(outcome=Trial.Outcome.ERROR), default=0.0),
-                tokens_sum=Sum("tokens", default=0),
-                tokens_count=Count("tokens"),
-            )
+            .annotate(first_candidate=Min("candidate_id"), **split_totals())
             .values_list(
                 "evaluation_id",
                 "split",
