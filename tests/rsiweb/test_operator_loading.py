@@ -67,7 +67,7 @@ def test_a_process_has_every_operator_once_django_is_set_up() -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         "parent_selection": ["archive", "best", "latest_accepted", "pareto"],
-        "proposal": ["command", "example", "llm", "review-test-mixed", "tiny-held", "tiny-test"],
+        "proposal": ["command", "example", "llm", "review-test-mixed", "rgym", "tiny-held", "tiny-test"],
         "critique": ["llm", "rules"],
         "gate": ["regularized", "unregularized"],
         "pruning": ["window"],
