@@ -29,6 +29,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from evolution import inspect_logs
 from evolution.formats.atif import join_continuations, subagent_refs, validate_atif
 from evolution.formats.claude_code import from_claude_code
 from evolution.formats.claude_code import is_session as is_claude_session
@@ -44,6 +45,7 @@ from evolution.formats.common import (
     is_iso8601,
     type_name,
 )
+from evolution.formats.inspect import from_inspect
 from evolution.formats.mini_swe_agent import from_mini_swe_agent, is_mini_messages
 from evolution.formats.openai import from_openai
 from evolution.formats.openhands import from_openhands
@@ -90,12 +92,13 @@ FORMATS = (
     "claude-code",
     "codex",
     "openai-responses",
+    "inspect",
 )
 SUPPORTED = (
     "ATIF v1.0 to v1.7 (JSON, or streaming JSONL), a mini-swe-agent 1.x or 2.x .traj.json or message list, "
     "a SWE-agent 0.x or 1.x .traj, an OpenHands event list or evaluation output.jsonl, tau2-bench results, "
     "a Claude Code or Codex CLI session (JSONL), OpenAI Responses API items or NeMo Gym rollouts, "
-    "an OpenAI chat message list, a tau-bench run"
+    "an OpenAI chat message list, a tau-bench run, an Inspect AI eval log (.eval or .json)"
 )
 _LENIENT_HINT = (
     'document: off-spec as ATIF, but importable with --lenient (the API\'s "lenient": true), which keeps each '
@@ -172,6 +175,8 @@ def _is_trajectory_item(item: Any) -> bool:
 
 def _list_kind(items: list[Any]) -> str:
     first = items[0]
+    if inspect_logs.is_inspect_log(first):
+        return "samples (an Inspect AI eval log)"
     if "traj" in first:
         return "tau-bench runs"
     if is_openhands_instance(first):
@@ -191,6 +196,8 @@ def trajectory_items(document: Any) -> list[Any] | None:
     None for a file of one trajectory or none."""
     if is_tau2_results(document):
         return list(document["simulations"])
+    if inspect_logs.is_inspect_log(document) and len(document.get("samples") or []) > 1:
+        return inspect_logs.one_per_sample(document)
     if isinstance(document, list) and document and all(_is_trajectory_item(item) for item in document):
         return list(document)
     return None
@@ -215,6 +222,10 @@ def detect_format(document: Any) -> str:
         if not document or any(isinstance(item, dict) and "role" in item for item in document[:20]):
             return "mini-swe-agent" if is_mini_messages(document) else "openai"
         raise _unsupported(document)
+    if inspect_logs.is_inspect_log(document):
+        if len(document.get("samples") or []) == 1:
+            return "inspect"
+        raise TrajectoryFormatError([f"document: looks like {inspect_logs.describe(document)}; nothing to import"])
     if isinstance(document, dict):
         if "schema_version" in document or ("steps" in document and "messages" not in document):
             return "atif"
@@ -245,6 +256,7 @@ _CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {
     "claude-code": from_claude_code,
     "codex": from_codex,
     "openai-responses": from_responses,
+    "inspect": from_inspect,
 }
 
 

@@ -378,11 +378,11 @@ def reported_trials(user: Any | None, *, external: bool = False) -> QuerySet[Tri
 
 def imported_from(experiment: Experiment) -> str:
     """The format an experiment was imported from (an RSIHub workspace, Harbor
-    jobs), or "". Such an experiment holds only external results, none of
+    jobs, terminal-bench runs, Inspect AI logs), or "". Such an experiment holds only external results, none of
     ours, so its matrix shows them, under a notice saying so."""
     origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
     fmt = origin.get("format") if isinstance(origin, dict) else None
-    return fmt if fmt in ("rsihub-workspace", "harbor-job") else ""
+    return fmt if fmt in ("rsihub-workspace", "harbor-job", "terminal-bench-run", "inspect-log") else ""
 
 
 def split_counts(*, experiment: Experiment) -> dict[str, int]:

@@ -38,6 +38,8 @@ from evolution.trajectory_formats import TrajectoryFormatError, join_continuatio
 from evolution.trees import MODE_FILE, FileEntry, SnapshotError, open_inside
 
 FORMAT = "harbor-job"
+# The job formats whose imports share experiments (evolution/services/job_imports.py reads the others).
+JOB_FORMATS = (FORMAT, "terminal-bench-run", "inspect-log")
 MAX_ERROR_CHARS = 2_000
 
 
@@ -65,6 +67,8 @@ class HarborTrial:
     tokens: int | None
     trajectory: dict[str, Any] | None
     index: int = 0
+    # The attempt's number where the producer gives one (else attempts are numbered by start time).
+    attempt: int | None = None
 
 
 @dataclass
@@ -76,6 +80,16 @@ class HarborJob:
     config_bytes: bytes
     result: dict[str, Any]
     trials: list[HarborTrial] = field(default_factory=list)
+    kind: str = FORMAT
+    # The candidate's one file (the job's configuration) and its label's prefix.
+    config_file: str = "harbor-job/config.json"
+    label: str = "harbor"
+    title: str = "Harbor job"
+    # The experiment it goes to when none is named (Harbor's: the job's name).
+    experiment: str | None = None
+    # For kinds other than Harbor's: the evaluation's source fields beside kind, name, id and path.
+    summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -87,7 +101,7 @@ class HarborImportReport:
     notes: list[str]
 
 
-def _json(job: Path, what: str, *, setting: str = "RSI_MAX_TASKS_FILE_BYTES") -> Any:
+def job_json(job: Path, what: str, *, setting: str = "RSI_MAX_TASKS_FILE_BYTES") -> Any:
     """The JSON file at ``what`` (a path under the job folder ``job``) read
     within the input limits (size first, then depth), following no symbolic
     link: a link, or a folder on the way that is one, is refused, so nothing
@@ -129,18 +143,18 @@ def _trial(folder: Path) -> HarborTrial:
     """One trial folder: its result.json and, when there, agent/trajectory.json."""
     job = folder.parent
     where = f"{folder.name}/result.json"
-    result = _json(job, where)
+    result = job_json(job, where)
     document = None
     # lexists, not is_file: a link is there to be refused, not skipped or followed.
     if os.path.lexists(folder / "agent" / "trajectory.json"):
         what = f"{folder.name}/agent/trajectory.json"
-        document = _json(job, what, setting="RSI_MAX_TRAJECTORY_BYTES")
+        document = job_json(job, what, setting="RSI_MAX_TRAJECTORY_BYTES")
         if isinstance(document, dict) and document.get("continued_trajectory_ref"):
             # Harbor's terminus-2 continues a long run in trajectory.cont-N.json beside it.
             def fetch(ref: str) -> Any:
                 if not os.path.lexists(folder / "agent" / ref):
                     raise KeyError(ref)
-                return _json(job, f"{folder.name}/agent/{ref}", setting="RSI_MAX_TRAJECTORY_BYTES")
+                return job_json(job, f"{folder.name}/agent/{ref}", setting="RSI_MAX_TRAJECTORY_BYTES")
 
             try:
                 document = join_continuations(document, fetch, name=what)[0]
@@ -218,21 +232,21 @@ def harbor_job_read(path: Path) -> HarborJob:
     path = Path(path)
     if not os.path.lexists(path / "result.json") or not os.path.lexists(path / "config.json"):
         raise HarborJobError(f"{path}: no config.json and result.json (is this a Harbor job folder?)")
-    config = _json(path, "config.json")
-    result = _json(path, "result.json")
+    config = job_json(path, "config.json")
+    result = job_json(path, "result.json")
     if not isinstance(config, dict) or not isinstance(result, dict) or "stats" not in result:
         raise HarborJobError(f"{path}: config.json and result.json must be Harbor's JobConfig and JobResult objects")
     for child in path.iterdir():
         if child.is_symlink() and child.is_dir():
             raise HarborJobRefused(f"{child.name}: a symbolic link (links are not followed)")
     folders = sorted(child for child in path.iterdir() if child.is_dir() and os.path.lexists(child / "result.json"))
-    _check_trial_count(len(folders))
+    check_trial_count(len(folders))
     if not folders:
         raise HarborJobError(f"{path}: no trial folder with a result.json")
     return _job(path, config, result, [_trial(folder) for folder in folders])
 
 
-def _check_trial_count(count: int) -> None:
+def check_trial_count(count: int) -> None:
     try:
         limits.check_count(count, setting="RSI_MAX_TASKS", what="trials in the job")
     except limits.InputLimitError as exc:
@@ -248,7 +262,7 @@ def harbor_job_from_documents(*, config: Any, result: Any, trials: list[tuple[An
     folder; ``label`` names the job's origin in messages and its source."""
     if not isinstance(config, dict) or not isinstance(result, dict) or "stats" not in result:
         raise HarborJobError("config and result must be Harbor's JobConfig and JobResult objects")
-    _check_trial_count(len(trials))
+    check_trial_count(len(trials))
     if not trials:
         raise HarborJobError("trials: at least one trial is needed")
     built = [
@@ -256,6 +270,15 @@ def harbor_job_from_documents(*, config: Any, result: Any, trials: list[tuple[An
         for i, (raw, document) in enumerate(trials)
     ]
     return _job(Path(label), config, result, built)
+
+
+def trials_number(trials: list[HarborTrial]) -> None:
+    """Number the attempts at each task from 0: by the attempt number the
+    producer gave, else in the order they started."""
+    by_task: dict[str, int] = {}
+    for trial in sorted(trials, key=lambda t: (t.task, t.attempt or 0, t.started_at, t.name)):
+        trial.index = by_task.get(trial.task, 0)
+        by_task[trial.task] = trial.index + 1
 
 
 def _job(path: Path, config: dict[str, Any], result: dict[str, Any], trials: list[HarborTrial]) -> HarborJob:
@@ -268,11 +291,7 @@ def _job(path: Path, config: dict[str, Any], result: dict[str, Any], trials: lis
             )
         if trial.reward is not None and trial.name not in listed:
             raise HarborJobError(f"{trial.name}/result.json: reward {trial.reward!r} not in the job's result.json")
-    # Several attempts at one task are numbered in the order they started.
-    by_task: dict[str, int] = {}
-    for trial in sorted(trials, key=lambda t: (t.task, t.started_at, t.name)):
-        trial.index = by_task.get(trial.task, 0)
-        by_task[trial.task] = trial.index + 1
+    trials_number(trials)
     name = config.get("job_name") if isinstance(config.get("job_name"), str) else path.name
     return HarborJob(
         path=path,
@@ -293,7 +312,7 @@ def _made_by_harbor_imports(experiment: Experiment) -> bool:
     origin = experiment.run_settings.get("imported_from") if isinstance(experiment.run_settings, dict) else None
     return (
         isinstance(origin, dict)
-        and origin.get("format") == FORMAT
+        and origin.get("format") in JOB_FORMATS
         and not Candidate.objects.filter(experiment=experiment).exclude(origin=Candidate.Origin.IMPORTED).exists()
         and not Evaluation.objects.filter(experiment=experiment, external=False).exists()
     )
@@ -324,7 +343,7 @@ def _experiment_for(name: str, job: HarborJob) -> tuple[Experiment, bool]:
         surface=surface_create(name=f"harbor {name}"[:200], spec=SURFACE_SPEC),
         split_ratios={"train": 1.0},
         trials_per_task=max(trial.index + 1 for trial in job.trials),
-        run_settings={"imported_from": {"format": FORMAT, "jobs": {}}},
+        run_settings={"imported_from": {"format": job.kind, "jobs": {}}},
         status=Experiment.Status.FINISHED,
     )
     return experiment, True
@@ -358,7 +377,7 @@ def harbor_job_import(*, path: Path, experiment: str | None = None) -> HarborImp
 def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> HarborImportReport:
     """Store a job read by ``harbor_job_read`` or ``harbor_job_from_documents``;
     see ``harbor_job_import``."""
-    name = experiment or job.name
+    name = experiment or job.experiment or job.name
     notes: list[str] = []
     with transaction.atomic():
         experiment_row, created = _experiment_for(name, job)
@@ -369,7 +388,7 @@ def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> Harbor
             notes.append(f"job {job.job_id} was imported before, as candidate {candidate.pk}")
             return HarborImportReport(experiment_row, candidate, None, False, notes)
         _tasks_add(experiment_row, job)
-        tree = tree_store(entries=[FileEntry(path="harbor-job/config.json", mode=MODE_FILE, data=job.config_bytes)])
+        tree = tree_store(entries=[FileEntry(path=job.config_file, mode=MODE_FILE, data=job.config_bytes)])
         found = Candidate.objects.filter(experiment=experiment_row, tree=tree).first()
         if found is not None:
             candidate = found
@@ -380,8 +399,8 @@ def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> Harbor
                 tree=tree,
                 origin=Candidate.Origin.IMPORTED,
                 state=Candidate.State.EVALUATED,
-                state_reason=f"imported from the Harbor job {job.name!r}; not certified here",
-                label=f"harbor:{job.name}"[:200],
+                state_reason=f"imported from the {job.title} {job.name!r}; not certified here",
+                label=f"{job.label}:{job.name}"[:200],
             )
         if experiment_row.seed_candidate_id is None:
             experiment_row.seed_candidate = candidate
@@ -389,20 +408,20 @@ def harbor_job_store(*, job: HarborJob, experiment: str | None = None) -> Harbor
         jobs[job.job_id or job.name] = candidate.pk
         experiment_row.run_settings = {
             **experiment_row.run_settings,
-            "imported_from": {**origin, "format": origin.get("format", FORMAT), "jobs": jobs},
+            "imported_from": {**origin, "format": origin.get("format", job.kind), "jobs": jobs},
         }
         experiment_row.save(update_fields=["run_settings", "seed_candidate"])
         try:
             split_digests_store(experiment=experiment_row)
         except SplitsFrozenError as exc:  # _experiment_for refused such an experiment already
             raise HarborExperimentRefused(str(exc)) from None
-    return HarborImportReport(experiment_row, candidate, evaluation, created, notes)
+    return HarborImportReport(experiment_row, candidate, evaluation, created, [*job.notes, *notes])
 
 
 def _ingest(candidate: Candidate, job: HarborJob) -> Evaluation:
     stats = job.result.get("stats") or {}
     agents = job.config.get("agents")
-    source = {
+    source: dict[str, Any] = {
         "kind": "harbor-job",
         "format": FORMAT,
         "job_name": job.name,
@@ -419,6 +438,9 @@ def _ingest(candidate: Candidate, job: HarborJob) -> Evaluation:
         "started_at": job.result.get("started_at"),
         "finished_at": job.result.get("finished_at"),
     }
+    if job.kind != FORMAT:
+        source = {"kind": job.kind, "format": job.kind, "job_name": job.name, "job_id": job.job_id, **job.summary}
+        source["path"] = str(job.path.resolve()) if job.path.exists() else str(job.path)
     if len(json.dumps(source)) > 8_000:
         source["agents"] = None  # a huge agent config is in the candidate's files anyway
     results: list[dict[str, Any]] = []

@@ -155,7 +155,8 @@ def test_not_a_harbor_job_folder_is_one_line(tmp_path: Path) -> None:
         call_command("import_harbor_job", str(tmp_path))
     assert (error.value.returncode, str(error.value)) == (
         1,
-        f"{tmp_path}: no config.json and result.json (is this a Harbor job folder?); nothing was imported",
+        f"{tmp_path}: a folder with neither config.json and result.json (a Harbor job) nor run_metadata.json and "
+        "results.json (a terminal-bench run); nothing was imported",
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from evolution import limits
+from evolution import inspect_logs, limits
 from evolution.models import Trajectory, Trial
 from evolution.services.trajectories import (
     TrajectoryBatchError,
@@ -44,10 +44,13 @@ LENIENT_HINT = "--lenient imports it, keeping each off-spec step's text and list
 
 
 def _read(path: Path) -> Any:
-    """The JSON value of the file at ``path`` (JSON or JSONL), read within
-    the input limits: OSError, UnicodeDecodeError, JSONDecodeError or
-    InputLimitError."""
-    text = limits.read_bytes(path, setting="RSI_MAX_TRAJECTORY_BYTES", what=str(path)).decode("utf-8")
+    """The JSON value of the file at ``path`` (JSON or JSONL; an Inspect AI
+    ``.eval`` zip as its log), read within the input limits: OSError,
+    UnicodeDecodeError, JSONDecodeError, InspectLogError or InputLimitError."""
+    data = limits.read_bytes(path, setting="RSI_MAX_TRAJECTORY_BYTES", what=str(path))
+    if inspect_logs.is_zip(data):
+        return inspect_logs.inspect_log_load(data, what=str(path))
+    text = data.decode("utf-8")
     return loads_text(
         text,
         loads=lambda part: limits.json_loads(part, what=str(path)),
@@ -78,7 +81,7 @@ class FolderFiles(dict[str, Any]):
             raise KeyError(name)
         try:
             value = _read(path)
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, inspect_logs.InspectLogError) as exc:
             raise TrajectoryFormatError([f"{name}: cannot be read: {exc}"]) from None
         except json.JSONDecodeError as exc:
             raise TrajectoryFormatError(
@@ -92,8 +95,8 @@ class Command(BaseCommand):
     help = (
         "Import a trajectory file (ATIF v1.0-v1.7 JSON or JSONL, mini-swe-agent 1.x/2.x, SWE-agent 0.x/1.x, "
         "OpenHands events or output.jsonl, tau2-bench results, Claude Code or Codex sessions, OpenAI Responses "
-        "items or NeMo Gym rollouts, OpenAI messages, a tau-bench run) into a trial, "
-        "replacing its trajectory; a file of several trajectories into --trials."
+        "items or NeMo Gym rollouts, OpenAI messages, a tau-bench run, an Inspect AI .eval or .json log) into a "
+        "trial, replacing its trajectory; a file of several trajectories into --trials."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -117,7 +120,14 @@ class Command(BaseCommand):
             document = _read(path)
         except limits.InputLimitError as exc:
             raise CommandError(f"{exc}; nothing was imported", returncode=UNUSABLE) from exc
-        except (OSError, UnicodeDecodeError) as exc:
+        except inspect_logs.InspectLogError as exc:
+            raise CommandError(f"{exc}; nothing was imported", returncode=INVALID) from exc
+        except UnicodeDecodeError as exc:
+            raise CommandError(
+                f"{path}: a binary file, not JSON or JSONL text (byte {exc.start} is not UTF-8); nothing was imported",
+                returncode=UNUSABLE,
+            ) from exc
+        except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc}", returncode=UNUSABLE) from exc
         except json.JSONDecodeError as exc:
             raise CommandError(
@@ -135,8 +145,18 @@ class Command(BaseCommand):
                 files=FolderFiles(path.parent),
             )
         except TrajectoryListError as exc:
+            if inspect_logs.is_inspect_log(document):
+                with path.open("rb") as stream:
+                    kind = ".eval" if inspect_logs.is_zip(stream.read(4)) else ".json"
+                what = inspect_logs.describe(document, kind=kind)
+                raise CommandError(
+                    f"{path}: this is {what}, not one trajectory; import its samples with --trials ID,ID,... "
+                    f"({exc.count} trials, in order), or the whole log as a job with manage.py import_job; "
+                    "nothing was imported",
+                    returncode=INVALID,
+                ) from exc
             raise CommandError(
-                f"{path}: this is a list of {exc.count} {exc.kind}, not one trajectory; import them with "
+                f"{path}: this is {what}, not one trajectory; import them with "
                 f"--trials ID,ID,... ({exc.count} trials, in order) or POST /api/v1/trajectories/; "
                 "nothing was imported",
                 returncode=INVALID,
