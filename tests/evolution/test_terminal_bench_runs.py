@@ -5,6 +5,7 @@ Expected counts are read from the raw results.json here, not through the reader.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 from io import StringIO
@@ -12,9 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
+from django.urls import reverse
 
+from evolution.access import roles_ensure
 from evolution.models import Candidate, Evaluation, Experiment, Trial
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "terminal-bench"
@@ -88,6 +93,14 @@ def test_two_runs_of_one_dataset_are_two_candidates_of_one_experiment() -> None:
     )
     assert run("import_job", str(DROID))[0] == 0  # imported before: nothing added
     assert Evaluation.objects.filter(candidate__experiment=experiment).count() == 2
+    roles_ensure()
+    viewer = User.objects.create_user(username="viewer", password="pw")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(reverse("review:matrix", args=[experiment.pk])).content.decode()
+    assert "External results imported from terminal-bench runs: not run or certified here." in page
+    assert len(set(re.findall(r'href="/trials/(\d+)/"', page))) == 160
 
 
 def test_a_trial_folder_contradicting_the_run_writes_nothing(tmp_path: Path) -> None:
