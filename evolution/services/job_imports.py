@@ -88,6 +88,18 @@ def job_import(*, path: Path, experiment: str | None = None) -> HarborImportRepo
     return harbor_job_store(job=job_read(Path(path)), experiment=experiment)
 
 
+def report_lines(report: HarborImportReport) -> list[str]:
+    """What the import commands print of an import: its notes, then what was created."""
+    lines = [f"note: {note}" for note in report.notes]
+    if report.evaluation is not None:
+        lines.append(
+            f"{'created' if report.created else 'updated'} experiment {report.experiment.pk} "
+            f"{report.experiment.name!r}: candidate {report.candidate.pk} {report.candidate.label!r}, "
+            f"evaluation {report.evaluation.pk} with {report.evaluation.trials.count()} trial(s)"
+        )
+    return lines
+
+
 # --- terminal-bench 1.x -------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """Import the run of another tool as an external evaluation: a Harbor job
 folder, a terminal-bench 1.x run folder (``tb run``) or an Inspect AI eval
 log (``.eval`` or ``.json``); see evolution/services/job_imports.py.
+``import_harbor_job`` is the same command under its first name.
 
 Exit codes: 0 imported (or imported before), 1 not such a run, or one that
 contradicts itself (the message names the file), 2 refused: over an input
@@ -17,7 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from evolution.services.harbor_jobs import HarborJobError, HarborJobRefused
-from evolution.services.job_imports import job_import
+from evolution.services.job_imports import job_import, report_lines
 
 
 class Command(BaseCommand):
@@ -41,13 +42,5 @@ class Command(BaseCommand):
             raise CommandError(f"{exc}; nothing was imported", returncode=2) from exc
         except HarborJobError as exc:
             raise CommandError(f"{exc}; nothing was imported", returncode=1) from exc
-        for note in report.notes:
-            self.stdout.write(f"note: {note}")
-        if report.evaluation is None:
-            return
-        trials = report.evaluation.trials.count()
-        self.stdout.write(
-            f"{'created' if report.created else 'updated'} experiment {report.experiment.pk} "
-            f"{report.experiment.name!r}: candidate {report.candidate.pk} {report.candidate.label!r}, "
-            f"evaluation {report.evaluation.pk} with {trials} trial(s)"
-        )
+        for line in report_lines(report):
+            self.stdout.write(line)

@@ -155,6 +155,7 @@ class Command(BaseCommand):
                     "nothing was imported",
                     returncode=INVALID,
                 ) from exc
+            what = f"a list of {exc.count} {exc.kind}"
             raise CommandError(
                 f"{path}: this is {what}, not one trajectory; import them with "
                 f"--trials ID,ID,... ({exc.count} trials, in order) or POST /api/v1/trajectories/; "
