@@ -22,6 +22,7 @@ EVAL = FIXTURES / "2025-02-11T15-18-04-05-00_popularity_mj7khqpMM4GBCfVQozKgzB.e
 TOOLS = FIXTURES / "log_message_deduplication.eval"
 JSON = FIXTURES / "2025-05-12T20-28-13-04-00_popularity.json"
 OLD_JSON = FIXTURES / "log_formats.json"
+EPOCHS = FIXTURES / "log_streaming.eval"
 LETTERS = {"C": 1.0, "I": 0.0}  # the scores these logs hold
 
 pytestmark = pytest.mark.django_db
@@ -84,6 +85,17 @@ def test_an_eval_log_imports_as_a_job_with_each_samples_score_tokens_and_traject
     # Safe to repeat.
     assert run("import_job", str(EVAL))[0] == 0
     assert Evaluation.objects.filter(candidate__experiment=experiment).count() == 1
+
+
+def test_the_epochs_of_a_sample_are_its_attempts() -> None:
+    header, samples = raw_samples(EPOCHS)
+    assert run("import_job", str(EPOCHS), "--experiment", "epochs")[0] == 0
+    trials = Trial.objects.filter(candidate__experiment__name="epochs").select_related("task")
+    assert {(t.task.external_id, t.index): t.score for t in trials} == {
+        (str(s["id"]), s["epoch"] - 1): LETTERS[s["scores"]["match"]["value"]] for s in samples
+    }
+    assert len(trials) == header["results"]["total_samples"] == 4
+    assert Experiment.objects.get(name="epochs").trials_per_task == 2
 
 
 def test_tool_calls_of_an_eval_log_are_steps_with_their_observations_and_times() -> None:
