@@ -12,7 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlencode
 
+from evolution.models import SplitName
+
+# The order the pages list splits in.
+SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
 # An external evaluation's source is shown cut at this many characters.
 SOURCE_SHOWN_CHARS = 300
 
@@ -44,3 +49,9 @@ def external_source_text(source: Any, *, limit: int = SOURCE_SHOWN_CHARS) -> str
         return "none given"
     text = json.dumps(source, sort_keys=True, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def query_url(base: str, **params: Any) -> str:
+    """``base`` with the parameters that have a value as its query string."""
+    kept = {key: value for key, value in params.items() if value not in (None, "")}
+    return f"{base}?{urlencode(kept)}" if kept else base

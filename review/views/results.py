@@ -12,15 +12,11 @@ candidates, trials or steps there are.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.db.models import F, Q
-from django.db.models.functions import MD5
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
@@ -28,7 +24,6 @@ from django.views.decorators.http import require_GET
 
 from evolution import access, hidden_chars, pricing, selectors
 from evolution.loop import load
-from evolution.measurements import COUNTED_PURPOSES
 from evolution.models import (
     Candidate,
     CertifiedResult,
@@ -39,17 +34,16 @@ from evolution.models import (
     TrajectoryStep,
     Trial,
 )
-from evolution.trajectory_formats import STEP_FIELDS
 from review import selectors as review_selectors
 from review import trajectories as tj
 from review.matrix import CHANGES, Cell, Column, Row, cells_html
-from review.pages import external_source_text
+from review.pages import SPLIT_ORDER, BadInput, compare, external_source_text, query_url
+from review.pages import trials as trial_pages
+from review.pages.trials import STEP_COLUMNS, STEPS_PER_PAGE
 
 CANDIDATES_PER_PAGE = 30
 TASKS_PER_PAGE = 200
-STEPS_PER_PAGE = 100
-SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
-STEP_COLUMNS = ("pk", *STEP_FIELDS, "extra")
+
 ERROR_STEPS_LISTED = 50
 
 
@@ -71,11 +65,6 @@ def _positive_int(value: str | None, name: str, default: int = 1) -> int:
     if number < 1:
         raise InputError(f"{name} must be 1 or more, got {number}")
     return number
-
-
-def _query(base: str, **params: Any) -> str:
-    kept = {key: value for key, value in params.items() if value not in (None, "")}
-    return f"{base}?{urlencode(kept)}" if kept else base
 
 
 # --- Screen 5: the results matrix ----------------------------------------------
@@ -255,7 +244,7 @@ def _filter_links(
             "value": value,
             "label": label,
             "count": split_counts.get(value, 0),
-            "url": _query(base, **{**keep, "split": value}),
+            "url": query_url(base, **{**keep, "split": value}),
             "hidden": value == SplitName.SEALED and not can_sealed,
         }
         for value, label in [("", "all"), *((split, split) for split in SPLIT_ORDER)]
@@ -263,13 +252,13 @@ def _filter_links(
     ]
     split_links[0]["count"] = sum(split_counts.values()) - sealed_hidden
     change_links = [
-        {"value": "", "label": "any", "count": None, "url": _query(base, **{**keep, "change": ""})},
+        {"value": "", "label": "any", "count": None, "url": query_url(base, **{**keep, "change": ""})},
         *(
             {
                 "value": value,
                 "label": value,
                 "count": change_counts[value],
-                "url": _query(base, **{**keep, "change": value}),
+                "url": query_url(base, **{**keep, "change": value}),
             }
             for value in CHANGES
         ),
@@ -283,13 +272,13 @@ def _pager_links(
     keep = {"split": query.split, "change": query.change, "candidates": query.raw_candidates}
     return {
         "candidate_pages": [
-            {"number": number, "url": _query(base, **keep, cpage=number), "gap": gap}
+            {"number": number, "url": query_url(base, **keep, cpage=number), "gap": gap}
             for number, gap in _pager_numbers(candidate_page, candidate_pages.num_pages)
         ]
         if candidate_pages.num_pages > 1
         else [],
         "task_pages": [
-            {"number": number, "url": _query(base, **keep, cpage=candidate_page, page=number)}
+            {"number": number, "url": query_url(base, **keep, cpage=candidate_page, page=number)}
             for number in task_pages.page_range
         ]
         if task_pages.num_pages > 1
@@ -352,7 +341,7 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
         "task_page": task_pages.page(task_page),
         "evolve_splits": " + ".join(evolve),
         "score_metric": "mean score" if metric == "mean_score" else "pass@1",
-        "clear_selection_url": _query(base, split=query.split, change=query.change),
+        "clear_selection_url": query_url(base, split=query.split, change=query.change),
         **_filter_links(base, query, split_counts, change_counts, can_sealed=can_sealed, sealed_hidden=sealed_hidden),
         **_pager_links(base, query, candidate_pages, candidate_page, task_pages),
     }
@@ -360,20 +349,6 @@ def matrix(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 # --- Screen 6: the trial page and its trajectory ---------------------------------
-
-
-def _visible_trial(request: HttpRequest, pk: int, *, related: tuple[str, ...] = ()) -> Trial:
-    """The trial, or 404 when it does not exist or is sealed and the user may
-    not see sealed per-task data."""
-    trials = access.hide_sealed(Trial.objects.select_related(*related), request.user)
-    return get_object_or_404(trials, pk=pk)
-
-
-def _trajectory_of(trial: Trial) -> Trajectory | None:
-    try:
-        return trial.trajectory
-    except Trajectory.DoesNotExist:
-        return None
 
 
 @dataclass
@@ -409,17 +384,13 @@ class StepPage:
         return (self.number - 2) * STEPS_PER_PAGE + 1
 
 
-def _page_count(total: int) -> int:
-    return max(1, math.ceil(total / STEPS_PER_PAGE))
-
-
 def _step_page(trajectory: Trajectory | None, number: int) -> StepPage:
     """One page of steps in step order (one query); the page number is
     clamped to the last page."""
     if trajectory is None:
         return StepPage(number=1, count=1, total=0, start=1, steps=[])
     total = trajectory.step_count
-    count = _page_count(total)
+    count = trial_pages.page_count(total)
     number = min(number, count)
     offset = (number - 1) * STEPS_PER_PAGE
     rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
@@ -433,27 +404,6 @@ def _step_page(trajectory: Trajectory | None, number: int) -> StepPage:
 def _page_of_step(trajectory: Trajectory, step_id: int) -> int:
     before = TrajectoryStep.objects.filter(trajectory=trajectory, step_id__lt=step_id).count()
     return before // STEPS_PER_PAGE + 1
-
-
-def _parent_trial(trial: Trial) -> Mapping[str, Any] | None:
-    """The parent's trial of the same task and index (its first reported
-    evaluation we ran, never an external one), as a few fields; None for the
-    seed or when there is none."""
-    parent_id = trial.candidate.parent_id
-    if parent_id is None:
-        return None
-    return (
-        Trial.objects.filter(
-            candidate_id=parent_id,
-            task_id=trial.task_id,
-            index=trial.index,
-            evaluation__purpose__in=COUNTED_PURPOSES,
-            evaluation__external=False,
-        )
-        .order_by("evaluation_id", "pk")
-        .values("pk", "outcome", "score", "state")
-        .first()
-    )
 
 
 def _external_notice(evaluation: Evaluation) -> str:
@@ -552,10 +502,10 @@ def _hidden_banner(text: str, subject: str) -> str:
 @access.permission_required()
 def trial(request: HttpRequest, pk: int) -> HttpResponse:
     """One trial: task, candidate, result, and its trajectory, one page of steps at a time."""
-    trial = _visible_trial(
-        request, pk, related=("task", "candidate", "candidate__experiment", "evaluation", "trajectory")
+    trial = trial_pages.visible_trial(
+        user=request.user, pk=pk, related=("task", "candidate", "candidate__experiment", "evaluation", "trajectory")
     )
-    trajectory = _trajectory_of(trial)
+    trajectory = trial_pages.trajectory_of(trial)
     try:
         number = _positive_int(request.GET.get("page"), "page")
         wanted_step = _positive_int(request.GET.get("step"), "step", default=0) if request.GET.get("step") else None
@@ -591,7 +541,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "error_text": tj.text_block(trial.error) if trial.error else None,
         "criteria": _criteria(trial.criteria_results),
         "siblings": siblings,
-        "parent_trial": _parent_trial(trial),
+        "parent_trial": trial_pages.parent_trial(trial),
         "trajectory": trajectory,
         "summary": _trajectory_summary(trajectory),
         "error_steps": _error_steps(trajectory) if trajectory is not None else [],
@@ -599,7 +549,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "wanted_step": wanted_step,
         "step_missing": step_missing,
         "side_trial": trial,
-        "matrix_url": _query(reverse("review:matrix", args=[experiment.pk]), split=trial.split)
+        "matrix_url": query_url(reverse("review:matrix", args=[experiment.pk]), split=trial.split)
         + f"#task-{trial.task_id}",
         "step_filter": step_filter,
         "step_sources": STEP_SOURCES,
@@ -676,16 +626,16 @@ def _criteria(results: Any) -> list[dict[str, Any]]:
 def trial_steps(request: HttpRequest, pk: int) -> HttpResponse:
     """A page of a trial's steps as list items (htmx appends them on scroll),
     ending with the sentinel that loads the next page."""
-    trial = _visible_trial(request, pk, related=("trajectory",))
-    trajectory = _trajectory_of(trial)
+    trial = trial_pages.visible_trial(user=request.user, pk=pk, related=("trajectory",))
+    trajectory = trial_pages.trajectory_of(trial)
     if trajectory is None:
         raise Http404("this trial has no trajectory")
     try:
         number = _positive_int(request.GET.get("page"), "page")
     except InputError as exc:
         return HttpResponseBadRequest(str(exc))
-    if number > _page_count(trajectory.step_count):
-        raise Http404(f"the trajectory has {_page_count(trajectory.step_count)} pages of steps")
+    if number > trial_pages.page_count(trajectory.step_count):
+        raise Http404(f"the trajectory has {trial_pages.page_count(trajectory.step_count)} pages of steps")
     page = _step_page(trajectory, number)
     return render(request, "review/results/trial.html#steps", {"trial": trial, "side_trial": trial, "page": page})
 
@@ -693,161 +643,24 @@ def trial_steps(request: HttpRequest, pk: int) -> HttpResponse:
 # --- Screen 6: two trajectories side by side ---------------------------------------
 
 
-def _step_keys(trajectory: Trajectory | None) -> list[tuple[str, str, tuple[tuple[str, str], ...]]]:
-    """The signature of every step of a trajectory, in one query: the message
-    is hashed by the database so a long trajectory's text is not loaded."""
-    if trajectory is None:
-        return []
-    rows = (
-        TrajectoryStep.objects.filter(trajectory=trajectory)
-        .order_by("step_id")
-        .values_list("source", MD5("message"), "tool_calls")
-    )
-    return [(source, digest or "", tj.call_signature(calls)) for source, digest, calls in rows]
-
-
-def _steps_between(trajectory: Trajectory | None, indexes: list[int]) -> dict[int, tj.StepView]:
-    """The steps at these 0-based indexes (one query over their range), by index."""
-    if trajectory is None or not indexes:
-        return {}
-    low, high = min(indexes), max(indexes)
-    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
-    return {low + k: tj.step_view(row, position=low + k + 1) for k, row in enumerate(rows[low : high + 1])}
-
-
-def _aligned_window(
-    pairs: list[tj.ContentPair], start: int, first: int | None, left: Trajectory | None, right: Trajectory | None
-) -> list[tj.AlignedRow[tj.StepView]]:
-    """Rows ``start`` to ``start + STEPS_PER_PAGE - 1`` of a content alignment,
-    with their steps and, for a changed step, its word diff."""
-    window = pairs[start - 1 : start - 1 + STEPS_PER_PAGE]
-    left_steps = _steps_between(left, [p.left for p in window if p.left is not None])
-    right_steps = _steps_between(right, [p.right for p in window if p.right is not None])
-    rows = []
-    for number, pair in enumerate(window, start=start):
-        left_step = left_steps.get(pair.left) if pair.left is not None else None
-        right_step = right_steps.get(pair.right) if pair.right is not None else None
-        words = None
-        if pair.kind == "changed" and left_step is not None and right_step is not None:
-            words = tj.word_diff(tj.step_text(left_step), tj.step_text(right_step))
-        rows.append(
-            tj.AlignedRow(
-                number, left_step, right_step, pair.differs, first=number == first, kind=pair.kind, words=words
-            )
-        )
-    return rows
-
-
-def _window(trajectory: Trajectory | None, start: int) -> list[tj.StepView]:
-    if trajectory is None:
-        return []
-    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
-    offset = start - 1
-    return [
-        tj.step_view(row, position=offset + position)
-        for position, row in enumerate(rows[offset : offset + STEPS_PER_PAGE], start=1)
-    ]
-
-
 @require_GET
 @access.permission_required()
 def trial_compare(request: HttpRequest, pk: int) -> HttpResponse:
     """This trial (right) against the parent's trial of the same task and
-    index, or ``?with=<trial>`` (left), aligned by step position."""
-    related = ("task", "candidate", "candidate__experiment", "evaluation", "trajectory")
-    trial = _visible_trial(request, pk, related=related)
+    index, or ``?with=<trial>`` (left), aligned by content or, with
+    ``?align=position``, step by step; ``?page=`` pages the rows."""
     try:
-        other_pk = _positive_int(request.GET.get("with"), "with", default=0) if request.GET.get("with") else None
-        number = _positive_int(request.GET.get("page"), "page")
-    except InputError as exc:
+        with_pk = _positive_int(request.GET.get("with"), "with") if request.GET.get("with") else None
+        page = compare.compare_page(
+            user=request.user,
+            pk=pk,
+            with_pk=with_pk,
+            page=_positive_int(request.GET.get("page"), "page"),
+            by_position=request.GET.get("align") == "position",
+        )
+    except (InputError, BadInput) as exc:
         return _bad_request(request, str(exc))
-    if other_pk is not None:
-        other = access.hide_sealed(Trial.objects.select_related(*related), request.user).filter(pk=other_pk).first()
-        if other is None:
-            raise Http404(f"trial {other_pk} does not exist or you may not see it")
-        if other.task_id != trial.task_id:
-            return _bad_request(
-                request,
-                f"trial {other.pk} is of another task; compare trials of the same task ({trial.task.external_id})",
-            )
-    else:
-        parent = _parent_trial(trial)
-        other = (
-            access.hide_sealed(Trial.objects.select_related(*related), request.user).filter(pk=parent["pk"]).first()
-            if parent
-            else None
-        )
-
-    choices = list(
-        access.hide_sealed(Trial.objects.filter(task_id=trial.task_id).exclude(pk=trial.pk), request.user)
-        .order_by(F("candidate__round").asc(nulls_first=True), "candidate_id", "evaluation_id", "index")
-        .values("pk", "index", "outcome", "candidate_id", "candidate__label", "evaluation__purpose")[:200]
-    )
-    context: dict[str, Any] = {
-        "trial": trial,
-        "other": other,
-        "task": trial.task,
-        "experiment": trial.candidate.experiment,
-        "choices": choices,
-        "with_pk": other_pk,
-    }
-    if other is None:
-        return render(request, "review/results/compare.html", context)
-
-    left_trajectory, right_trajectory = _trajectory_of(other), _trajectory_of(trial)
-    left_keys, right_keys = _step_keys(left_trajectory), _step_keys(right_trajectory)
-    # ?align=position keeps the old step-by-step view; by default steps align by content.
-    by_position = request.GET.get("align") == "position"
-    align = "position" if by_position else None
-    if by_position:
-        summary = tj.divergence_summary(left_keys, right_keys)
-    else:
-        pairs = tj.align_by_content(left_keys, right_keys)
-        summary = tj.content_summary(pairs, left_steps=len(left_keys), right_steps=len(right_keys))
-    count = _page_count(summary.positions)
-    number = min(number, count)
-    start = (number - 1) * STEPS_PER_PAGE + 1
-    if by_position:
-        rows = tj.align_window(
-            _window(left_trajectory, start),
-            _window(right_trajectory, start),
-            start=start,
-            left_keys=left_keys,
-            right_keys=right_keys,
-        )
-    else:
-        rows = _aligned_window(pairs, start, summary.first, left_trajectory, right_trajectory)
-    base = reverse("review:trial_compare", args=[trial.pk])
-    first_url = None
-    if summary.first is not None:
-        first_page = (summary.first - 1) // STEPS_PER_PAGE + 1
-        first_url = _query(
-            base, **{"with": other_pk, "align": align, "page": first_page if first_page > 1 else None}
-        ) + (f"#pos-{summary.first}")
-    context.update(
-        {
-            "left_trajectory": left_trajectory,
-            "right_trajectory": right_trajectory,
-            "summary": summary,
-            "rows": rows,
-            "first_url": first_url,
-            "page_number": number,
-            "page_count": count,
-            "page_start": start,
-            "page_end": start + len(rows) - 1,
-            "previous_url": _query(base, **{"with": other_pk, "align": align, "page": number - 1})
-            if number > 1
-            else None,
-            "next_url": _query(base, **{"with": other_pk, "align": align, "page": number + 1})
-            if number < count
-            else None,
-            "is_parent": other_pk is None,
-            "by_position": by_position,
-            "position_url": _query(base, **{"with": other_pk, "align": "position"}),
-            "content_url": _query(base, **{"with": other_pk}),
-        }
-    )
-    return render(request, "review/results/compare.html", context)
+    return render(request, "review/results/compare.html", page.context())
 
 
 urlpatterns = [
