@@ -8,13 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
-from django.conf import settings
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from evolution import records, selectors
+from evolution import selectors
 from evolution.flags import flag_matched, flag_task_visible, with_task_access
 from evolution.loop import late, load, regularization
 from evolution.loop.review import corrections_of
@@ -38,9 +37,8 @@ from evolution.models import (
 )
 from evolution.recipes import RecipeError, parse_recipe
 from review import diffs, hidden
-from review.pages import Page, external_source_text
-
-SPLIT_ORDER = (SplitName.TRAIN, SplitName.GATE, SplitName.SEALED, SplitName.HELDOUT)
+from review.pages import SPLIT_ORDER, Page, external_source_text
+from review.pages.record import Check, record_checks
 
 # --- Gate decisions in words ------------------------------------------------------
 
@@ -203,85 +201,6 @@ def gate_summary(numbers: dict[str, Any]) -> str:
         if key in numbers:
             parts.append(f"{label} = {_format_number(numbers[key], kind)}")
     return " · ".join(parts)
-
-
-# --- Certified records --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-def record_checks(record: CertifiedResult, *, previous_digest: str | None = None) -> list[Check]:
-    """What can be checked of one record on its own, one row per check:
-    ``evolution.records.verify_record`` (payload names this record and its
-    predecessor, digest, signature; with ``previous_digest``, the stored
-    digest of record seq - 1, also the link to it), plus that the payload
-    names the candidate's tree. The whole chain, trees and trial rows are
-    checked by ``evolution.services.records.records_verify``. Read-only."""
-    payload = record.payload if isinstance(record.payload, dict) else {}  # else the checks say it is not
-    uid = str(record.experiment.uid)
-    failed: dict[str, list[str]] = {}
-    for problem in records.verify_record(
-        record, key=settings.RSI_RECORDS_KEY, experiment_uid=uid, prev=previous_digest
-    ):
-        failed.setdefault(problem.check, []).append(problem.detail)
-    tree = str((payload.get("candidate") or {}).get("tree"))
-    # What each check compared, shown when it passes; a failure shows what differs.
-    described = [
-        (records.RecordCheck.DIGEST, f"SHA-256 of the canonical payload is the stored {record.record_digest[:16]}…"),
-        (records.RecordCheck.SIGNATURE, "HMAC of the digest with the records key"),
-        (
-            records.RecordCheck.NAMES_RECORD,
-            f"payload seq {payload.get('seq')!r} of experiment {str(payload.get('experiment'))[:8]}…",
-        ),
-        (records.RecordCheck.NAMES_PREDECESSOR, f"payload prev {str(payload.get('prev'))[:16]}…"),
-    ]
-    if previous_digest is not None:
-        described.append(
-            (
-                records.RecordCheck.LINKS,
-                f"record #{record.seq - 1} has digest {previous_digest[:16]}…"
-                if record.seq > 1
-                else "first record: links to the genesis digest",
-            )
-        )
-    checks = [Check(name, name not in failed, "; ".join(failed.get(name, [])) or words) for name, words in described]
-    checks.append(Check("names the candidate's files", tree == record.candidate.tree_id, f"tree {tree[:16]}…"))
-    return checks
-
-
-@dataclass(frozen=True)
-class TrialCount:
-    split: str
-    trials: int
-    passed: int
-    tasks: int
-    tokens: int
-
-
-def trial_counts(payload: dict[str, Any]) -> list[TrialCount]:
-    """Aggregates of a record's trial rows per split (fine for every user)."""
-    by_split: dict[str, dict[str, Any]] = {}
-    for row in payload.get("trials") or []:
-        if not isinstance(row, dict):
-            continue
-        entry = by_split.setdefault(str(row.get("split")), {"trials": 0, "passed": 0, "tasks": set(), "tokens": 0})
-        entry["trials"] += 1
-        entry["passed"] += row.get("outcome") == "pass"
-        entry["tasks"].add(row.get("task"))
-        entry["tokens"] += row.get("tokens") or 0
-    order: dict[str, int] = {split: index for index, split in enumerate(SPLIT_ORDER)}
-    return [
-        TrialCount(split, e["trials"], e["passed"], len(e["tasks"]), e["tokens"])
-        for split, e in sorted(by_split.items(), key=lambda item: (order.get(item[0], 99), item[0]))
-    ]
-
-
-# --- Candidate page -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,51 +1,41 @@
 """Candidate page, side-by-side diff, raw files and certified records.
 
-Views parse the request, call selectors and the pure diff module
-(``review.diffs``), and render. Nothing here writes evolution state; the
+Views parse the request, call one page builder (``review.pages.candidate``,
+``.diff``, ``.record``), and render. Nothing here writes evolution state; the
 only write is the reviewer's own "viewed" mark (``review.models.ViewedFile``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import path, reverse
+from django.urls import path
 from django.utils.cache import patch_vary_headers
-from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme, urlencode
+from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from evolution import access, hidden_chars, records
+from evolution import access, hidden_chars
 from evolution.loop import late
 from evolution.loop.review import review_settle_due
 from evolution.models import (
     Candidate,
-    CertifiedDecision,
-    CertifiedResult,
     TreeEntry,
 )
 from evolution.services.records import records_verify
-from evolution.services.snapshots import tree_entries
-from evolution.trees import FileEntry
 from review import diffs
 from review import selectors as review_selectors
-from review.http import AuthenticatedHttpRequest, HtmxHttpRequest
+from review.http import HtmxHttpRequest
 from review.models import ViewedFile
+from review.pages import BadInput, diff
 from review.pages import candidate as pages
-from review.pages.candidate import ShownFlag
+from review.pages import record as record_pages
 
 DIGEST_RE = re.compile(r"^(?:[0-9a-f]{64})?$")
-DIFF_CACHE_SECONDS = 3600
-# Bump when the rendered rows change shape, so stale cache entries are ignored.
-DIFF_CACHE_VERSION = 4
 
 
 @require_GET
@@ -89,158 +79,20 @@ def candidate_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
 # --- Diff ---------------------------------------------------------------------------
 
 
-class BadInput(Exception):
-    """A query parameter the user can fix; shown as a 400 with the message."""
-
-
-@dataclass
-class DiffRequest:
-    candidate: Candidate
-    against: Candidate | None  # None: the empty tree (the seed has no parent)
-    layout: str
-    against_is_parent: bool
-
-
-def _parse_diff_request(request: HttpRequest, pk: int) -> DiffRequest:
+def _parse_diff_request(request: HttpRequest, pk: int) -> diff.DiffRequest:
     cand = get_object_or_404(Candidate.objects.select_related("experiment", "parent"), pk=pk)
     layout = request.GET.get("layout") or diffs.DEFAULT_LAYOUT
     if layout not in diffs.LAYOUTS:
         raise BadInput(f"layout must be one of {', '.join(diffs.LAYOUTS)}, not {layout[:40]!r}")
     raw = request.GET.get("against", "").strip()
     if not raw:
-        return DiffRequest(cand, cand.parent, layout, True)
+        return diff.DiffRequest(cand, cand.parent, layout, True)
     if not raw.isdigit():
         raise BadInput(f"against must be a candidate number, not {raw[:40]!r}")
     against = Candidate.objects.filter(pk=int(raw), experiment_id=cand.experiment_id).first()
     if against is None:
         raise BadInput(f"candidate {raw} is not a candidate of experiment {cand.experiment.name!r}")
-    return DiffRequest(cand, against, layout, against.pk == cand.parent_id)
-
-
-def _leak_marks(cand: Candidate, user: Any) -> tuple[list[ShownFlag], dict[str, list[diffs.LeakMark]]]:
-    flags = pages.shown_flags(candidate=cand, user=user)
-    marks: dict[str, list[diffs.LeakMark]] = {}
-    for flag in flags:
-        if flag.path and flag.shown_matched:
-            marks.setdefault(flag.path, []).append(
-                diffs.LeakMark(flag.path, flag.shown_matched, pages.flag_title(flag))
-            )
-    return flags, marks
-
-
-def _render_cached(
-    fd: diffs.FileDiff, layout: str, old: dict[str, FileEntry], new: dict[str, FileEntry], marks: list[diffs.LeakMark]
-) -> None:
-    """Render one file, reusing the rows of an identical earlier rendering:
-    the key holds both blob digests, both paths (the lexer), the layout and
-    the leak marks, so a changed file can never get stale rows."""
-    mark_key = hashlib.sha256(
-        json.dumps([[m.matched, m.title] for m in marks], ensure_ascii=False).encode()
-    ).hexdigest()[:16]
-    raw_key = "|".join(
-        (fd.old_digest, fd.new_digest, fd.old_path or "", fd.path, layout, mark_key, str(DIFF_CACHE_VERSION))
-    )
-    key = "review-diff:" + hashlib.sha256(raw_key.encode("utf-8", "surrogateescape")).hexdigest()
-    hit = cache.get(key)
-    if hit is not None:
-        fd.rows, fd.language, fd.body_html = hit
-        return
-    old_entry = old.get(fd.old_path) if fd.old_path is not None else None
-    new_entry = new.get(fd.path) if fd.new is not None else None
-    diffs.render_file(
-        fd,
-        layout=layout,
-        old_data=old_entry.data if old_entry else None,
-        new_data=new_entry.data if new_entry else None,
-        marks=marks,
-    )
-    cache.set(key, (fd.rows, fd.language, fd.body_html), DIFF_CACHE_SECONDS)
-
-
-class _ParseMemo:
-    """Parsed file diffs in the cache, keyed by content (``diffs.ParsedMemo``)."""
-
-    def get_many(self, keys: list[str]) -> dict[str, Any]:
-        return cache.get_many(keys)
-
-    def set_many(self, data: dict[str, Any]) -> None:
-        cache.set_many(data, DIFF_CACHE_SECONDS)
-
-
-def _diff_entries(req: DiffRequest) -> tuple[list[FileEntry], list[FileEntry]]:
-    """The two trees of the diff: the base (empty for a seed) and the candidate."""
-    old_entries = tree_entries(tree=req.against.tree) if req.against is not None else []
-    return old_entries, tree_entries(tree=req.candidate.tree)
-
-
-def _planned_files(old_entries: list[FileEntry], new_entries: list[FileEntry]) -> list[diffs.FileDiff]:
-    """The files of the whole diff, collapsed as planned: only the files the
-    plan may render are diffed (through the cache), the others wait for the
-    counts request. The same plan on every request for the same trees."""
-    files = diffs.list_file_diffs(old_entries, new_entries)
-    memo = _ParseMemo()
-
-    def count(fd: diffs.FileDiff) -> None:
-        diffs.count_file_diffs([fd], old_entries, new_entries, memo=memo)
-
-    diffs.plan_collapse(files, count=count)
-    return files
-
-
-def _diff_files(
-    request: AuthenticatedHttpRequest, req: DiffRequest, *, only_path: str | None = None, count_all: bool = False
-) -> tuple[list[diffs.FileDiff], list[ShownFlag]]:
-    """The files of the diff, collapsed as planned and rendered where not;
-    with ``count_all``, the collapsed files are counted too."""
-    old_entries, new_entries = _diff_entries(req)
-    if only_path is not None:
-        files = diffs.build_file_diffs(old_entries, new_entries, only_path=only_path, memo=_ParseMemo())
-        files = [fd for fd in files if only_path in (fd.path, fd.old_path)]
-        if not files:
-            raise Http404("this file is not part of the diff")
-    else:
-        files = _planned_files(old_entries, new_entries)
-        if count_all:
-            diffs.count_file_diffs(files, old_entries, new_entries, memo=_ParseMemo())
-    viewed = set(
-        ViewedFile.objects.filter(user=request.user, path__in=[fd.path for fd in files]).values_list(
-            "path", "old_digest", "new_digest"
-        )
-    )
-    flags, marks = _leak_marks(req.candidate, request.user)
-    old_map = {entry.path: entry for entry in old_entries}
-    new_map = {entry.path: entry for entry in new_entries}
-    for fd in files:
-        fd.viewed = (fd.path, fd.old_digest, fd.new_digest) in viewed
-        if fd.collapsed is None and fd.hunks:
-            _render_cached(fd, req.layout, old_map, new_map, marks.get(fd.path, []) if fd.new else [])
-    return files, flags
-
-
-def _diff_context(request: HttpRequest, req: DiffRequest, files: list[diffs.FileDiff], flags: list[ShownFlag]):
-    cand = req.candidate
-    query = {"layout": req.layout}
-    if req.against is not None and not req.against_is_parent:
-        query["against"] = str(req.against.pk)
-    counts_url = reverse("review:candidate_diff", args=[cand.pk]) + "?" + urlencode({**query, "counts": "1"})
-    return {
-        "candidate": cand,
-        "experiment": cand.experiment,
-        "against": req.against,
-        "against_is_parent": req.against_is_parent,
-        "layout": req.layout,
-        "layouts": diffs.LAYOUTS,
-        "files": files,
-        "tree": diffs.file_tree(files),
-        "summary": diffs.DiffSummary(files),
-        "flags": flags,
-        "marked_flags": sum(1 for flag in flags if flag.path and flag.shown_matched),
-        "collapse_lines": diffs.COLLAPSE_LINES,
-        "page_budget": diffs.PAGE_BUDGET,
-        "against_param": query.get("against", ""),
-        "counts_url": counts_url,
-        "here": request.get_full_path(),
-    }
+    return diff.DiffRequest(cand, against, layout, against.pk == cand.parent_id)
 
 
 @require_GET
@@ -257,21 +109,12 @@ def candidate_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         req = _parse_diff_request(request, pk)
     except BadInput as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
-    counts = bool(request.GET.get("counts"))
+    counts, partial, here = bool(request.GET.get("counts")), bool(request.GET.get("partial")), request.get_full_path()
     if counts and request.htmx:
-        old_entries, new_entries = _diff_entries(req)
-        files = _planned_files(old_entries, new_entries)
-        late = [fd for fd in files if not fd.counted]
-        diffs.count_file_diffs(late, old_entries, new_entries, memo=_ParseMemo())
-        context = _diff_context(request, req, files, [])
-        context["late"] = late
-        return render(request, "review/candidates/diff.html#diff-counts", context)
-    files, flags = _diff_files(request, req, count_all=counts)
-    context = _diff_context(request, req, files, flags)
-    if request.GET.get("partial"):
-        return render(request, "review/candidates/diff.html#diff-body", context)
-    context["choices"] = pages.candidate_choices(req.candidate, also=req.against)
-    return render(request, "review/candidates/diff.html", context)
+        page = diff.diff_counts_page(req=req, here=here)
+        return render(request, "review/candidates/diff.html#diff-counts", page.context())
+    page = diff.diff_page(user=request.user, req=req, here=here, count_all=counts, choices=not partial)
+    return render(request, "review/candidates/diff.html" + ("#diff-body" if partial else ""), page.context())
 
 
 @require_GET
@@ -285,15 +128,14 @@ def diff_file(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     wanted = request.GET.get("path", "")
     if not wanted:
         return HttpResponseBadRequest("path is required", content_type="text/plain; charset=utf-8")
-    files, flags = _diff_files(request, req, only_path=wanted)
-    context = _diff_context(request, req, files, flags)
+    alone = not request.htmx
+    page = diff.diff_page(
+        user=request.user, req=req, here=request.get_full_path(), only_path=wanted, choices=alone, single=alone
+    )
     if request.htmx:
         # The file's body, and its counts wherever the page still waits for them.
-        context["f"] = files[0]
-        return render(request, "review/candidates/diff.html#file-load", context)
-    context["single"] = True
-    context["choices"] = pages.candidate_choices(req.candidate, also=req.against)
-    return render(request, "review/candidates/diff.html", context)
+        return render(request, "review/candidates/diff.html#file-load", {**page.context(), "f": page.files[0]})
+    return render(request, "review/candidates/diff.html", page.context())
 
 
 # An expansion shows at most this many lines (a whole file's context is one click, not unbounded work).
@@ -323,7 +165,7 @@ def diff_context(request: HttpRequest, pk: int) -> HttpResponse:
     data = review_selectors.tree_file(candidate=cand, path=file_path)
     if data is None:
         raise Http404("no such file in this candidate")
-    _flags_shown, marks = _leak_marks(cand, request.user)
+    _flags_shown, marks = diff.leak_marks(cand, request.user)
     rows = diffs.context_rows(
         new_data=data,
         path=file_path,
@@ -421,50 +263,12 @@ def record(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     (chain, trees, evaluator, task sets, trial rows). It is read-only but its
     work grows with the experiment, so it runs on request only; an htmx
     request gets just the report."""
-    rec = get_object_or_404(CertifiedResult.objects.select_related("experiment", "candidate", "evaluation"), pk=pk)
-    if rec.seq > 1:
-        # The record before it may be a decision: both tables share the chain.
-        previous = (
-            CertifiedResult.objects.filter(experiment_id=rec.experiment_id, seq=rec.seq - 1)
-            .values_list("record_digest", flat=True)
-            .first()
-        ) or (
-            CertifiedDecision.objects.filter(experiment_id=rec.experiment_id, seq=rec.seq - 1)
-            .values_list("record_digest", flat=True)
-            .first()
-        )
-        previous_digest = previous if previous is not None else "(missing)"
-    else:
-        previous_digest = records.GENESIS
-    checks = pages.record_checks(rec, previous_digest=previous_digest)
+    rec = record_pages.certified_record(pk=pk)
     report = records_verify(experiment=rec.experiment) if request.GET.get("verify") else None
     if report is not None and request.htmx:
         return render(request, "review/candidates/record.html#verify-report", {"report": report, "record": rec})
-    sealed = access.can_see_sealed(request.user)
-    payload, hidden = access.record_payload_visible(
-        rec.payload, sealed=sealed, sealed_tasks=None if sealed else access.sealed_task_names(rec.experiment_id)
-    )
-    certified = rec.payload if isinstance(rec.payload, dict) else {}  # else the checks say it is not
-    evaluation = certified.get("evaluation") or {}
-    return render(
-        request,
-        "review/candidates/record.html",
-        {
-            "record": rec,
-            "experiment": rec.experiment,
-            "checks": checks,
-            "verified": all(check.ok for check in checks),
-            "counts": pages.trial_counts(certified),
-            "hidden_rows": hidden,
-            "payload_json": json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False),
-            "evaluation_info": evaluation if isinstance(evaluation, dict) else {},
-            "candidate_info": certified.get("candidate") or {},
-            "evaluator_info": certified.get("evaluator") or {},
-            "task_sets": sorted((certified.get("task_sets") or {}).items()),
-            "report": report,
-            "run_settings": json.dumps(certified.get("run_settings"), sort_keys=True, ensure_ascii=False),
-        },
-    )
+    page = record_pages.record_page(record=rec, user=request.user, report=report)
+    return render(request, "review/candidates/record.html", page.context())
 
 
 urlpatterns = [

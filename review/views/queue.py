@@ -15,7 +15,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Page, Paginator
@@ -25,11 +25,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.text import Truncator
 from django.views.decorators.http import require_GET, require_POST
 
 from evolution import access
-from evolution.flags import flag_matched, flag_task_visible, with_task_access
+from evolution.flags import flag_matched, with_task_access
 from evolution.loop.review import (
     corrections_of,
     review_correct,
@@ -50,14 +49,11 @@ from evolution.models import (
 from evolution.selectors import EarlierVerdict, earlier_verdicts, identical_waiting, same_verdict
 from evolution.services.review import LIVE_RUNS, ReviewConflict, ReviewError, review_claim, review_release
 from review.hidden import marked_spans, reveal_html
-
-if TYPE_CHECKING:
-    from review.display import ShownFlag
+from review.pages.review_item import EvidenceFlag, evidence_flags
 
 PAGE_SIZE = 25
 WAITING = (ReviewItem.State.OPEN, ReviewItem.State.CLAIMED, ReviewItem.State.PENDING)
 DECIDED_STATES = (ReviewItem.State.APPROVED, ReviewItem.State.REJECTED, ReviewItem.State.PARTIAL)
-INSTRUCTION_EXCERPT = 280
 # Lines of one edit's own diff shown inline; the rest is in the diff screen.
 EDIT_DIFF_LINES = 200
 MATCHED_PREVIEW = 3
@@ -354,40 +350,14 @@ class EvidenceLine:
     path: str
     line_number: int | None
     line: str
-    flags: list[ShownFlag]
+    flags: list[EvidenceFlag]
 
     @property
     def marked(self) -> SafeString:
         return mark_matches(self.line, [flag.shown_matched for flag in self.flags])
 
 
-def _evidence(flags: list[ShownFlag], user: Any) -> None:
-    """Annotate each flag (from ``with_task_access``) with what the reader may
-    see of its task, evidence and matched text."""
-    for flag in flags:
-        evidence = flag.evidence if isinstance(flag.evidence, dict) else {}
-        flag.line_number = evidence.get("line_number") if isinstance(evidence.get("line_number"), int) else None
-        flag.task_visible = flag_task_visible(flag, user)
-        flag.shown_matched = flag_matched(flag, user) or ""
-        # The evidence text names the task ("literal from the instruction of
-        # evolve task X"): it is hidden with the task.
-        flag.evidence_text = str(evidence.get("evidence", "")) if flag.task_visible else ""
-        flag.evidence_extra = (
-            [
-                (key, str(value)[:200])
-                for key, value in sorted(evidence.items())
-                if key not in {"line_number", "evidence", "task"}
-            ]
-            if flag.task_visible
-            else []
-        )
-        flag.task_label = evidence.get("task", "") if flag.task_visible else ""
-        flag.instruction_excerpt = (
-            Truncator(flag.task.instruction).chars(INSTRUCTION_EXCERPT) if flag.task_visible and flag.task else ""
-        )
-
-
-def _evidence_lines(flags: list[ShownFlag]) -> list[EvidenceLine]:
+def _evidence_lines(flags: list[EvidenceFlag]) -> list[EvidenceLine]:
     lines: dict[tuple[str, int | None, str], EvidenceLine] = {}
     for flag in flags:
         key = (flag.path, flag.line_number, flag.line)
@@ -416,9 +386,9 @@ class RuleGroup:
         return len(self.examples) + len(self.more)
 
 
-def _rule_groups(flags: list[ShownFlag]) -> list[RuleGroup]:
+def _rule_groups(flags: list[EvidenceFlag]) -> list[RuleGroup]:
     """Flags grouped by rule, the largest group first."""
-    by_rule: dict[str, list[ShownFlag]] = defaultdict(list)
+    by_rule: dict[str, list[EvidenceFlag]] = defaultdict(list)
     for flag in flags:
         by_rule[flag.rule].append(flag)
     groups = []
@@ -439,7 +409,7 @@ class EditView:
     earlier: EarlierVerdict | None = None  # an identical edit decided before
 
 
-def _edit_diff(edit: AtomicEdit, flags: list[ShownFlag]) -> tuple[list[SafeString], int]:
+def _edit_diff(edit: AtomicEdit, flags: list[EvidenceFlag]) -> tuple[list[SafeString], int]:
     """The edit's own diff, added lines with the flagged text marked; long
     diffs are cut at EDIT_DIFF_LINES and the page says how much is left."""
     needles = [flag.shown_matched for flag in flags]
@@ -473,16 +443,8 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         .first()
     )
     edits = list(AtomicEdit.objects.filter(candidate=candidate).order_by("index"))
-    flags = cast(
-        "list[ShownFlag]",
-        list(
-            with_task_access(LeakageFlag.objects.filter(candidate=candidate))
-            .select_related("task")
-            .order_by("path", "pk")
-        ),
-    )
-    _evidence(flags, request.user)
-    by_edit: dict[int | None, list[ShownFlag]] = defaultdict(list)
+    flags = evidence_flags(candidate=candidate, user=request.user)
+    by_edit: dict[int | None, list[EvidenceFlag]] = defaultdict(list)
     for flag in flags:
         by_edit[flag.edit_id].append(flag)
     edit_views = []
