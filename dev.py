@@ -85,6 +85,40 @@ def ensure_venv(requirements: str, *, extra: str = "") -> None:
         ensure_llm(extra)
 
 
+# Installed by ``test`` where it can be (see ensure_optional): the reasoning-gym benchmark's package, whose
+# pycosat needs a C compiler; its tests skip without it (and fail in CI, RSI_REQUIRE_SERVICES=1).
+OPTIONAL_TEST_REQUIREMENTS = "requirements-rgym.txt"
+
+
+def ensure_optional(requirements: str) -> bool:
+    """Install ``requirements`` into the venv if it can be; whether it is installed.
+
+    A failed install (no C compiler, say) is reported in one line and stamped, so later runs do not try again
+    until a requirement file changes.
+    """
+    if venv_current(requirements):
+        return True
+    failed = VENV / f".failed-{requirements}"
+    if failed.exists() and failed.read_text() == _requirements_digest(requirements):
+        return False
+    say(f"installing {requirements} (optional: the tests that need it skip without it)")
+    done = subprocess.run(
+        [str(PYTHON), "-m", "pip", "install", "--quiet", "-r", str(ROOT / requirements)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if done.returncode != 0:
+        last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+        say(f"could not install {requirements} ({last[-300:]}); its tests skip; after fixing the cause, run")
+        say(f"{VENV.name}/bin/pip install -r {requirements}")
+        failed.write_text(_requirements_digest(requirements))
+        return False
+    (VENV / f".installed-{requirements}").write_text(_requirements_digest(requirements))
+    failed.unlink(missing_ok=True)
+    return True
+
+
 # How llama.cpp is built for the local model: portable code. The default
 # (-march=native) build segfaults in llama_decode on batched prompts on some
 # CPUs (AVX-512 with AMX repacking), and a portable one runs everywhere.
@@ -509,6 +543,7 @@ def test(pytest_args: list[str]) -> int:
         return 2
     # RSI_LLM=local: the local model too, so its tests (tests/llm) run instead of skipping.
     ensure_venv("requirements-dev.txt", extra=LLM_REQUIREMENTS if llm else "")
+    ensure_optional(OPTIONAL_TEST_REQUIREMENTS)
     lint = subprocess.run([str(PYTHON), "-m", "ruff", "check", "."], cwd=ROOT)
     if lint.returncode != 0:
         say("ruff check failed")

@@ -7,6 +7,7 @@ RSI_REQUIRE_SERVICES=1 (CI sets it), so CI can never go green by skipping.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -74,6 +75,14 @@ def require_service(name: str, available: bool, why: str = "") -> None:
     if settings.RSI_REQUIRE_SERVICES:
         pytest.fail(f"{message} (RSI_REQUIRE_SERVICES=1: required here)")
     pytest.skip(message)
+
+
+@pytest.fixture
+def reasoning_gym_installed() -> None:
+    """The reasoning-gym package (requirements-rgym.txt, which ``dev.py test`` installs where it can)."""
+    from evolution.rgym.tasks import INSTALL_HINT
+
+    require_service("the reasoning-gym package", importlib.util.find_spec("reasoning_gym") is not None, INSTALL_HINT)
 
 
 def _port_open(url: str) -> bool:

@@ -31,9 +31,9 @@ def rgym_experiment_create(*, name: str = EXPERIMENT_NAME, per_split: int | None
     Benchmark, evaluator and surface are reused when identical; the experiment name must be new. All or
     nothing.
     """
+    version = package_version()  # first: it says how to install the package when it is missing
     config = config_read()
     by_split = {s: [_input(t) for t in items] for s, items in tasks_by_split(config, per_split=per_split).items()}
-    version = package_version()
     # The name compare_recipes --benchmark finds; the version is in every task's expected data (so in the
     # split digests) and in the title.
     suffix = f"-{per_split}-per-split" if per_split is not None else ""

@@ -42,9 +42,19 @@ def config_read(path: Path = RGYM_DIR / "benchmark.toml") -> Config:
     )
 
 
+# What to run when the package is missing (it is not in requirements.txt).
+INSTALL_HINT = ".venv/bin/pip install -r requirements-rgym.txt"
+
+
 def package_version() -> str:
-    """The installed reasoning-gym's version (its ``__version__`` attribute lags the release: 0.1.19 in 0.1.25)."""
-    return metadata.version("reasoning-gym")
+    """The installed reasoning-gym's version (its ``__version__`` attribute lags the release: 0.1.19 in 0.1.25).
+
+    ValueError, saying how to install it, when the package is not installed.
+    """
+    try:
+        return metadata.version("reasoning-gym")
+    except metadata.PackageNotFoundError:
+        raise ValueError(f"the reasoning-gym package is not installed; install it with {INSTALL_HINT}") from None
 
 
 def task_id(family: str, seed: int) -> str:

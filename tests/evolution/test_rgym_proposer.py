@@ -14,6 +14,8 @@ from evolution.rgym import proposer
 from evolution.rgym.bench import evidence_of, score, seed_files
 from evolution.rgym.tasks import config_read, tasks_by_split
 
+pytestmark = pytest.mark.usefixtures("reasoning_gym_installed")
+
 SURFACE = {"prompts/system.md": "prompt", "memory/answers.md": "memory", "config.toml": "config"}
 
 

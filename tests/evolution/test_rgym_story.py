@@ -11,7 +11,11 @@ table that also holds the sealed answers) and shows the same rule then fails.
 
 from __future__ import annotations
 
+import pytest
+
 from evolution.rgym.bench import measure
+
+pytestmark = pytest.mark.usefixtures("reasoning_gym_installed")
 
 GENERAL = "skill-word-sorting"
 MEMORIZING = "memory-answer-table"

@@ -22,7 +22,12 @@ from evolution.models import RUN_MOVING, Candidate, Evaluation, Experiment, Run,
 from evolution.recipes import parse_recipe, recipe_to_dict
 from tests.conftest import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.usefixtures("reasoning_gym_installed"),
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker,
+    pytest.mark.slow,
+]
 
 
 def test_a_round_on_reasoning_gym_runs_in_a_worker_and_memorizing_does_not_reach_gate(

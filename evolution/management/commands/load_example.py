@@ -87,7 +87,10 @@ class Command(BaseCommand):
             rest = "" if options["rounds"] > 0 else "; nothing to do"
             self.stdout.write(f"example experiment {name!r} exists (id {experiment.pk}){rest}")
         else:
-            experiment = benchmark_experiment_create(benchmark=benchmark, name=name, task_limit=tasks, agent=agent)
+            try:
+                experiment = benchmark_experiment_create(benchmark=benchmark, name=name, task_limit=tasks, agent=agent)
+            except ValueError as exc:  # e.g. reasoning-gym not installed: it says how to install it
+                raise CommandError(str(exc)) from exc
             counts = Counter(experiment.split_memberships.values_list("split", flat=True))
             self.stdout.write(
                 f"loaded example experiment {name!r} (id {experiment.pk}): {experiment.benchmark.tasks.count()} tasks "
