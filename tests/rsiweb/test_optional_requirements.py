@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests.conftest import REPO_ROOT
 from tests.rsiweb.test_dev_run import _dev_module
 
 
-def _dev_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def _dev_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     dev = _dev_module()
     venv = tmp_path / ".venv"
     venv.mkdir()
