@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 
 from evolution import environments
 from evolution.models import CertifiedResult, Evaluation, Experiment, Trial
@@ -62,7 +63,7 @@ def _task(folder: Path) -> None:
 
 
 def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
-    tmp_path: Path, settings, start_worker
+    tmp_path: Path, settings, start_worker, admin_client
 ) -> None:
     require_service("debootstrap", shutil.which("debootstrap") is not None or os.path.exists("/usr/sbin/debootstrap"))
     require_service("root (debootstrap builds as root)", os.geteuid() == 0)
@@ -111,3 +112,7 @@ def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
     assert record.payload["evaluator"]["environments"] == [digest]
     verified = verify_records_in_a_subprocess(experiment)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    # The screens say where the trial ran, so nobody reads it as a run in the upstream image.
+    for page in (reverse("review:trial", args=[trial.pk]), reverse("review:record", args=[record.pk])):
+        html = admin_client.get(page).content.decode()
+        assert f'<span class="badge">Debian-built environment</span> <span class="digest">{digest}</span>' in html
