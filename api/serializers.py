@@ -602,10 +602,20 @@ class AnnotationSerializer(serializers.ModelSerializer):
     label_slug = serializers.CharField(source="label.slug", read_only=True)
     step = serializers.IntegerField(source="step.step_id", allow_null=True, read_only=True)
 
+    scores = serializers.SerializerMethodField(
+        help_text="score slug -> value: a number, or true/false for a yes/no score; scores not given are left out"
+    )
+
     class Meta:
         model = Annotation
-        fields = ("id", "trial", "author", "label", "label_slug", "note", "step", "created_at", "updated_at")
+        fields = ("id", "trial", "author", "label", "label_slug", "note", "step", "scores", "created_at", "updated_at")
         read_only_fields = fields
+
+    def get_scores(self, annotation: Annotation) -> dict[str, float | bool]:
+        return {
+            score.config.slug: bool(score.value) if score.config.kind == "boolean" else score.value
+            for score in annotation.scores.all()
+        }
 
 
 class AnnotationWriteSerializer(serializers.Serializer):
@@ -618,6 +628,12 @@ class AnnotationWriteSerializer(serializers.Serializer):
     )
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
     step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)
+    scores = serializers.DictField(
+        child=serializers.JSONField(allow_null=True),
+        required=False,
+        default=dict,
+        help_text="score config id or slug -> value (a number, or true/false for yes/no; null removes the score)",
+    )
 
 
 class RecipeComparisonSerializer(serializers.ModelSerializer):

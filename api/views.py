@@ -437,6 +437,8 @@ class ReviewDecisionViewSet(FilteredMixin, mixins.CreateModelMixin, viewsets.Rea
 
 def _annotation_field(message: str) -> str:
     lowered = message.lower()
+    if "score" in lowered:
+        return "scores"
     for field in ("label", "step", "note"):
         if field in lowered:
             return field
@@ -453,7 +455,7 @@ class AnnotationViewSet(FilteredMixin, viewsets.ModelViewSet):
     filter_class = filters.AnnotationFilter
 
     def get_queryset(self) -> QuerySet[Annotation]:
-        annotations = Annotation.objects.select_related("author", "label", "step")
+        annotations = Annotation.objects.select_related("author", "label", "step").prefetch_related("scores__config")
         return access.hide_sealed(annotations, self.request.user, split_field="trial__split")
 
     @extend_schema(request=out.AnnotationWriteSerializer, responses={201: out.AnnotationSerializer, 400: ERROR})
@@ -468,7 +470,12 @@ class AnnotationViewSet(FilteredMixin, viewsets.ModelViewSet):
             raise ValidationError({"trial": [f"no trial {data['trial']}"]})
         try:
             annotation = annotation_services.annotation_create(
-                trial=trial, author=request.user, label=data["label"], note=data["note"], step=data["step"]
+                trial=trial,
+                author=request.user,
+                label=data["label"],
+                note=data["note"],
+                step=data["step"],
+                scores=data["scores"],
             )
         except annotation_services.AnnotationError as exc:
             raise ValidationError({_annotation_field(str(exc)): [str(exc)]}) from exc
@@ -489,6 +496,7 @@ class AnnotationViewSet(FilteredMixin, viewsets.ModelViewSet):
                 label=data.get("label", annotation.label_id),
                 note=data.get("note", annotation.note) if partial else data["note"],
                 step=data.get("step", current_step) if partial else data["step"],
+                scores=data.get("scores", {}),
             )
         except annotation_services.AnnotationNotYours as exc:
             raise PermissionDenied(str(exc)) from exc

@@ -390,10 +390,27 @@ class AnnotationLabelAdmin(admin.ModelAdmin[models.AnnotationLabel]):
     list_display = ("slug", "name", "experiment")
 
 
+class AnnotationScoreInline(admin.TabularInline[models.AnnotationScore, models.Annotation]):
+    model = models.AnnotationScore
+    extra = 0
+
+
 @admin.register(models.Annotation)
 class AnnotationAdmin(admin.ModelAdmin[models.Annotation]):
     list_display = ("trial", "author", "label", "created_at")
     list_filter = ("label",)
+    inlines = (AnnotationScoreInline,)
+
+
+@admin.register(models.AnnotationScoreConfig)
+class AnnotationScoreConfigAdmin(admin.ModelAdmin[models.AnnotationScoreConfig]):
+    list_display = ("name", "slug", "kind", "minimum", "maximum", "experiment")
+    list_filter = ("kind",)
+
+
+@admin.register(models.AnnotationScore)
+class AnnotationScoreAdmin(admin.ModelAdmin[models.AnnotationScore]):
+    list_display = ("annotation", "config", "value")
 
 
 @admin.register(models.RecipeComparison)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,46 @@ def labels_by_item(rows: Iterable[tuple[Hashable, Hashable, Hashable]]) -> dict[
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class NumericAgreement:
+    """Agreement on a numeric score over the items scored by two or more annotators.
+
+    ``alpha`` is Krippendorff's alpha with the interval metric (squared differences), 1 - D_o / D_e over every
+    annotator (missing values allowed); ``mean_abs_difference`` the mean over items and pairs of annotators of
+    |a - b|, in the score's own unit. ``alpha`` is None when undefined, with the reason in ``why_undefined``.
+    """
+
+    items: int
+    values: int  # pairable values: those of items with two or more
+    alpha: float | None
+    mean_abs_difference: float | None
+    why_undefined: str = ""
+
+
+def krippendorff_interval(values: Mapping[Any, Mapping[Any, float]]) -> NumericAgreement:
+    """Krippendorff's alpha (interval metric) of ``values``: item -> {annotator: value}.
+
+    Only items with two or more values are pairable. Observed disagreement D_o is the mean, per pairable value,
+    of its squared differences to the other values of its item (each item's pairs weighted 1 / (m - 1));
+    expected disagreement D_e is the mean squared difference of all pairs of pairable values. Krippendorff,
+    "Computing Krippendorff's alpha-reliability" (2011).
+    """
+    units = [list(by.values()) for by in values.values() if len(by) >= 2]
+    pooled = [v for unit in units for v in unit]
+    n = len(pooled)
+    differences = [abs(a - b) for unit in units for a, b in combinations(unit, 2)]
+    mad = _mean(differences)
+    if not units:
+        return NumericAgreement(0, 0, None, None, "no item was scored by two or more annotators")
+    observed = sum(sum((a - b) ** 2 for a, b in combinations(unit, 2)) * 2 / (len(unit) - 1) for unit in units) / n
+    # The sum over ordered pairs of (a - b)^2 is 2 n times the sum of squared deviations from the mean.
+    mean = sum(pooled) / n
+    expected = 2 * sum((v - mean) ** 2 for v in pooled) / (n - 1)
+    if expected == 0:
+        (only,) = set(pooled)
+        return NumericAgreement(
+            len(units), n, None, mad, f"every score given was {only:g}: there is no variation, alpha is undefined"
+        )
+    return NumericAgreement(len(units), n, 1.0 - observed / expected, mad)

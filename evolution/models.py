@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import MD5
 
 from evolution.fields import CanonicalJSONField
@@ -974,6 +974,41 @@ class AnnotationLabel(models.Model):
         return self.name
 
 
+class AnnotationScoreConfig(models.Model):
+    """A score annotators give a trial next to its label, as a Langfuse score config: numeric within an optional
+    [minimum, maximum], or yes/no. Belongs to one experiment."""
+
+    class Kind(models.TextChoices):
+        NUMERIC = "numeric"
+        BOOLEAN = "boolean"
+
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, related_name="annotation_score_configs", db_index=False
+    )
+    slug = models.SlugField(max_length=60)
+    name = models.CharField(max_length=120)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    minimum = models.FloatField(null=True, blank=True, help_text="numeric only; empty for no lower bound")
+    maximum = models.FloatField(null=True, blank=True, help_text="numeric only; empty for no upper bound")
+    description = models.TextField(blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["experiment", "slug"], name="score_config_unique_per_experiment"),
+            models.CheckConstraint(
+                condition=Q(kind="numeric") | (Q(minimum__isnull=True) & Q(maximum__isnull=True)),
+                name="score_config_bounds_numeric_only",
+            ),
+            models.CheckConstraint(
+                condition=Q(minimum__isnull=True) | Q(maximum__isnull=True) | Q(minimum__lt=F("maximum")),
+                name="score_config_minimum_below_maximum",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Annotation(models.Model):
     """A person's label on a failed trial. Never changes certified results."""
 
@@ -990,6 +1025,23 @@ class Annotation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label_id} on {self.trial_id}"
+
+
+class AnnotationScore(models.Model):
+    """One score of an annotation (so of one author, trial and, where the annotation points at one, step).
+    A yes/no score is stored as 1.0 or 0.0."""
+
+    annotation = models.ForeignKey(Annotation, on_delete=models.CASCADE, related_name="scores", db_index=False)
+    config = models.ForeignKey(AnnotationScoreConfig, on_delete=models.PROTECT, related_name="scores")
+    value = models.FloatField()
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["annotation", "config"], name="annotation_score_once_per_config")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.config_id}={self.value} on annotation {self.annotation_id}"
 
 
 class RecipeComparison(models.Model):

@@ -36,7 +36,15 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from evolution import access, agreement
-from evolution.models import Annotation, Candidate, Experiment, Trajectory, Trial
+from evolution.models import (
+    Annotation,
+    AnnotationScore,
+    AnnotationScoreConfig,
+    Candidate,
+    Experiment,
+    Trajectory,
+    Trial,
+)
 from evolution.services import annotations as annotation_services
 from evolution.services.annotations import EXTERNAL_REFUSAL, FAILED_OUTCOMES, AnnotationError, AnnotationNotYours
 from review import hidden
@@ -143,6 +151,20 @@ def _trial_visible(request: HttpRequest, pk: int) -> Trial:
 
 def _trial_url(trial_id: int) -> str:
     return reverse("review:trial", args=[trial_id]) + "#annotations"
+
+
+SCORE_FIELD = "score-"  # a score's form field: "score-<config id>"
+
+
+def _scores_posted(request: HttpRequest) -> dict[str | int, str | float | bool | None]:
+    """The scores of the form, by config id (every config of the form posts its field, empty = no score)."""
+    return {key[len(SCORE_FIELD) :]: request.POST.get(key, "") for key in request.POST if key.startswith(SCORE_FIELD)}
+
+
+def _score_shown(config: AnnotationScoreConfig, value: float) -> str:
+    if config.kind == AnnotationScoreConfig.Kind.BOOLEAN:
+        return "yes" if value else "no"
+    return f"{value:.15g}"
 
 
 def _safe_next(request: HttpRequest, fallback: str) -> str:
@@ -258,8 +280,17 @@ def _panel_context(
 ) -> dict[str, Any]:
     experiment = trial.candidate.experiment
     annotations = list(
-        Annotation.objects.filter(trial=trial).select_related("label", "author", "step").order_by("created_at", "pk")
+        Annotation.objects.filter(trial=trial)
+        .select_related("label", "author", "step")
+        .prefetch_related(Prefetch("scores", queryset=AnnotationScore.objects.select_related("config")))
+        .order_by("created_at", "pk")
     )
+    configs = list(annotation_services.score_configs(experiment=experiment))
+    for annotation in annotations:
+        given = {score.config_id: score.value for score in annotation.scores.all()}
+        annotation.scores_shown = [  # type: ignore[attr-defined]
+            (config, _score_shown(config, given[config.pk])) for config in configs if config.pk in given
+        ]
     mine = next((a for a in annotations if a.author_id == request.user.pk), None)
     labels = list(annotation_services.labels_available(experiment=experiment))
     trajectory: Trajectory | None = getattr(trial, "trajectory", None)
@@ -271,13 +302,20 @@ def _panel_context(
     posted = posted or {}
     # After a failed POST the form shows what was typed, not the saved values.
     new_form = {key: posted.get(key, "") for key in ("label", "note", "step")} if not posted.get("annotation") else {}
+    new_scores = _score_fields(configs, posted if not posted.get("annotation") else {})
     if posted.get("annotation"):
         edit_form = {key: posted.get(key, "") for key in ("label", "note", "step")}
+        edit_scores = _score_fields(configs, posted)
     elif mine is not None:
         step = str(mine.step.step_id) if mine.step else ""
         edit_form = {"label": str(mine.label_id), "note": mine.note, "step": step}
+        edit_scores = _score_fields(
+            configs,
+            {f"{SCORE_FIELD}{config.pk}": shown for config, shown in mine.scores_shown},  # type: ignore[attr-defined]
+        )
     else:
         edit_form = {}
+        edit_scores = []
     return {
         "trial": trial,
         "experiment": experiment,
@@ -285,6 +323,8 @@ def _panel_context(
         "mine": mine,
         "new_form": new_form,
         "edit_form": edit_form,
+        "new_scores": new_scores,
+        "edit_scores": edit_scores,
         "default_labels": [label for label in labels if label.experiment_id is None],
         "team_labels": [label for label in labels if label.experiment_id is not None],
         # The label keys' order: defaults first, as in the select.
@@ -301,6 +341,19 @@ def _panel_context(
         "distinct_labels": len({a.label_id for a in annotations}),
         "next_trial": _next_to_label(request.user, experiment_id=experiment.pk, after=trial.pk),
     }
+
+
+def _score_fields(configs: list[AnnotationScoreConfig], values: dict[str, str]) -> list[dict[str, Any]]:
+    """One form field per score config, with the value to show (as posted or saved)."""
+    return [
+        {
+            "config": config,
+            "name": f"{SCORE_FIELD}{config.pk}",
+            "value": values.get(f"{SCORE_FIELD}{config.pk}", ""),
+            "range": annotation_services.score_range_text(config),
+        }
+        for config in configs
+    ]
 
 
 def _next_to_label(user: Any, *, experiment_id: int, after: int) -> int | None:
@@ -330,6 +383,8 @@ def trial_annotations(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if not request.user.has_perm(access.ANNOTATE):
         raise PermissionDenied("you need the annotator role to annotate trials")
     fields = {key: request.POST.get(key, "") for key in ("label", "note", "step", "annotation")}
+    scores = _scores_posted(request)
+    fields.update({f"{SCORE_FIELD}{key}": str(value) for key, value in scores.items()})
     try:
         if fields["annotation"]:
             annotation = _own_annotation(request, fields["annotation"], trial=trial)
@@ -339,11 +394,17 @@ def trial_annotations(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 label=fields["label"],
                 note=fields["note"],
                 step=fields["step"],
+                scores=scores,
             )
             done = "your annotation was updated"
         else:
             annotation_services.annotation_create(
-                trial=trial, author=request.user, label=fields["label"], note=fields["note"], step=fields["step"]
+                trial=trial,
+                author=request.user,
+                label=fields["label"],
+                note=fields["note"],
+                step=fields["step"],
+                scores=scores,
             )
             done = "annotation saved"
     except AnnotationNotYours as exc:
@@ -407,6 +468,28 @@ def label_add(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponseRedirect(back)
 
 
+@require_POST
+@access.permission_required(access.ANNOTATE)
+def score_config_add(request: HttpRequest, pk: int) -> HttpResponse:
+    """Add a score (numeric or yes/no) to the experiment, then go back to its annotation statistics."""
+    experiment = get_object_or_404(Experiment, pk=pk)
+    back = _safe_next(request, reverse("review:annotation_stats", args=[experiment.pk]) + "#scores")
+    try:
+        config = annotation_services.score_config_create(
+            experiment=experiment,
+            name=request.POST.get("name", ""),
+            kind=request.POST.get("kind", ""),
+            minimum=request.POST.get("minimum", ""),
+            maximum=request.POST.get("maximum", ""),
+            description=request.POST.get("description", ""),
+        )
+    except AnnotationError as exc:
+        messages.error(request, f"score not added: {exc}")
+    else:
+        messages.success(request, f"score {config.name!r} ({config.kind}) added to {experiment.name}")
+    return HttpResponseRedirect(back)
+
+
 # --- statistics ---------------------------------------------------------------
 
 
@@ -459,6 +542,7 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
     )
     summary = agreement.pairwise_agreement(agreement.labels_by_item((r[0], r[1], r[2]) for r in rows))
     disagreements = _disagreements(rows)
+    score_rows = _score_agreement(experiment, annotations)
 
     context = {
         "experiment": experiment,
@@ -471,8 +555,41 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
         "summary": summary,
         "disagreements": disagreements[:DISAGREEMENTS_SHOWN],
         "disagreement_count": len(disagreements),
+        "scores": score_rows,
     }
     return render(request, "review/annotations/stats.html", context)
+
+
+def _score_agreement(experiment: Experiment, annotations: QuerySet[Annotation]) -> list[dict[str, Any]]:
+    """Per score config: how many scores, and agreement over the trials scored by two or more annotators
+    (yes/no: Cohen's kappa per pair as for labels; numeric: Krippendorff's alpha, interval metric, and the mean
+    absolute difference between two annotators' values)."""
+    values: dict[int, dict[Any, dict[Any, float]]] = defaultdict(dict)
+    counts: dict[int, int] = defaultdict(int)
+    scores = AnnotationScore.objects.filter(annotation__in=annotations.values("pk")).values_list(
+        "config_id", "annotation__trial_id", "annotation__author__username", "value"
+    )
+    for config_id, trial_id, author, value in scores:
+        values[config_id].setdefault(trial_id, {})[author] = value
+        counts[config_id] += 1
+    rows: list[dict[str, Any]] = []
+    for config in annotation_services.score_configs(experiment=experiment):
+        by_trial = values.get(config.pk, {})
+        row: dict[str, Any] = {
+            "config": config,
+            "count": counts.get(config.pk, 0),
+            "range": annotation_services.score_range_text(config),
+        }
+        if config.kind == AnnotationScoreConfig.Kind.BOOLEAN:
+            yes_no = {trial: {a: "yes" if v else "no" for a, v in by.items()} for trial, by in by_trial.items()}
+            summary = agreement.pairwise_agreement(yes_no)
+            row["summary"] = summary
+            row["pairs"] = [{"pair": pair, "strength": kappa_strength(pair.agreement.kappa)} for pair in summary.pairs]
+            row["mean_strength"] = kappa_strength(summary.mean_kappa)
+        else:
+            row["numeric"] = agreement.krippendorff_interval(by_trial)
+        rows.append(row)
+    return rows
 
 
 def kappa_strength(kappa: float | None) -> str:
@@ -505,10 +622,13 @@ def _export_rows(request: HttpRequest, experiment: Experiment) -> Iterator[dict[
     annotations = (
         _visible_annotations(request.user, experiment_id=experiment.pk)
         .select_related("trial__task", "label", "author", "step")
+        .prefetch_related("scores")
         .order_by("trial__candidate_id", "trial_id", "created_at", "pk")
     )
+    configs = list(annotation_services.score_configs(experiment=experiment))
     for annotation in annotations.iterator(chunk_size=500):
         trial = annotation.trial
+        given = {score.config_id: score.value for score in annotation.scores.all()}
         yield {
             "experiment": experiment.name,
             "candidate_id": trial.candidate_id,
@@ -524,7 +644,14 @@ def _export_rows(request: HttpRequest, experiment: Experiment) -> Iterator[dict[
             "author": annotation.author.get_username(),
             "created_at": annotation.created_at.isoformat(),
             "updated_at": annotation.updated_at.isoformat(),
+            "scores": {config.slug: _score_exported(config, given.get(config.pk)) for config in configs},
         }
+
+
+def _score_exported(config: AnnotationScoreConfig, value: float | None) -> float | bool | None:
+    if value is None or config.kind == AnnotationScoreConfig.Kind.NUMERIC:
+        return value
+    return bool(value)
 
 
 def csv_cell(value: Any) -> Any:
@@ -549,11 +676,16 @@ class _Echo:
         return value
 
 
-def _csv_lines(rows: Iterable[dict[str, Any]]) -> Iterator[str]:
+def _csv_lines(rows: Iterable[dict[str, Any]], score_slugs: list[str]) -> Iterator[str]:
+    """One column per field, then one per score ("score:<slug>"; yes/no as yes and no, empty when not given)."""
     writer = csv.writer(_Echo())
-    yield writer.writerow(EXPORT_FIELDS)
+    yield writer.writerow([*EXPORT_FIELDS, *(f"score:{slug}" for slug in score_slugs)])
     for row in rows:
-        yield writer.writerow([csv_cell(row[name]) for name in EXPORT_FIELDS])
+        scores = [row["scores"].get(slug) for slug in score_slugs]
+        yield writer.writerow(
+            [csv_cell(row[name]) for name in EXPORT_FIELDS]
+            + [("yes" if value else "no") if isinstance(value, bool) else csv_cell(value) for value in scores]
+        )
 
 
 def _jsonl_lines(rows: Iterable[dict[str, Any]]) -> Iterator[str]:
@@ -566,7 +698,8 @@ def _jsonl_lines(rows: Iterable[dict[str, Any]]) -> Iterator[str]:
 def _export(request: HttpRequest, pk: int, *, extension: str, content_type: str) -> StreamingHttpResponse:
     experiment = get_object_or_404(Experiment, pk=pk)
     rows = _export_rows(request, experiment)
-    lines = _csv_lines(rows) if extension == "csv" else _jsonl_lines(rows)
+    slugs = list(annotation_services.score_configs(experiment=experiment).values_list("slug", flat=True))
+    lines = _csv_lines(rows, slugs) if extension == "csv" else _jsonl_lines(rows)
     response = StreamingHttpResponse(lines, content_type=content_type)
     filename = f"annotations-{slugify(experiment.name) or experiment.pk}.{extension}"
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
@@ -595,4 +728,5 @@ urlpatterns = [
     path("experiments/<int:pk>/annotations.csv", annotations_csv, name="annotations_csv"),
     path("experiments/<int:pk>/annotations.jsonl", annotations_jsonl, name="annotations_jsonl"),
     path("experiments/<int:pk>/labels/", label_add, name="label_add"),
+    path("experiments/<int:pk>/scores/", score_config_add, name="score_config_add"),
 ]

@@ -24,6 +24,7 @@ from evolution.models import (
     Trial,
 )
 from evolution.recipes import load_preset
+from evolution.services.annotations import score_config_create
 from tests.api.conftest import CANARY, World
 from tests.factories import seed_of
 
@@ -354,6 +355,23 @@ def test_annotator_creates_updates_and_deletes_own(api_world: World, api_as: Any
     assert [row["id"] for row in listed] == [created["id"]]
     assert annotator.delete(url).status_code == 204
     assert not Annotation.objects.exists()
+
+
+def test_annotation_scores_through_the_api(api_world: World, api_as: Any) -> None:
+    score_config_create(experiment=api_world.experiment, name="Solved", kind="boolean")
+    grade = score_config_create(experiment=api_world.experiment, name="Grade", kind="numeric", minimum=0, maximum=10)
+    annotator = api_as("annotator")
+    body = {"trial": api_world.train_trial.pk, "label": _label().pk, "scores": {"solved": True, str(grade.pk): 11}}
+    response = annotator.post(f"{V1}/annotations/", body, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"scores": ["the score 'Grade' must be from 0 to 10, not 11"]}
+    assert not Annotation.objects.exists()
+    body["scores"] = {"solved": True, "grade": 7.5}
+    created = annotator.post(f"{V1}/annotations/", body, format="json").json()
+    assert created["scores"] == {"solved": True, "grade": 7.5}
+    url = f"{V1}/annotations/{created['id']}/"
+    assert annotator.patch(url, {"scores": {"solved": None}}, format="json").json()["scores"] == {"grade": 7.5}
+    assert api_as("viewer").get(url).json()["scores"] == {"grade": 7.5}
 
 
 def test_viewer_cannot_annotate(api_world: World, api_as: Any) -> None:

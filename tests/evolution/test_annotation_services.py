@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from evolution.models import Annotation, AnnotationLabel, CertifiedResult, Experiment, Trajectory, TrajectoryStep, Trial
+from evolution.models import (
+    Annotation,
+    AnnotationLabel,
+    AnnotationScore,
+    CertifiedResult,
+    Experiment,
+    Trajectory,
+    TrajectoryStep,
+    Trial,
+)
 from evolution.services.annotations import (
     AnnotationError,
     AnnotationNotYours,
@@ -17,6 +26,7 @@ from evolution.services.annotations import (
     annotation_update,
     label_create,
     labels_available,
+    score_config_create,
 )
 from evolution.services.records import records_verify
 from tests.factories import evaluate_seed_inline, make_tiny_experiment
@@ -212,3 +222,76 @@ def test_a_team_label_can_be_used_on_its_experiment(world: dict[str, Any]) -> No
     label = label_create(experiment=world["experiment"], name="Flaky verifier")
     annotation = annotation_create(trial=world["trial"], author=world["ann"], label=label.pk)
     assert annotation.label == label
+
+
+# --- scores -------------------------------------------------------------------------
+
+
+def test_scores_are_saved_updated_and_removed_with_the_annotation(world: dict[str, Any]) -> None:
+    solvable = score_config_create(experiment=world["experiment"], name="Task solvable", kind="boolean")
+    severity = score_config_create(
+        experiment=world["experiment"], name="Severity", kind="numeric", minimum=1, maximum=5
+    )
+    annotation = annotation_create(
+        trial=world["trial"], author=world["ann"], label=world["label"], scores={solvable.pk: "yes", "severity": "2.5"}
+    )
+    assert {s.config.slug: s.value for s in annotation.scores.all()} == {"task-solvable": 1.0, "severity": 2.5}
+    # An update names the scores it changes; an empty value removes one, others keep theirs.
+    annotation_update(annotation=annotation, author=world["ann"], label=world["label"], scores={"task-solvable": ""})
+    assert {s.config.slug: s.value for s in annotation.scores.all()} == {"severity": 2.5}
+    # False is not a number: refused, the saved score is kept.
+    with pytest.raises(AnnotationError, match="is a number"):
+        annotation_update(annotation=annotation, author=world["ann"], label=world["label"], scores={severity.pk: False})
+    assert {s.config.slug: s.value for s in annotation.scores.all()} == {"severity": 2.5}
+
+
+@pytest.mark.parametrize(
+    ("scores", "message"),
+    [
+        ({"severity": "7"}, "the score 'Severity' must be from 1 to 5, not 7"),
+        ({"severity": "0.5"}, "the score 'Severity' must be from 1 to 5, not 0.5"),
+        ({"severity": "four"}, "the score 'Severity' must be a number from 1 to 5, not 'four'"),
+        ({"severity": "nan"}, "the score 'Severity' must be a number from 1 to 5, not 'nan'"),
+        ({"task-solvable": "maybe"}, "the score 'Task solvable' is yes or no, not 'maybe'"),
+        ({"elsewhere": "1"}, "unknown score 'elsewhere' for this experiment"),
+    ],
+)
+def test_a_bad_score_is_refused_and_nothing_is_written(
+    world: dict[str, Any], scores: dict[str, str], message: str
+) -> None:
+    score_config_create(experiment=world["experiment"], name="Task solvable", kind="boolean")
+    score_config_create(experiment=world["experiment"], name="Severity", kind="numeric", minimum=1, maximum=5)
+    with pytest.raises(AnnotationError) as refused:
+        annotation_create(trial=world["trial"], author=world["ann"], label=world["label"], note="n", scores=scores)
+    assert str(refused.value) == message
+    assert not Annotation.objects.exists() and not AnnotationScore.objects.exists()
+
+
+def test_a_score_of_another_experiment_is_unknown(world: dict[str, Any]) -> None:
+    other = world["foreign_label"].experiment
+    foreign = score_config_create(experiment=other, name="Elsewhere", kind="boolean")
+    with pytest.raises(AnnotationError, match="unknown score"):
+        annotation_create(trial=world["trial"], author=world["ann"], label=world["label"], scores={foreign.pk: "yes"})
+    assert not Annotation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "", "kind": "boolean"}, "a score needs a name"),
+        ({"name": "Solved", "kind": "stars"}, "a score is numeric or boolean, not 'stars'"),
+        ({"name": "Solved", "kind": "boolean", "maximum": "1"}, "a yes/no score has no maximum"),
+        (
+            {"name": "Grade", "kind": "numeric", "minimum": "5", "maximum": "1"},
+            "the minimum (5) must be below the maximum (1)",
+        ),
+        ({"name": "Grade", "kind": "numeric", "minimum": "low"}, "the minimum must be a number, not 'low'"),
+    ],
+)
+def test_a_bad_score_config_is_refused(world: dict[str, Any], kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(AnnotationError) as refused:
+        score_config_create(experiment=world["experiment"], **kwargs)
+    assert str(refused.value) == message
+    score_config_create(experiment=world["experiment"], name="Grade", kind="numeric")
+    with pytest.raises(AnnotationError, match="already has a score"):
+        score_config_create(experiment=world["experiment"], name="grade", kind="boolean")

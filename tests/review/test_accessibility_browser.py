@@ -25,6 +25,7 @@ import pytest
 from django.urls import reverse
 
 from evolution.models import CertifiedResult, Experiment, ReviewItem, Trial
+from evolution.services.annotations import score_config_create
 from tests.factories import seed_of
 from tests.review.comparison_world import small_comparison
 from tests.review.test_browser import browser, ensure_default_labels
@@ -118,6 +119,11 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
     assert item is not None and candidate is not None and trial is not None and record is not None
     seed = seed_of(example_world)
     comparison, _ = small_comparison()
+    # Scores next to the labels: their fields in a failed trial's annotation form, their rows on the statistics.
+    score_config_create(experiment=example_world, name="Task solvable", kind="boolean")
+    score_config_create(experiment=example_world, name="Severity", kind="numeric", minimum=1, maximum=5)
+    failed = Trial.objects.filter(candidate=candidate, outcome="fail", trajectory__isnull=False).exclude(split="sealed")
+    failed_trial = failed.first() or trial
     screens = {
         "home": reverse("review:home"),
         "dashboard": reverse("review:experiment", args=[example_world.pk]),
@@ -130,6 +136,7 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
         "record": reverse("review:record", args=[record.pk]),
         "trial": reverse("review:trial", args=[trial.pk]),
         "compare": reverse("review:trial_compare", args=[trial.pk]),
+        "failed-trial": reverse("review:trial", args=[failed_trial.pk]),
         "queue": reverse("review:queue"),
         "queue-decided": reverse("review:queue") + "?tab=decided",
         "review-item": reverse("review:review_item", args=[item.pk]),
