@@ -17,9 +17,10 @@ import json
 import re
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from evolution import hidden_chars, limits
+from evolution import hidden_chars, limits, pricing
 
 __all__ = [
     "AlignedRow",
@@ -168,6 +169,11 @@ class StepView:
     position: int = 0  # 1-based ordinal in its trajectory, 0 when unknown
     # Hidden and look-alike characters in any text of the step, for its warning.
     hidden: hidden_chars.Summary | None = None
+    # Seconds from this step's timestamp to the next step's; None when either is missing or unreadable.
+    duration: float | None = None
+    # The tokens' money cost at the model's list prices, or why there is none ("" when the step has no tokens).
+    priced: pricing.Cost | None = None
+    unpriced: str = ""
 
     @property
     def source_label(self) -> str:
@@ -176,6 +182,55 @@ class StepView:
     @property
     def hidden_banner(self) -> str:
         return self.hidden.message("step") if self.hidden is not None else ""
+
+    @property
+    def duration_text(self) -> str:
+        return duration_text(self.duration) if self.duration is not None else ""
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as people read it: "0.42 s", "12.3 s", "2 min 05 s", "1 h 02 min"."""
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def _moment(timestamp: str) -> datetime | None:
+    """The timestamp as an aware datetime, or None (missing, unreadable, or without a time zone)."""
+    try:
+        moment = datetime.fromisoformat(timestamp.strip())
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def with_durations(steps: Sequence[StepView], *, following: str = "") -> list[StepView]:
+    """``steps`` (consecutive, in order) each with the time to the next step; ``following`` is the timestamp
+    of the step after the last one ("" when there is none or it is unknown). A step whose own or next
+    timestamp is missing or unreadable, or whose next step is earlier, gets no duration."""
+    stamps = [_moment(step.timestamp) for step in steps] + [_moment(following) if following else None]
+    shown = []
+    for index, step in enumerate(steps):
+        start, end = stamps[index], stamps[index + 1]
+        seconds = (end - start).total_seconds() if start is not None and end is not None else None
+        shown.append(dataclasses.replace(step, duration=seconds if seconds is not None and seconds >= 0 else None))
+    return shown
+
+
+def _step_price(model: str, metrics: Metrics) -> tuple[pricing.Cost | None, str]:
+    if metrics.total_tokens is None:
+        return None, ""
+    if not model:
+        return None, "the step names no model: no price"
+    cost = pricing.token_cost(
+        model=model, prompt_tokens=metrics.prompt_tokens, completion_tokens=metrics.completion_tokens
+    )
+    return cost, "" if cost is not None else f"no price for {model} in the price table"
 
 
 def _content_text(content: Any) -> str:
@@ -318,7 +373,10 @@ def step_view(step: Mapping[str, Any], *, position: int = 0) -> StepView:
         error=step_error(step),
         position=position,
     )
-    return dataclasses.replace(view, hidden=hidden_chars.summarize_texts(_step_texts(view)))
+    priced, unpriced = _step_price(view.model_name, view.metrics)
+    return dataclasses.replace(
+        view, hidden=hidden_chars.summarize_texts(_step_texts(view)), priced=priced, unpriced=unpriced
+    )
 
 
 def _step_texts(view: StepView) -> Iterator[str]:

@@ -12,7 +12,7 @@ from django.db.models.functions import MD5
 from django.http import Http404
 from django.urls import reverse
 
-from evolution import access
+from evolution import access, pricing
 from evolution.models import Experiment, Task, Trajectory, TrajectoryStep, Trial
 from review import trajectories as tj
 from review.pages import BadInput, Page, query_url
@@ -21,7 +21,9 @@ from review.pages.trials import (
     STEPS_PER_PAGE,
     page_count,
     parent_trial,
+    steps_from,
     trajectory_of,
+    trajectory_price,
     visible_trial,
 )
 
@@ -76,14 +78,7 @@ def _aligned_window(
 
 
 def _window(trajectory: Trajectory | None, start: int) -> list[tj.StepView]:
-    if trajectory is None:
-        return []
-    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
-    offset = start - 1
-    return [
-        tj.step_view(row, position=offset + position)
-        for position, row in enumerate(rows[offset : offset + STEPS_PER_PAGE], start=1)
-    ]
+    return steps_from(trajectory, start - 1) if trajectory is not None else []
 
 
 @dataclass(frozen=True)
@@ -92,6 +87,8 @@ class Alignment(Page):
 
     left_trajectory: Trajectory | None
     right_trajectory: Trajectory | None
+    left_priced: pricing.Cost | None  # each trajectory's tokens at its model's list prices
+    right_priced: pricing.Cost | None
     summary: tj.DivergenceSummary
     rows: list[tj.AlignedRow[tj.StepView]]
     first_url: str | None  # the page and row of the first difference
@@ -165,6 +162,8 @@ def _alignment(trial: Trial, other: Trial, *, with_pk: int | None, page: int, by
     return Alignment(
         left_trajectory=left_trajectory,
         right_trajectory=right_trajectory,
+        left_priced=trajectory_price(left_trajectory),
+        right_priced=trajectory_price(right_trajectory),
         summary=summary,
         rows=rows,
         first_url=first_url,

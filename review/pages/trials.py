@@ -9,10 +9,11 @@ from typing import Any
 
 from django.shortcuts import get_object_or_404
 
-from evolution import access
+from evolution import access, pricing
 from evolution.measurements import COUNTED_PURPOSES
-from evolution.models import Trajectory, Trial
+from evolution.models import Trajectory, TrajectoryStep, Trial
 from evolution.trajectory_formats import STEP_FIELDS
+from review import trajectories as tj
 
 STEPS_PER_PAGE = 100
 STEP_COLUMNS = ("pk", *STEP_FIELDS, "extra")
@@ -55,4 +56,31 @@ def parent_trial(trial: Trial) -> Mapping[str, Any] | None:
         .order_by("evaluation_id", "pk")
         .values("pk", "outcome", "score", "state")
         .first()
+    )
+
+
+def steps_from(trajectory: Trajectory, offset: int) -> list[tj.StepView]:
+    """A page of steps from 0-based ``offset``, each with its duration (the next step's timestamp is read with
+    them, so the page's last step has one too)."""
+    rows = list(
+        TrajectoryStep.objects.filter(trajectory=trajectory)
+        .order_by("step_id")
+        .values(*STEP_COLUMNS)[offset : offset + STEPS_PER_PAGE + 1]
+    )
+    following = str(rows[STEPS_PER_PAGE].get("timestamp") or "") if len(rows) > STEPS_PER_PAGE else ""
+    views = [tj.step_view(row, position=offset + k) for k, row in enumerate(rows[:STEPS_PER_PAGE], start=1)]
+    return tj.with_durations(views, following=following)
+
+
+def trajectory_price(trajectory: Trajectory | None) -> pricing.Cost | None:
+    """The trajectory's tokens (its final metrics) at its model's list prices; None without a price or tokens."""
+    if trajectory is None:
+        return None
+    agent = trajectory.agent if isinstance(trajectory.agent, dict) else {}
+    final = trajectory.final_metrics if isinstance(trajectory.final_metrics, dict) else {}
+    prompt, completion = final.get("total_prompt_tokens"), final.get("total_completion_tokens")
+    return pricing.token_cost(
+        model=str(agent.get("model_name") or ""),
+        prompt_tokens=prompt if isinstance(prompt, int) else None,
+        completion_tokens=completion if isinstance(completion, int) else None,
     )

@@ -22,7 +22,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET
 
-from evolution import access, hidden_chars, pricing, selectors
+from evolution import access, hidden_chars, selectors
 from evolution.loop import load
 from evolution.models import (
     Candidate,
@@ -393,11 +393,7 @@ def _step_page(trajectory: Trajectory | None, number: int) -> StepPage:
     count = trial_pages.page_count(total)
     number = min(number, count)
     offset = (number - 1) * STEPS_PER_PAGE
-    rows = TrajectoryStep.objects.filter(trajectory=trajectory).order_by("step_id").values(*STEP_COLUMNS)
-    steps = [
-        tj.step_view(row, position=offset + position)
-        for position, row in enumerate(rows[offset : offset + STEPS_PER_PAGE], start=1)
-    ]
+    steps = trial_pages.steps_from(trajectory, offset)
     return StepPage(number=number, count=count, total=max(total, offset + len(steps)), start=offset + 1, steps=steps)
 
 
@@ -452,11 +448,7 @@ def _trajectory_summary(trajectory: Trajectory | None) -> dict[str, Any] | None:
         "cached_tokens": final.get("total_cached_tokens"),
         "cost_usd": final.get("total_cost_usd"),
         "total_tokens": total,
-        "priced": pricing.token_cost(
-            model=str(agent.get("model_name") or ""),
-            prompt_tokens=prompt if isinstance(prompt, int) else None,
-            completion_tokens=completion if isinstance(completion, int) else None,
-        ),
+        "priced": trial_pages.trajectory_price(trajectory),
         "final_steps": final.get("total_steps"),
         "final_extra": tj.text_block(tj.pretty_json(other_final)) if other_final else None,
         "notes": tj.text_block(trajectory.notes) if trajectory.notes else None,
@@ -525,6 +517,7 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
     record = CertifiedResult.objects.filter(evaluation_id=trial.evaluation_id).values_list("pk", flat=True).first()
     experiment = trial.candidate.experiment
     external_notice = _external_notice(trial.evaluation) if trial.evaluation.external else ""
+    criteria = _criteria(trial.criteria_results)
     context: dict[str, Any] = {
         "trial": trial,
         "task": trial.task,
@@ -539,7 +532,8 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "instruction": tj.text_block(trial.task.instruction, max_lines=12, max_chars=1200),
         "instruction_hidden": _hidden_banner(trial.task.instruction, "task's instruction"),
         "error_text": tj.text_block(trial.error) if trial.error else None,
-        "criteria": _criteria(trial.criteria_results),
+        "criteria": criteria,
+        "criteria_met": sum(1 for c in criteria if c["met"]),
         "siblings": siblings,
         "parent_trial": trial_pages.parent_trial(trial),
         "trajectory": trajectory,

@@ -20,6 +20,8 @@
 //   data-key-help says what it does, data-key-group where the overlay lists it.
 //   A declared key wins over a built-in one of the same letter.
 // - built in: the diff keys wherever a diff is shown (j/k, n/p, v, u, e, x),
+//   the difference keys of two trajectories side by side (a table marked
+//   data-key-differences: j or n, k or p move between its rows that differ),
 //   row selection in tables marked data-key-rows (j/k, o or Enter), and the
 //   label keys 1-9 wherever buttons carry data-label-pick.
 (function () {
@@ -32,6 +34,10 @@
     ["u", "", "Next file not yet viewed"],
     ["e", "", "Expand the current file's hidden context by 20 lines around each change"],
     ["x", "", "Expand the current file's whole context"]
+  ];
+  var DIFFERENCE_KEYS = [
+    ["j", "n", "Next difference"],
+    ["k", "p", "Previous difference"]
   ];
   var ROW_KEYS = [
     ["j", "", "Select the next row"],
@@ -200,6 +206,40 @@
     return true;
   }
 
+  // --- Differences of two trajectories (the compare view) ------------------------
+
+  function differences() {
+    var table = document.querySelector("[data-key-differences]");
+    if (!table) return [];
+    return Array.prototype.filter.call(table.querySelectorAll("tbody tr.differs"), visible);
+  }
+
+  function moveDifference(delta) {
+    var list = differences();
+    if (!list.length) return false;
+    var marked = list.filter(function (row) { return row.classList.contains("is-current"); })[0];
+    var index;
+    if (marked) {
+      index = Math.max(0, Math.min(list.length - 1, list.indexOf(marked) + delta));
+    } else {
+      // The first press lands on the first difference not above the window (n), or the last one above it (p).
+      index = 0;
+      for (var i = 0; i < list.length; i++) {
+        var top = list[i].getBoundingClientRect().top;
+        if (delta > 0 && top >= 0) { index = i; break; }
+        if (delta < 0 && top < 0) index = i;
+      }
+    }
+    if (marked) { marked.classList.remove("is-current"); marked.removeAttribute("aria-current"); }
+    var row = list[index];
+    row.classList.add("is-current");
+    row.setAttribute("aria-current", "true");
+    row.scrollIntoView({block: "start"});
+    var link = row.querySelector("th a[href^='#pos-']");
+    if (link) focusByKeys(link);
+    return true;
+  }
+
   // --- Rows of a table ---------------------------------------------------------
 
   function rows() {
@@ -283,6 +323,7 @@
     });
     if (rows().length) ROW_KEYS.forEach(function (k) { add("Table", k[0], k[1], k[2]); });
     if (files().length) DIFF_KEYS.forEach(function (k) { add("Diff", k[0], k[1], k[2]); });
+    if (differences().length) DIFFERENCE_KEYS.forEach(function (k) { add("Compare", k[0], k[1], k[2] + " (on this page)"); });
     add("Everywhere", "?", "", "Show or hide this list");
     add("Everywhere", "Esc", "", "Close this list, or leave the field or control the focus is on");
     if (document.querySelector("form textarea")) add("Everywhere", "Ctrl+Enter", "", "In a text area: submit its form (a decision with edits ticked rejects those edits only)");
@@ -463,6 +504,8 @@
       done = moveRow(key === "j" ? 1 : -1);
     } else if (rows().length && (key === "o" || key === "Enter")) {
       done = openRow();
+    } else if (differences().length && (key === "j" || key === "n" || key === "k" || key === "p")) {
+      done = moveDifference(key === "j" || key === "n" ? 1 : -1);
     } else if (key === "j" || key === "n") {
       done = step(1);
     } else if (key === "k" || key === "p") {

@@ -290,3 +290,39 @@ def test_word_diff_marks_the_words_that_changed() -> None:
     assert swap is not None
     assert [(p.text, p.kind) for p in swap] == [("get_order(", "same"), ("1042", "del"), ("1043", "ins"), (")", "same")]
     assert tj.word_diff("x" * 20_001, "y") is None
+
+
+def _timed(*stamps: str) -> list[tj.StepView]:
+    return [tj.step_view({"step_id": i, "timestamp": stamp, "source": "agent"}) for i, stamp in enumerate(stamps, 1)]
+
+
+def test_a_steps_duration_is_the_time_to_the_next_steps_timestamp() -> None:
+    steps = tj.with_durations(
+        _timed("2025-01-01T10:00:00Z", "2025-01-01T10:00:02.5Z", "2025-01-01T10:01:30+00:00"),
+        following="2025-01-01T11:03:00Z",
+    )
+    assert [step.duration for step in steps] == [2.5, 87.5, 3690.0]
+    assert [step.duration_text for step in steps] == ["2.50 s", "1 min 28 s", "1 h 01 min"]
+
+
+def test_a_missing_unreadable_or_backwards_timestamp_gives_no_duration() -> None:
+    steps = tj.with_durations(
+        _timed("2025-01-01T10:00:00Z", "", "2025-01-01T10:00:05Z", "2025-01-01T10:00:04Z", "yesterday")
+    )
+    # 1 -> 2: the next has none; 2: none of its own; 3 -> 4: backwards; 4 -> 5: unreadable; 5: no next step.
+    assert [step.duration for step in steps] == [None, None, None, None, None]
+    assert [step.duration_text for step in steps] == [""] * 5
+    # A timestamp without a time zone is not compared with one that has one: no figure either.
+    assert tj.with_durations(_timed("2025-01-01T10:00:00", "2025-01-01T10:00:05Z"))[0].duration is None
+
+
+def test_a_steps_tokens_are_priced_from_the_table_or_say_why_not() -> None:
+    metrics = {"prompt_tokens": 1_000_000, "completion_tokens": 100_000}
+    priced = tj.step_view({"step_id": 1, "source": "agent", "model_name": "gpt-4o", "metrics": metrics})
+    assert priced.priced is not None and priced.priced.usd == 2.5 + 1.0 and priced.unpriced == ""
+    unknown = tj.step_view({"step_id": 1, "source": "agent", "model_name": "home-made-7b", "metrics": metrics})
+    assert unknown.priced is None and unknown.unpriced == "no price for home-made-7b in the price table"
+    unnamed = tj.step_view({"step_id": 1, "source": "agent", "metrics": metrics})
+    assert unnamed.priced is None and unnamed.unpriced == "the step names no model: no price"
+    untokened = tj.step_view({"step_id": 1, "source": "agent", "model_name": "gpt-4o"})
+    assert untokened.priced is None and untokened.unpriced == ""

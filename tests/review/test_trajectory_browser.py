@@ -71,8 +71,79 @@ def test_the_money_cost_of_the_tokens_is_shown_from_the_price_table(
     screen.login("vera")
     screen.go(reverse("review:trial", args=[trial.pk]))
     page = screen.page
-    shown = page.locator(".money-cost")
+    page.click(".trial-details > summary")  # the facts in full are folded below the glance
+    shown = page.locator(".trial-details .money-cost")
     assert shown.count() == 2  # beside the policy tokens and beside the trajectory's tokens
     text = " ".join(shown.all_inner_texts())
     assert f"${expected:.4f}" in text and "test table" in text and "per million prompt tokens" in text
+    # At a glance above the transcript, and beside every step's tokens.
+    assert page.locator(".trial-strip .money-cost").inner_text() == f"≈ ${expected:.4f}"
+    with_tokens = page.locator("ol.steps li.step:has(.metrics [title='prompt tokens'])")
+    assert with_tokens.count() > 0
+    assert with_tokens.count() == page.locator("ol.steps li.step:has(.metrics .money-cost)").count()
+    screen.check()
+
+
+def test_the_first_step_shows_in_the_first_screen_with_its_duration(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("annotator", username="vera")
+    trial = _trial(example_world)
+    screen.login("vera")
+    page = screen.page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    screen.go(reverse("review:trial", args=[trial.pk]))
+    first = page.locator("ol.steps li.step").first
+    box = first.bounding_box()
+    assert box is not None and box["y"] + 60 < 800, box  # its head and first lines, without scrolling
+    # The example's steps are two seconds apart: each step shows the time to the next one, the last none.
+    steps = list(trial.trajectory.steps.order_by("step_id").values_list("timestamp", flat=True))
+    assert first.locator(".step-duration").inner_text() == "took 2.00 s", steps[:2]
+    assert page.locator("ol.steps li.step").last.locator(".step-duration").count() == 0
+    screen.check()
+
+
+def test_the_compare_views_keys_move_to_the_next_and_previous_difference(
+    screen: Screen, example_world: Experiment, make_user: Any
+) -> None:
+    make_user("viewer", username="vera")
+    trials = Trial.objects.filter(
+        candidate__experiment=example_world, candidate__parent__isnull=False, trajectory__step_count__gte=3
+    ).exclude(split="sealed")
+    screen.login("vera")
+    page = screen.page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    differing = page.locator("table.compare tbody tr.differs")
+    for trial in trials.order_by("pk")[:20]:  # the first child trial whose run differs from its parent's twice
+        screen.go(reverse("review:trial_compare", args=[trial.pk]))
+        if differing.count() >= 2:
+            break
+    assert differing.count() >= 2
+    ids = [differing.nth(i).get_attribute("id") for i in range(differing.count())]
+
+    def current() -> list[Any]:
+        return page.evaluate(
+            """() => { const row = document.querySelector('table.compare tr.is-current');
+                       const link = document.activeElement;
+                       return [row && row.id, link && link.getAttribute('href'),
+                               row ? row.getBoundingClientRect().top : -1]; }"""
+        )
+
+    # Not while the focus is on a control: n on the "compare with" drop-down moves nothing.
+    page.focus("select[name=with]")
+    screen.key("n")
+    assert page.locator("table.compare tr.is-current").count() == 0
+    screen.key("Escape")
+    screen.key("n")
+    row, focused, top = current()
+    assert [row, focused] == [ids[0], f"#{ids[0]}"] and 0 <= top < 800
+    screen.key("j")
+    row, focused, top = current()
+    assert [row, focused] == [ids[1], f"#{ids[1]}"] and 0 <= top < 800
+    screen.key("p")
+    assert current()[:2] == [ids[0], f"#{ids[0]}"]
+    screen.key("?")
+    overlay = page.locator("#keys-overlay")
+    assert "Next difference" in overlay.inner_text() and "Previous difference" in overlay.inner_text()
+    screen.key("Escape")
     screen.check()
