@@ -193,6 +193,22 @@ def annotation_delete(*, annotation: Annotation, author: Any) -> None:
         locked.delete()
 
 
+def _named(name: str, description: str, *, what: str) -> tuple[str, str, str]:
+    """A label's or score's name (spaces folded), its slug and its description, or AnnotationError."""
+    name = " ".join((name or "").split())
+    description = (description or "").strip()
+    if not name:
+        raise AnnotationError(f"a {what} needs a name")
+    if len(name) > LABEL_NAME_MAX_CHARS:
+        raise AnnotationError(f"the {what} name is too long (at most {LABEL_NAME_MAX_CHARS} characters)")
+    if len(description) > LABEL_DESCRIPTION_MAX_CHARS:
+        raise AnnotationError(f"the description is too long (at most {LABEL_DESCRIPTION_MAX_CHARS} characters)")
+    slug = slugify(name)[:60].strip("-")
+    if not slug:
+        raise AnnotationError(f"the name {name!r} has no letters or digits to make a slug from")
+    return name, slug, description
+
+
 def label_create(*, experiment: Experiment, name: str, description: str = "") -> AnnotationLabel:
     """Add a team label to ``experiment``; the slug is made from the name.
 
@@ -200,17 +216,7 @@ def label_create(*, experiment: Experiment, name: str, description: str = "") ->
     one of this experiment's labels is refused with a clear message, so a
     slug always identifies one label within an experiment.
     """
-    name = " ".join((name or "").split())
-    description = (description or "").strip()
-    if not name:
-        raise AnnotationError("a label needs a name")
-    if len(name) > LABEL_NAME_MAX_CHARS:
-        raise AnnotationError(f"the label name is too long (at most {LABEL_NAME_MAX_CHARS} characters)")
-    if len(description) > LABEL_DESCRIPTION_MAX_CHARS:
-        raise AnnotationError(f"the description is too long (at most {LABEL_DESCRIPTION_MAX_CHARS} characters)")
-    slug = slugify(name)[:60].strip("-")
-    if not slug:
-        raise AnnotationError(f"the name {name!r} has no letters or digits to make a slug from")
+    name, slug, description = _named(name, description, what="label")
     clash = labels_available(experiment=experiment).filter(Q(slug=slug) | Q(name__iexact=name)).first()
     if clash is not None:
         where = "a default label" if clash.experiment_id is None else "a label of this experiment"
@@ -312,14 +318,7 @@ def score_config_create(
 ) -> AnnotationScoreConfig:
     """Add a score config to ``experiment`` (slug made from the name). Bounds only for numeric scores, the
     minimum below the maximum; a name or slug the experiment already has is refused."""
-    name = " ".join((name or "").split())
-    description = (description or "").strip()
-    if not name:
-        raise AnnotationError("a score needs a name")
-    if len(name) > LABEL_NAME_MAX_CHARS:
-        raise AnnotationError(f"the score name is too long (at most {LABEL_NAME_MAX_CHARS} characters)")
-    if len(description) > LABEL_DESCRIPTION_MAX_CHARS:
-        raise AnnotationError(f"the description is too long (at most {LABEL_DESCRIPTION_MAX_CHARS} characters)")
+    name, slug, description = _named(name, description, what="score")
     if kind not in AnnotationScoreConfig.Kind.values:
         raise AnnotationError(f"a score is numeric or boolean, not {str(kind)[:SCORE_MAX_CHARS]!r}")
     bounds: list[float | None] = []
@@ -339,9 +338,6 @@ def score_config_create(
     low, high = bounds
     if low is not None and high is not None and low >= high:
         raise AnnotationError(f"the minimum ({low:g}) must be below the maximum ({high:g})")
-    slug = slugify(name)[:60].strip("-")
-    if not slug:
-        raise AnnotationError(f"the name {name!r} has no letters or digits to make a slug from")
     clash = score_configs(experiment=experiment).filter(Q(slug=slug) | Q(name__iexact=name)).first()
     if clash is not None:
         raise AnnotationError(f"this experiment already has a score with this name or slug: {clash.name!r}")
