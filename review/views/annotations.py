@@ -386,27 +386,7 @@ def trial_annotations(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     scores = _scores_posted(request)
     fields.update({f"{SCORE_FIELD}{key}": str(value) for key, value in scores.items()})
     try:
-        if fields["annotation"]:
-            annotation = _own_annotation(request, fields["annotation"], trial=trial)
-            annotation_services.annotation_update(
-                annotation=annotation,
-                author=request.user,
-                label=fields["label"],
-                note=fields["note"],
-                step=fields["step"],
-                scores=scores,
-            )
-            done = "your annotation was updated"
-        else:
-            annotation_services.annotation_create(
-                trial=trial,
-                author=request.user,
-                label=fields["label"],
-                note=fields["note"],
-                step=fields["step"],
-                scores=scores,
-            )
-            done = "annotation saved"
+        done = _annotation_save(request, trial, fields, scores)
     except AnnotationNotYours as exc:
         raise PermissionDenied(str(exc)) from exc
     except AnnotationError as exc:
@@ -419,6 +399,22 @@ def trial_annotations(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         return _panel(request, trial, notice=done)
     messages.success(request, done)
     return HttpResponseRedirect(_trial_url(trial.pk))
+
+
+def _annotation_save(request: HttpRequest, trial: Trial, fields: dict[str, str], scores: dict[Any, Any]) -> str:
+    """Add the user's annotation of ``trial``, or update their own (``fields["annotation"]``); what was done."""
+    common: dict[str, Any] = {
+        "label": fields["label"],
+        "note": fields["note"],
+        "step": fields["step"],
+        "scores": scores,
+    }
+    if fields["annotation"]:
+        annotation = _own_annotation(request, fields["annotation"], trial=trial)
+        annotation_services.annotation_update(annotation=annotation, author=request.user, **common)
+        return "your annotation was updated"
+    annotation_services.annotation_create(trial=trial, author=request.user, **common)
+    return "annotation saved"
 
 
 def _own_annotation(request: HttpRequest, raw_id: str, *, trial: Trial) -> Annotation:
@@ -499,9 +495,8 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
     """Label counts per experiment and per candidate, progress per
     annotator and Cohen's kappa per pair of annotators."""
     experiment = get_object_or_404(Experiment, pk=pk)
-    user = request.user
-    trials = _failed_trials(user, experiment_id=experiment.pk)
-    annotations = _visible_annotations(user, experiment_id=experiment.pk)
+    trials = _failed_trials(request.user, experiment_id=experiment.pk)
+    annotations = _visible_annotations(request.user, experiment_id=experiment.pk)
     labels = list(
         annotation_services.labels_available(experiment=experiment).annotate(
             used=Count("annotations", filter=Q(annotations__in=annotations.values("pk")))
@@ -542,7 +537,6 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
     )
     summary = agreement.pairwise_agreement(agreement.labels_by_item((r[0], r[1], r[2]) for r in rows))
     disagreements = _disagreements(rows)
-    score_rows = _score_agreement(experiment, annotations)
 
     context = {
         "experiment": experiment,
@@ -551,11 +545,11 @@ def annotation_stats(request: HttpRequest, pk: int) -> HttpResponse:
         "labels": labels,
         "label_total": sum(label.used for label in labels),
         "per_candidate": per_candidate,
-        "progress": _progress(trials, user),
+        "progress": _progress(trials, request.user),
         "summary": summary,
         "disagreements": disagreements[:DISAGREEMENTS_SHOWN],
         "disagreement_count": len(disagreements),
-        "scores": score_rows,
+        "scores": _score_agreement(experiment, annotations),
     }
     return render(request, "review/annotations/stats.html", context)
 

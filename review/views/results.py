@@ -516,8 +516,6 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
     )
     record = CertifiedResult.objects.filter(evaluation_id=trial.evaluation_id).values_list("pk", flat=True).first()
     experiment = trial.candidate.experiment
-    external_notice = _external_notice(trial.evaluation) if trial.evaluation.external else ""
-    criteria = _criteria(trial.criteria_results)
     context: dict[str, Any] = {
         "trial": trial,
         "task": trial.task,
@@ -527,12 +525,12 @@ def trial(request: HttpRequest, pk: int) -> HttpResponse:
         "record_pk": record,
         "noise": trial.evaluation.purpose == Evaluation.Purpose.NOISE,
         "external": trial.evaluation.external,
-        "external_notice": external_notice,
+        "external_notice": _external_notice(trial.evaluation) if trial.evaluation.external else "",
         "external_source": external_source_text(trial.evaluation.source) if trial.evaluation.external else "",
         "instruction": tj.text_block(trial.task.instruction, max_lines=12, max_chars=1200),
         "instruction_hidden": _hidden_banner(trial.task.instruction, "task's instruction"),
         "error_text": tj.text_block(trial.error) if trial.error else None,
-        "criteria": criteria,
+        "criteria": (criteria := _criteria(trial.criteria_results)),
         "criteria_met": sum(1 for c in criteria if c["met"]),
         "siblings": siblings,
         "parent_trial": trial_pages.parent_trial(trial),
