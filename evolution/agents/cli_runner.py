@@ -53,7 +53,6 @@ LOG_TAIL_BYTES = 64 * 1024
 PLACEHOLDERS = ("python", "harness", "task", "instruction", "output", "workspace")
 _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 TRAJECTORY_FORMATS = ("atif", "openai-messages")
-EPOCH = "2026-01-01T00:00:00Z"
 # The default of RSI_MAX_INPUT_DEPTH (evolution/limits.py): this file runs in the
 # sandbox with the standard library only, so it cannot read the setting (a test keeps the two equal).
 MAX_INPUT_DEPTH = 100
@@ -155,7 +154,8 @@ def messages_to_atif(messages: Any, *, agent: str = "cli-agent") -> dict[str, An
             continue
         step = {
             "step_id": len(steps) + 1,
-            "timestamp": EPOCH,
+            # No timestamp: a message list has none, and ATIF's is optional (a made-up one would show as a
+            # duration of 0 s between steps on the trial page).
             "source": "agent" if message["role"] == "assistant" else message["role"],
             "message": text,
         }

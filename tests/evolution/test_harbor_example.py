@@ -18,6 +18,7 @@ from evolution.models import CertifiedResult, Evaluation, Experiment, Trajectory
 from evolution.services.records import records_verify
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import in_surface, parse_surface
+from evolution.trajectory_formats import validate_atif
 from tests.factories import evaluate_seed_inline, seed_of
 
 EXAMPLE = Path(cli_runner.__file__).parent / "harbor_example"
@@ -158,6 +159,9 @@ def test_runner_converts_openai_messages_and_usage(tmp_path: Path) -> None:
     assert (output / "workspace" / "seed.txt").read_text() == "x"
     document = json.loads((output / "trajectory.json").read_text())
     assert [step["source"] for step in document["steps"]] == ["user", "agent", "agent"]
+    # A message list carries no times: none is made up (the trial page would show 0 s between its steps).
+    assert [step.get("timestamp") for step in document["steps"]] == [None, None, None]
+    assert validate_atif(document)["steps"][1]["step_id"] == 2
     assert document["steps"][1]["tool_calls"] == [
         {"tool_call_id": "c1", "function_name": "write", "arguments": {"path": "hi.txt"}}
     ]
