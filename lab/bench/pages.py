@@ -290,12 +290,12 @@ def _insert_trials(experiment_id: int, *, first_label_pk: int, k: int, now: date
             f"""
             INSERT INTO evolution_trial (evaluation_id, candidate_id, task_id, split, "index", seed, state,
                 lease_owner, attempt, outcome, score, criteria_results, tokens, steps, wall_time,
-                valid_output, submitted, error_kind, error, sandbox_profile, started_at, finished_at)
+                valid_output, submitted, error_kind, error, sandbox_profile, environment, started_at, finished_at)
             SELECT ev.id, ev.candidate_id, sm.task_id, sm.split, ks.idx, 0, 'done',
                 '', 1,
                 CASE WHEN (sm.task_id + ev.candidate_id + ks.idx) %% 3 = 0 THEN 'fail' ELSE 'pass' END,
                 CASE WHEN (sm.task_id + ev.candidate_id + ks.idx) %% 3 = 0 THEN 0.0 ELSE 1.0 END,
-                '[]', 100 + ev.candidate_id %% 50, 3, 0.1, %s, %s, '', '', '', %s, %s
+                '[]', 100 + ev.candidate_id %% 50, 3, 0.1, %s, %s, '', '', '', '', %s, %s
             FROM evolution_evaluation ev
             JOIN evolution_splitmembership sm ON sm.experiment_id = ev.experiment_id
             CROSS JOIN ({indexes}) ks
