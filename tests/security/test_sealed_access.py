@@ -135,6 +135,7 @@ ROUTES: dict[str, Paths] = {
     "review:annotations_csv": lambda i: [f"/experiments/{i.experiment}/annotations.csv"],
     "review:annotations_jsonl": lambda i: [f"/experiments/{i.experiment}/annotations.jsonl"],
     "review:label_add": lambda i: [f"/experiments/{i.experiment}/labels/"],
+    "review:score_config_add": lambda i: [f"/experiments/{i.experiment}/scores/"],
     "api:schema": lambda i: ["/api/schema/"],
     "api:docs": lambda i: ["/api/docs/"],
     "api:benchmark-list": lambda i: ["/api/v1/benchmarks/"],
