@@ -10,7 +10,11 @@ from __future__ import annotations
 import itertools
 import textwrap
 from collections.abc import Mapping
+from io import StringIO
 from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from evolution.loop.certify import result_certify
 from evolution.models import Candidate, Evaluation, Experiment, Tree, Trial
@@ -179,3 +183,13 @@ def write_file(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def command_run(name: str, *args: str) -> tuple[int, str]:
+    """Run a management command as a user would: its exit code, and what it wrote with its error's line."""
+    out = StringIO()
+    try:
+        call_command(name, *args, stdout=out, stderr=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue() + str(exc)
+    return 0, out.getvalue()

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import zipfile
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 from evolution.models import Candidate, Evaluation, Experiment, Trajectory, TrajectoryStep, Trial
-from tests.factories import evaluate_seed_inline, make_tiny_experiment
+from tests.factories import command_run, evaluate_seed_inline, make_tiny_experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "inspect"
 EVAL = FIXTURES / "2025-02-11T15-18-04-05-00_popularity_mj7khqpMM4GBCfVQozKgzB.eval"
@@ -24,6 +21,7 @@ JSON = FIXTURES / "2025-05-12T20-28-13-04-00_popularity.json"
 OLD_JSON = FIXTURES / "log_formats.json"
 EPOCHS = FIXTURES / "log_streaming.eval"
 LETTERS = {"C": 1.0, "I": 0.0}  # the scores these logs hold
+
 
 pytestmark = pytest.mark.django_db
 
@@ -39,19 +37,10 @@ def raw_samples(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return document, document["samples"]
 
 
-def run(name: str, *args: str) -> tuple[int, str]:
-    out = StringIO()
-    try:
-        call_command(name, *args, stdout=out, stderr=out)
-    except CommandError as exc:
-        return exc.returncode, out.getvalue() + str(exc)
-    return 0, out.getvalue()
-
-
 def test_an_eval_log_imports_as_a_job_with_each_samples_score_tokens_and_trajectory() -> None:
     header, samples = raw_samples(EVAL)
     assert (len(samples), header["eval"]["packages"]["inspect_ai"]) == (10, "0.3.58.dev16+g6a87748b")
-    code, out = run("import_job", str(EVAL))
+    code, out = command_run("import_job", str(EVAL))
     assert code == 0, out
     experiment = Experiment.objects.get(name="popularity")
     candidate = Candidate.objects.get(experiment=experiment)
@@ -83,13 +72,13 @@ def test_an_eval_log_imports_as_a_job_with_each_samples_score_tokens_and_traject
             event["output"]["usage"]["output_tokens"],
         )
     # Safe to repeat.
-    assert run("import_job", str(EVAL))[0] == 0
+    assert command_run("import_job", str(EVAL))[0] == 0
     assert Evaluation.objects.filter(candidate__experiment=experiment).count() == 1
 
 
 def test_the_epochs_of_a_sample_are_its_attempts() -> None:
     header, samples = raw_samples(EPOCHS)
-    assert run("import_job", str(EPOCHS), "--experiment", "epochs")[0] == 0
+    assert command_run("import_job", str(EPOCHS), "--experiment", "epochs")[0] == 0
     trials = Trial.objects.filter(candidate__experiment__name="epochs").select_related("task")
     assert {(t.task.external_id, t.index): t.score for t in trials} == {
         (str(s["id"]), s["epoch"] - 1): LETTERS[s["scores"]["match"]["value"]] for s in samples
@@ -100,7 +89,7 @@ def test_the_epochs_of_a_sample_are_its_attempts() -> None:
 
 def test_tool_calls_of_an_eval_log_are_steps_with_their_observations_and_times() -> None:
     _, (sample,) = raw_samples(TOOLS)
-    code, out = run("import_job", str(TOOLS), "--experiment", "guess")
+    code, out = command_run("import_job", str(TOOLS), "--experiment", "guess")
     assert code == 0, out
     trial = Trial.objects.get(candidate__experiment__name="guess")
     assert (trial.outcome, trial.score) == (Trial.Outcome.FAIL, sample["scores"]["closeness_log"]["value"])
@@ -123,7 +112,7 @@ def test_tool_calls_of_an_eval_log_are_steps_with_their_observations_and_times()
 def test_a_json_log_imports_as_a_job_and_an_older_one_as_a_trajectory() -> None:
     header, samples = raw_samples(JSON)
     assert (header["status"], len(samples)) == ("cancelled", 3)
-    assert run("import_job", str(JSON), "--experiment", "popularity-json")[0] == 0
+    assert command_run("import_job", str(JSON), "--experiment", "popularity-json")[0] == 0
     trials = Trial.objects.filter(candidate__experiment__name="popularity-json").select_related("task")
     assert {t.task.external_id: t.score for t in trials} == {
         str(s["id"]): LETTERS[s["scores"]["match"]["value"]] for s in samples
@@ -137,7 +126,7 @@ def test_a_json_log_imports_as_a_job_and_an_older_one_as_a_trajectory() -> None:
     evaluate_seed_inline(experiment, splits=("train",))
     trial = Trial.objects.filter(candidate=experiment.seed_candidate).first()
     assert trial is not None
-    code, out = run("import_trajectory", "--trial", str(trial.pk), str(OLD_JSON))
+    code, out = command_run("import_trajectory", "--trial", str(trial.pk), str(OLD_JSON))
     assert (code, out.strip()) == (0, f"imported 3 steps (inspect) into trial {trial.pk}; redacted: none")
     agent = TrajectoryStep.objects.get(trajectory__trial=trial, source="agent")
     (event,) = [e for e in old["transcript"]["events"] if e["event"] == "model"]
@@ -153,30 +142,30 @@ def test_a_many_sample_log_given_to_import_trajectory_is_named_in_one_line(tmp_p
         .order_by("pk")[:3]
         .values_list("pk", flat=True)
     ]
-    code, out = run("import_trajectory", "--trial", ids[0], str(EVAL))
+    code, out = command_run("import_trajectory", "--trial", ids[0], str(EVAL))
     assert code == 1
     assert out == (
         f"{EVAL}: this is an Inspect AI eval log (.eval, 10 samples), not one trajectory; import its samples with "
         "--trials ID,ID,... (10 trials, in order), or the whole log as a job with manage.py import_job; "
         "nothing was imported"
     )
-    code, out = run("import_trajectory", "--trials", ",".join(ids), str(JSON))
+    code, out = command_run("import_trajectory", "--trials", ",".join(ids), str(JSON))
     assert code == 0, out
     assert out.count("steps (inspect)") == 3
     # A zip that is not an Inspect log, and one that is damaged: one line each, no codec error.
     other = tmp_path / "other.eval"
     with zipfile.ZipFile(other, "w") as archive:
         archive.writestr("data.csv", "a,b\n")
-    assert run("import_trajectory", "--trial", ids[0], str(other)) == (
+    assert command_run("import_trajectory", "--trial", ids[0], str(other)) == (
         1,
         f"{other}: a zip archive without header.json or _journal/start.json (holds data.csv), not an Inspect AI "
         "eval log; nothing was imported",
     )
-    code, out = run("import_job", str(other))
+    code, out = command_run("import_job", str(other))
     assert (code, "utf-8" in out, out.count("\n")) == (1, False, 0)
     damaged = tmp_path / "damaged.eval"
     damaged.write_bytes(EVAL.read_bytes()[:2000])
-    code, out = run("import_trajectory", "--trial", ids[0], str(damaged))
+    code, out = command_run("import_trajectory", "--trial", ids[0], str(damaged))
     assert (code, out.startswith(f"{damaged}: a damaged zip archive"), "utf-8" in out) == (1, True, False)
 
 
@@ -185,7 +174,7 @@ def test_a_log_whose_samples_contradict_its_results_writes_nothing(tmp_path: Pat
     document["results"]["scores"][0]["metrics"]["accuracy"]["value"] = 1.0
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(document))
-    code, out = run("import_job", str(bad))
+    code, out = command_run("import_job", str(bad))
     assert (code, out) == (
         1,
         "bad.json: results: match accuracy is 1.0, but its samples' scores average 0.6666666666666666; "

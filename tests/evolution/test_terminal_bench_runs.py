@@ -8,34 +8,24 @@ import json
 import re
 import shutil
 from collections import Counter
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
 from evolution.access import roles_ensure
 from evolution.models import Candidate, Evaluation, Experiment, Trial
+from tests.factories import command_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "terminal-bench"
 CHATERM = FIXTURES / "2025-09-10__19-49-26"  # tokens counted; no trial folders in the submission
 DROID = FIXTURES / "tb_rc2_g5_1"  # four trial folders kept
 
+
 pytestmark = pytest.mark.django_db
-
-
-def run(name: str, *args: str) -> tuple[int, str]:
-    out = StringIO()
-    try:
-        call_command(name, *args, stdout=out, stderr=out)
-    except CommandError as exc:
-        return exc.returncode, out.getvalue() + str(exc)
-    return 0, out.getvalue()
 
 
 def raw(folder: Path) -> dict[str, Any]:
@@ -44,7 +34,7 @@ def raw(folder: Path) -> dict[str, Any]:
 
 def test_a_terminal_bench_run_imports_with_rewards_errors_and_tokens() -> None:
     results = raw(CHATERM)
-    code, out = run("import_harbor_job", str(CHATERM))
+    code, out = command_run("import_harbor_job", str(CHATERM))
     assert code == 0, out
     experiment = Experiment.objects.get(name="terminal-bench-core@0.1.1")
     candidate = Candidate.objects.get(experiment=experiment)
@@ -76,8 +66,8 @@ def test_a_terminal_bench_run_imports_with_rewards_errors_and_tokens() -> None:
 
 
 def test_two_runs_of_one_dataset_are_two_candidates_of_one_experiment() -> None:
-    assert run("import_job", str(CHATERM))[0] == 0
-    code, out = run("import_job", str(DROID))
+    assert command_run("import_job", str(CHATERM))[0] == 0
+    code, out = command_run("import_job", str(DROID))
     assert code == 0, out
     experiment = Experiment.objects.get(name="terminal-bench-core@0.1.1")
     labels = sorted(experiment.candidates.values_list("label", flat=True))
@@ -91,7 +81,7 @@ def test_two_runs_of_one_dataset_are_two_candidates_of_one_experiment() -> None:
     assert (
         Evaluation.objects.get(candidate__label="terminal-bench:Factory Droid:tb_rc2_g5_1").source["trial_folders"] == 4
     )
-    assert run("import_job", str(DROID))[0] == 0  # imported before: nothing added
+    assert command_run("import_job", str(DROID))[0] == 0  # imported before: nothing added
     assert Evaluation.objects.filter(candidate__experiment=experiment).count() == 2
     roles_ensure()
     viewer = User.objects.create_user(username="viewer", password="pw")
@@ -110,7 +100,7 @@ def test_a_trial_folder_contradicting_the_run_writes_nothing(tmp_path: Path) -> 
     assert entry["is_resolved"] is True
     entry["is_resolved"] = False
     trial.write_text(json.dumps(entry))
-    assert run("import_job", str(run_folder)) == (
+    assert command_run("import_job", str(run_folder)) == (
         1,
         "eval-mteb/eval-mteb.1-of-1.tb_rc2_g5_1/results.json: is_resolved is false but its parser_results say "
         "{'passed': 1}; nothing was imported",
@@ -119,7 +109,7 @@ def test_a_trial_folder_contradicting_the_run_writes_nothing(tmp_path: Path) -> 
     results["accuracy"] = 0.5
     (run_folder / "results.json").write_text(json.dumps(results))
     trial.write_text(json.dumps({**entry, "is_resolved": True}))
-    assert run("import_job", str(run_folder)) == (
+    assert command_run("import_job", str(run_folder)) == (
         1,
         "results.json: accuracy 0.5, but 39 of 80 trials are resolved (0.4875); nothing was imported",
     )
