@@ -67,6 +67,9 @@ ALLOWED_HOSTS = (
     "pypi.org",
     "files.pythonhosted.org",
     "registry.npmjs.org",
+    # The machine itself: a task's own server, started by the task.
+    "localhost",
+    "127.0.0.1",
 )
 # Harbor's working directory; the trial maps it to the agent's workspace.
 APP_DIR = "/app"
@@ -225,15 +228,29 @@ def base_suite(image: str) -> tuple[str, list[str]]:
     return suite, notes
 
 
-def _check_fetches(command: str) -> None:
+def _check_fetches(command: str, *, what: str = "RUN") -> None:
     """Refuse a step that would fetch from a host that does not answer here."""
     for host in _URL.findall(command):
         if host.lower() not in ALLOWED_HOSTS:
-            raise EnvironmentRefused(f"RUN fetches from {host}, which this machine cannot reach: {command[:120]}")
+            raise EnvironmentRefused(f"{what} fetches from {host}, which this machine cannot reach: {command[:120]}")
     if re.search(r"\bgit\s+clone\b", command):
-        raise EnvironmentRefused(f"RUN clones a git repository, which this machine cannot reach: {command[:120]}")
+        raise EnvironmentRefused(f"{what} clones a git repository, which this machine cannot reach: {command[:120]}")
     if re.search(r"\badd-apt-repository\b|\bppa:", command):
-        raise EnvironmentRefused(f"RUN adds a package source other than Debian's: {command[:120]}")
+        raise EnvironmentRefused(f"{what} adds a package source other than Debian's: {command[:120]}")
+
+
+def check_test_scripts(tests: dict[str, str]) -> None:
+    """Refuse tests whose shell scripts fetch from a host that does not answer
+    here (Terminal-Bench 2's test.sh installs uv from astral.sh while grading):
+    their verifier could never pass, so the task is not imported. Comment
+    lines are not read; each other line is scanned as a RUN step is."""
+    for name, text in sorted(tests.items()):
+        if not name.endswith(".sh"):
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.lstrip().startswith("#"):
+                continue
+            _check_fetches(line.strip(), what=f"tests/{name} line {number}")
 
 
 def _context_files(context: Path, source: str) -> list[tuple[str, Path]]:
@@ -372,26 +389,67 @@ def builder() -> str:
     return found
 
 
-def base_build(suite: str, *, root: Path, progress: Progress = _quiet) -> Path:
-    """The minbase root of ``suite`` under ``root/base-<suite>-minbase``, built
-    once (debootstrap, as root). Safe to repeat and to run at once in several
-    processes (one builds, the others wait for it)."""
-    final = root / f"base-{suite}-{VARIANT}"
-    if (final / "etc" / "debian_version").is_file():
+BASE_KIND = "debian-base/1"
+BASE_MARKER = ".rsi-base.json"
+# What every minbase root holds; a copy missing one of them is not used.
+BASE_ESSENTIALS = ("etc/debian_version", "bin/sh", "usr/bin/dpkg", "usr/bin/apt-get", "var/lib/dpkg/status")
+
+
+def base_document(suite: str) -> dict[str, str]:
+    """What a base is built from: its digest names its folder."""
+    return {"kind": BASE_KIND, "suite": suite, "variant": VARIANT, "mirror": MIRROR}
+
+
+def base_path(suite: str, *, bases: Path) -> Path:
+    return bases / f"base-{suite}-{VARIANT}-{recipe_digest(base_document(suite))[:16]}"
+
+
+def base_valid(path: Path, suite: str) -> bool:
+    """True when ``path`` is a finished base of ``suite``: its marker (written
+    last) names the same base document and its essential files are there. A
+    debootstrap stopped half-way, or a cache emptied by hand, is not."""
+    marker = path / BASE_MARKER
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if recorded != {**base_document(suite), "digest": recipe_digest(base_document(suite))}:
+        return False
+    return all((path / name).exists() or (path / name).is_symlink() for name in BASE_ESSENTIALS)
+
+
+def base_build(suite: str, *, root: Path, bases: Path | None = None, progress: Progress = _quiet) -> Path:
+    """The minbase root of ``suite`` under ``bases`` (default ``root``; CI
+    points it at a cache outside its clone, so a run reuses the last run's
+    base), built once (debootstrap, as root). A base that is not finished or
+    was damaged (``base_valid``) is removed and built again. Safe to repeat
+    and to run at once in several processes (one builds, the others wait)."""
+    final = base_path(suite, bases=bases or root)
+    if base_valid(final, suite):
+        progress(f"base {suite} reused from {final}")
         return final
     with _locked(final):
-        return _base_build(suite, root=root, progress=progress)
+        return _base_build(suite, final=final, progress=progress)
 
 
-def _base_build(suite: str, *, root: Path, progress: Progress) -> Path:
-    final = root / f"base-{suite}-{VARIANT}"
-    if (final / "etc" / "debian_version").is_file():
+def _base_build(suite: str, *, final: Path, progress: Progress) -> Path:
+    if base_valid(final, suite):
+        progress(f"base {suite} reused from {final}")
         return final
     if os.geteuid() != 0:
         raise EnvironmentBuildError("building a Debian root filesystem needs root (debootstrap)")
     program = builder()
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".base-{suite}-", dir=root))
+    if final.exists() or final.is_symlink():
+        progress(f"base {suite} at {final} is unfinished or damaged: removed, built again")
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)
+        else:
+            final.unlink()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # What a build stopped half-way left (the lock is ours: nobody else builds this suite now).
+    for stale in final.parent.glob(f".base-{suite}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".base-{suite}-", dir=final.parent))
     started = time.monotonic()
     progress(f"debootstrap --variant={VARIANT} {suite} (Debian's packages from {MIRROR})")
     try:
@@ -400,7 +458,9 @@ def _base_build(suite: str, *, root: Path, progress: Progress) -> Path:
             what=f"debootstrap {suite}",
             progress=progress,
         )
-        _rename_into_place(scratch / "rootfs", final)
+        document = base_document(suite)
+        (scratch / "rootfs" / BASE_MARKER).write_text(json.dumps({**document, "digest": recipe_digest(document)}))
+        os.rename(scratch / "rootfs", final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     progress(f"base {suite} built in {time.monotonic() - started:.1f} s")
@@ -411,7 +471,9 @@ def environment_path(root: Path, digest: str) -> Path:
     return root / digest
 
 
-def environment_build(document: dict[str, Any], *, root: Path, progress: Progress = _quiet) -> Path:
+def environment_build(
+    document: dict[str, Any], *, root: Path, bases: Path | None = None, progress: Progress = _quiet
+) -> Path:
     """The root filesystem of the recipe ``document`` under ``root/<digest>``:
     reused when built before, else a copy of the suite's base with every step
     replayed in it. Safe to repeat and to run at once (one process builds,
@@ -423,16 +485,18 @@ def environment_build(document: dict[str, Any], *, root: Path, progress: Progres
         progress(f"environment {digest[:12]} already built")
         return final
     with _locked(final):
-        return _environment_build(document, digest=digest, final=final, root=root, progress=progress)
+        return _environment_build(document, digest=digest, final=final, root=root, bases=bases, progress=progress)
 
 
-def _environment_build(document: dict[str, Any], *, digest: str, final: Path, root: Path, progress: Progress) -> Path:
+def _environment_build(
+    document: dict[str, Any], *, digest: str, final: Path, root: Path, bases: Path | None, progress: Progress
+) -> Path:
     if (final / "etc" / "debian_version").is_file():
         progress(f"environment {digest[:12]} already built")
         return final
     if document.get("kind") != RECIPE_KIND:
         raise EnvironmentBuildError(f"not an environment recipe: kind {document.get('kind')!r}")
-    base = base_build(document["base"]["suite"], root=root, progress=progress)
+    base = base_build(document["base"]["suite"], root=root, bases=bases, progress=progress)
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     target = scratch / "rootfs"

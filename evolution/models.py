@@ -494,7 +494,8 @@ class Evaluation(models.Model):
     state = models.CharField(max_length=12, choices=State.choices, default=State.RUNNING)
     trials_total = models.PositiveIntegerField(default=0)
     trials_finished = models.PositiveIntegerField(default=0)
-    sandbox_profile = models.CharField(max_length=20, blank=True)
+    # "bwrap+agent-network+verifier-network", or "mixed:" and several of them.
+    sandbox_profile = models.CharField(max_length=100, blank=True)
     # The evaluator's configuration (files, commands, limits) when the
     # evaluation started; certification refuses when it differs by then.
     # Blank for evaluations made elsewhere (external, imported).
@@ -563,7 +564,8 @@ class Trial(models.Model):
     submitted = models.BooleanField(null=True, blank=True)
     error_kind = models.CharField(max_length=20, choices=ErrorKind.choices, blank=True)
     error = models.TextField(blank=True)
-    sandbox_profile = models.CharField(max_length=20, blank=True)
+    # "bwrap+agent-network+verifier-network", or "mixed:" and several of them.
+    sandbox_profile = models.CharField(max_length=100, blank=True)
     # The digest of the task environment's recipe (evolution/environments.py)
     # the trial ran in: "" when it ran on the host's own system directories.
     environment = models.CharField(max_length=64, blank=True)

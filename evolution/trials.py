@@ -111,6 +111,9 @@ class TrialSpec:
     agent_network: bool = False
     environment: Mapping[str, Any] | None = None
     environments_dir: Path | None = None
+    environment_bases_dir: Path | None = None
+    # The task lets its verifier use the network (Harbor's allow_internet).
+    verifier_network: bool = False
 
     def __post_init__(self) -> None:
         for name in ("runner_argv", "verifier_argv"):
@@ -132,8 +135,8 @@ class TrialSpec:
             raise ValueError(f"sandbox_mode must be one of {', '.join(SANDBOX_MODES)}")
         if self.trial_index < 0:
             raise ValueError("trial_index must not be negative")
-        if not isinstance(self.agent_network, bool):
-            raise ValueError("agent_network must be true or false")
+        if not isinstance(self.agent_network, bool) or not isinstance(self.verifier_network, bool):
+            raise ValueError("agent_network and verifier_network must be true or false")
         if self.environment is not None and self.environments_dir is None:
             raise ValueError("a task environment needs environments_dir")
         try:
@@ -190,7 +193,12 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
     work_root = Path(work_root).absolute()
     work_root.mkdir(parents=True, exist_ok=True)
     trial_dir = Path(tempfile.mkdtemp(prefix="trial-", dir=work_root))
-    result = TrialResult(outcome="error", sandbox_profile=recorded_profile(profile, agent_network=spec.agent_network))
+    result = TrialResult(
+        outcome="error",
+        sandbox_profile=recorded_profile(
+            profile, agent_network=spec.agent_network, verifier_network=spec.verifier_network
+        ),
+    )
     root = None
     try:
         if spec.environment is not None:
@@ -198,7 +206,9 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
             if profile != "bwrap":
                 raise SandboxError("a task environment needs bubblewrap (RSI_SANDBOX=off cannot use it)")
             assert spec.environments_dir is not None  # checked by TrialSpec
-            root = environments.environment_build(dict(spec.environment), root=spec.environments_dir)
+            root = environments.environment_build(
+                dict(spec.environment), root=spec.environments_dir, bases=spec.environment_bases_dir
+            )
         _run(spec, trial_dir, profile, result, root)
     except environments.EnvironmentBuildError as exc:
         _fail(result, "infra", f"the task environment could not be built: {exc}")
@@ -212,11 +222,14 @@ def run_trial(spec: TrialSpec, *, work_root: Path) -> TrialResult:
     return result
 
 
-def recorded_profile(profile: str, *, agent_network: bool) -> str:
+def recorded_profile(profile: str, *, agent_network: bool, verifier_network: bool = False) -> str:
     """The sandbox profile a trial records: bubblewrap's own name gains
-    ``+agent-network`` when the agent kept the host's network, so a record
-    never reads as isolated from the network when it was not."""
-    return f"{profile}+agent-network" if profile == "bwrap" and agent_network else profile
+    ``+agent-network`` when the agent kept the host's network (and
+    ``+verifier-network`` when the verifier did), so a record never reads as
+    isolated from the network when it was not."""
+    if profile != "bwrap":
+        return profile
+    return profile + ("+agent-network" if agent_network else "") + ("+verifier-network" if verifier_network else "")
 
 
 def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, root: Path | None) -> None:
@@ -284,6 +297,7 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, ro
         writable=[private],
         readable=[evaluator, output, *python_dirs],
         use_bwrap=use_bwrap,
+        network=spec.verifier_network,
         root=root,
     )
     verdict, verifier_error = _verdict(verifier, spec)

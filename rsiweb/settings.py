@@ -443,6 +443,9 @@ RSI_WORK_DIR = Path(env_str("RSI_WORK_DIR", str(scratch_root() / f"rsiweb-work-{
 # Task environments built here from Debian packages (evolution/environments.py):
 # one root filesystem per recipe digest, and one base per Debian suite.
 RSI_ENVIRONMENTS_DIR = Path(env_str("RSI_ENVIRONMENTS_DIR", str(VAR_DIR / "environments")))
+# Where the Debian bases are kept (default: beside the environments). CI points it
+# at a cache outside its clone, so each run reuses the last run's base.
+RSI_ENVIRONMENT_BASES_DIR = Path(env_str("RSI_ENVIRONMENT_BASES_DIR", str(RSI_ENVIRONMENTS_DIR)))
 
 # Tests that need PostgreSQL, Redis or a worker fail instead of skipping
 # when this is set (CI sets it).

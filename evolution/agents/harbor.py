@@ -121,6 +121,8 @@ def read_task(folder: Path) -> TaskInput:
         _files(folder, "environment")
         try:
             recipe = environments.plan(dockerfile, context=folder / "environment")
+            environments.check_test_scripts(tests)
+            network = task_network(config)
         except environments.EnvironmentRefused as exc:
             raise HarborTaskRefused(f"{task_id}: {exc}") from None
         workspace = {**recipe.workspace, **workspace}
@@ -135,10 +137,12 @@ def read_task(folder: Path) -> TaskInput:
     if recipe is not None:
         # Private like the tests (it binds the task's digest); the screens show the summary in metadata.
         expected["environment"] = recipe.document()
+        expected["network"] = network
         metadata["environment"] = {
             "digest": recipe.digest,
             "built_from": f"Debian {recipe.suite} ({environments.VARIANT}), {len(recipe.steps)} step(s) replayed",
             "notes": recipe.notes,
+            "network": network,
         }
     if "timeout_sec" in agent:
         # Advice for the agent's own configuration; the evaluator's timeout is what is enforced.
@@ -151,6 +155,32 @@ def read_task(folder: Path) -> TaskInput:
         files={f"workspace/{name}": data for name, data in workspace.items()},
         metadata=metadata,
     )
+
+
+def task_network(config: dict[str, Any]) -> dict[str, bool]:
+    """Whether the agent and the verifier may use the network, as Harbor
+    reads ``task.toml`` (harbor/models/task/config.py): the baseline is
+    ``[environment] network_mode`` when given, else ``allow_internet``,
+    which defaults to true; ``[agent]`` and ``[verifier]`` may each set
+    their own ``network_mode``. ``public`` is the host's network,
+    ``no-network`` none; an ``allowlist`` of hosts cannot be enforced by
+    our sandbox, so it is refused rather than widened or narrowed."""
+    environment = config.get("environment") or {}
+    allow = environment.get("allow_internet", True)
+    if not isinstance(allow, bool):
+        raise environments.EnvironmentRefused(f"task.toml: allow_internet must be true or false, not {allow!r}")
+    baseline = environment.get("network_mode") or environment.get("allowed_hosts") and "allowlist"
+    baseline = baseline or ("public" if allow else "no-network")
+    found = {}
+    for phase in ("agent", "verifier"):
+        section = config.get(phase) or {}
+        mode = section.get("network_mode") or (section.get("allowed_hosts") and "allowlist") or baseline
+        if mode not in ("public", "no-network"):
+            raise environments.EnvironmentRefused(
+                f"task.toml: {phase} network_mode {mode!r} cannot be enforced here (only public or no-network)"
+            )
+        found[phase] = mode == "public"
+    return found
 
 
 def read_tasks(root: Path) -> list[TaskInput]:

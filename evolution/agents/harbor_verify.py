@@ -100,6 +100,19 @@ def write_tests(tests: Any, folder: Path, *, workspace: Path, logs: Path) -> Non
         target.write_text(map_paths(text, workspace=workspace, tests=folder, logs=logs), encoding="utf-8")
 
 
+def image_env(expected: dict[str, Any], *, workspace: Path, tests: Path, logs: Path) -> dict[str, str]:
+    """The ENV lines of the task's Dockerfile (its recipe's ``env``), which
+    Harbor's tests see as the image's environment; container paths in their
+    values are mapped as in the scripts (``ENV DATA=/app/data.json``)."""
+    recipe = expected.get("environment")
+    values = recipe.get("env") if isinstance(recipe, dict) else None
+    if not isinstance(values, dict):
+        return {}
+    return {
+        str(name): map_paths(str(value), workspace=workspace, tests=tests, logs=logs) for name, value in values.items()
+    }
+
+
 def grade(output: Path, expected_doc: dict[str, Any], private: Path) -> dict[str, Any]:
     expected = expected_doc.get("expected")
     if not isinstance(expected, dict):
@@ -108,14 +121,9 @@ def grade(output: Path, expected_doc: dict[str, Any], private: Path) -> dict[str
     logs.mkdir(parents=True, exist_ok=True)
     write_tests(expected.get("tests"), tests, workspace=workspace, logs=logs)
     submitted = workspace_changed(workspace, expected.get("workspace_files") or {})
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "LANG": "C.UTF-8",
-        "HOME": str(private),
-        "WORKSPACE": str(workspace),
-        "TESTS_DIR": str(tests),
-        "LOGS_DIR": str(logs),
-    }
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(private)}
+    env.update(image_env(expected, workspace=workspace, tests=tests, logs=logs))
+    env.update(WORKSPACE=str(workspace), TESTS_DIR=str(tests), LOGS_DIR=str(logs))
     timeout = float(expected.get("timeout_seconds") or DEFAULT_TIMEOUT)
     try:
         process = subprocess.run(

@@ -362,6 +362,7 @@ def trial_spec(trial: Trial, root: Path) -> TrialSpec:
         _tree_materialize_cached(trial.task.public_files_id, task_dir)
     task_dir.mkdir(parents=True, exist_ok=True)
     (task_dir / "instruction.md").write_text(trial.task.instruction)
+    network = _task_network(trial.task)
     return TrialSpec(
         harness_dir=harness_dir,
         task_dir=task_dir,
@@ -379,10 +380,22 @@ def trial_spec(trial: Trial, root: Path) -> TrialSpec:
         python=settings.RSI_PYTHON,
         # Fresh copies made for this trial alone: moved, not copied a second time.
         move_inputs=True,
-        agent_network=evaluator.agent_network,
+        agent_network=evaluator.agent_network or network["agent"],
+        verifier_network=network["verifier"],
         environment=_task_environment(trial.task),
         environments_dir=settings.RSI_ENVIRONMENTS_DIR,
+        environment_bases_dir=settings.RSI_ENVIRONMENT_BASES_DIR,
     )
+
+
+def _task_network(task: Task) -> dict[str, bool]:
+    """Whether the task lets its agent and its verifier use the network
+    (Harbor's ``allow_internet``, read at import into the private expected
+    data, so it is part of the task's digest); off when it does not say."""
+    expected = task.expected
+    network = expected.get("network") if isinstance(expected, dict) else None
+    network = network if isinstance(network, dict) else {}
+    return {phase: network.get(phase) is True for phase in ("agent", "verifier")}
 
 
 def _task_environment(task: Task) -> dict[str, Any] | None:

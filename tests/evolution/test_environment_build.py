@@ -3,6 +3,9 @@
 Minutes long (debootstrap of a minbase root, then ``apt-get install jq`` replayed
 in it): marker ``environment``, run by CI in the trust suite's stream. It
 fails, not skips, when debootstrap is missing under RSI_REQUIRE_SERVICES=1.
+The Debian base comes from RSI_ENVIRONMENT_BASES_DIR: CI points it at a cache
+outside its clone, so only a machine's first run pays for debootstrap (the
+test prints which it was); the task's own steps are replayed from scratch.
 """
 
 from __future__ import annotations
@@ -81,22 +84,39 @@ def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
     digest = task.metadata["environment"]["digest"]
     assert f"task hello-debian: Debian-built environment {digest[:12]}" in out.getvalue()
 
-    # From scratch: a fresh environments folder, no base cached.
+    # The task's environment from scratch: a fresh environments folder (the base may be cached).
     settings.RSI_ENVIRONMENTS_DIR = tmp_path / "environments"
+    bases = settings.RSI_ENVIRONMENT_BASES_DIR
+    stale = bases / ".base-bookworm-stopped-half-way"  # what a killed build leaves in the cache
+    cached = environments.base_valid(environments.base_path("bookworm", bases=bases), "bookworm")
+    if not cached:
+        stale.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     built = io.StringIO()
     call_command("environment_build", "debian-built", stdout=built)
     seconds = time.monotonic() - started
-    print(f"\nenvironment {digest[:12]} built from scratch in {seconds:.1f} s:\n{built.getvalue()}")
+    base = "reused from the cache" if cached else "built from scratch"
+    print(f"\nenvironment {digest[:12]} built in {seconds:.1f} s, its base {base}:\n{built.getvalue()}")
     root = environments.environment_path(settings.RSI_ENVIRONMENTS_DIR, digest)
     assert (root / "usr" / "bin" / "jq").is_file()
-    assert "debootstrap --variant=minbase bookworm" in built.getvalue()
+    if cached:
+        assert "base bookworm reused from" in built.getvalue()
+        assert "debootstrap" not in built.getvalue()
+    else:
+        assert "debootstrap --variant=minbase bookworm" in built.getvalue()
+        assert not stale.exists()
+    assert environments.base_valid(environments.base_path("bookworm", bases=bases), "bookworm")
     assert "step 1/2: RUN apt-get update && apt-get install -y --no-install-recommends jq" in built.getvalue()
     again = io.StringIO()
     call_command("environment_build", "debian-built", stdout=again)
     assert f"environment {digest[:12]} already built" in again.getvalue()
 
-    worker = start_worker(extra_env={"RSI_ENVIRONMENTS_DIR": str(settings.RSI_ENVIRONMENTS_DIR)})
+    worker = start_worker(
+        extra_env={
+            "RSI_ENVIRONMENTS_DIR": str(settings.RSI_ENVIRONMENTS_DIR),
+            "RSI_ENVIRONMENT_BASES_DIR": str(bases),
+        }
+    )
     evaluation = evaluation_services.evaluation_start(
         candidate=seed_of(experiment), splits=["train"], purpose=Evaluation.Purpose.BASELINE
     )
@@ -108,6 +128,8 @@ def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
     trial = Trial.objects.get(evaluation=evaluation)
     assert (trial.outcome, trial.error) == ("pass", ""), worker.log()[-3000:]
     assert trial.environment == digest
+    # No allow_internet in its task.toml: Harbor's default lets both phases use the network, and the record says so.
+    assert trial.sandbox_profile == "bwrap+agent-network+verifier-network"
     record = CertifiedResult.objects.get(evaluation=evaluation)
     assert record.payload["evaluator"]["environments"] == [digest]
     verified = verify_records_in_a_subprocess(experiment)

@@ -6,6 +6,7 @@ trial in a built environment are tests/evolution/test_environment_build.py."""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -176,35 +177,150 @@ def test_docker_image_in_task_toml_is_no_reason_to_refuse(tmp_path: Path) -> Non
 
 
 @pytest.mark.django_db
-def test_the_worked_example_imports_two_tasks_and_refuses_the_third() -> None:
+def test_the_terminal_bench_tasks_are_refused_for_their_tests_downloads() -> None:
+    """The three Terminal-Bench 2.1 tasks: qemu-alpine-ssh for its Dockerfile,
+    the two others for their tests/test.sh, which installs uv from astral.sh
+    while grading (a verifier that could never pass here); nothing imported."""
     import io
 
-    from django.core.management import call_command
+    from django.core.management import CommandError, call_command
 
     from evolution.agents import cli_runner
     from evolution.models import Experiment
 
     folder = Path(cli_runner.__file__).parent / "terminal_bench_example"
-    out = io.StringIO()
-    call_command("import_harbor_tasks", str(folder), "--name", "tb-debian", stdout=out)
-    lines = out.getvalue().splitlines()
-    assert lines[0] == (
-        "refused qemu-alpine-ssh: Dockerfile line 17: RUN fetches from dl-cdn.alpinelinux.org, which this machine "
-        "cannot reach: wget -q https://dl-cdn.alpinelinux.org/alpine/v3.19/releases/x86_64/alpine-extended-3.19.0-"
-        "x86_64.iso -O /app/alpine.iso"
+    with pytest.raises(CommandError) as refused:
+        call_command("import_harbor_tasks", str(folder), "--name", "tb-debian", stdout=io.StringIO())
+    message = str(refused.value)
+    for task in ("build-pmars", "winning-avg-corewars"):
+        assert (
+            f"{task}: tests/test.sh line 8 fetches from astral.sh, which this machine cannot reach: "
+            "curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh"
+        ) in message
+    assert "qemu-alpine-ssh: Dockerfile line 17: RUN fetches from dl-cdn.alpinelinux.org" in message
+    assert not Experiment.objects.filter(name="tb-debian").exists()
+
+
+def _harbor_task(folder: Path, *, test_sh: str, task_toml: str) -> Path:
+    return _context(
+        folder,
+        {
+            "instruction.md": b"Configure OpenSSH.\n",
+            "task.toml": task_toml.encode(),
+            "tests/test.sh": test_sh.encode(),
+            "environment/Dockerfile": _dockerfile("configure-openssh-ca-only-proxyjump").encode(),
+            "environment/app/README": b"the task's app/ folder is not needed to plan\n",
+        },
     )
-    experiment = Experiment.objects.get(name="tb-debian")
-    tasks = {task.external_id: task for task in experiment.benchmark.tasks.all()}
-    assert sorted(tasks) == ["build-pmars", "winning-avg-corewars"]
-    corewars = tasks["winning-avg-corewars"].expected["environment"]
-    assert [step["run"][:30] for step in corewars["steps"]] == [
-        "apt-get update && apt-get inst",
-        "echo 'deb-src http://deb.debia",
-        "apt-get update",
-        "apt-get source pmars && cd /ap",
-    ]
-    # The warriors copied into /app start the agent's workspace; the tests stay private.
-    assert tasks["winning-avg-corewars"].public_files is not None
-    assert "test.sh" in tasks["build-pmars"].expected["tests"]
-    assert experiment.evaluator.timeout_seconds == 3600
-    assert lines[-1].startswith("imported experiment 'tb-debian'")
+
+
+def test_tests_that_install_from_pypi_import_and_those_that_download_uv_do_not(tmp_path: Path) -> None:
+    from evolution.agents import harbor
+
+    task_toml = (FIXTURES / "configure-openssh-ca-only-proxyjump.task.toml").read_text()
+    accepted = _harbor_task(
+        tmp_path / "configure-openssh-ca-only-proxyjump",
+        test_sh=(FIXTURES / "configure-openssh-ca-only-proxyjump.test.sh").read_text(),
+        task_toml=task_toml,
+    )
+    read = harbor.read_task(accepted)
+    # No allow_internet: Harbor's default is true, for the agent and the verifier alike.
+    assert read.expected["network"] == {"agent": True, "verifier": True}
+    assert read.metadata["environment"]["network"] == {"agent": True, "verifier": True}
+    # Terminal-Bench 2.1's test.sh (the same lines as many Harbor tasks'): uv from astral.sh while grading.
+    tb2_test_sh = FIXTURES.parent.parent.parent / "evolution/agents/terminal_bench_example/build-pmars/tests/test.sh"
+    refused = _harbor_task(tmp_path / "build-pmars", test_sh=tb2_test_sh.read_text(), task_toml=task_toml)
+    with pytest.raises(harbor.HarborTaskRefused) as exc:
+        harbor.read_task(refused)
+    assert str(exc.value) == (
+        "build-pmars: tests/test.sh line 8 fetches from astral.sh, which this machine cannot reach: "
+        "curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh"
+    )
+    # A comment naming a host is not a download; a server of the task's own on localhost is reachable.
+    environments.check_test_scripts({"test.sh": "# see https://github.com/x/y\ncurl http://localhost:8080/health\n"})
+
+
+@pytest.mark.parametrize(
+    ("toml", "network"),
+    [
+        ("", {"agent": True, "verifier": True}),
+        ("[environment]\nallow_internet = false\n", {"agent": False, "verifier": False}),
+        ("[environment]\nallow_internet = true\n", {"agent": True, "verifier": True}),
+        ('[environment]\nnetwork_mode = "no-network"\n', {"agent": False, "verifier": False}),
+        (
+            '[environment]\nallow_internet = false\n[verifier]\nnetwork_mode = "public"\n',
+            {"agent": False, "verifier": True},
+        ),
+        ('[agent]\nnetwork_mode = "no-network"\n', {"agent": False, "verifier": True}),
+    ],
+)
+def test_network_follows_harbors_task_toml(toml: str, network: dict[str, bool]) -> None:
+    import tomllib
+
+    from evolution.agents import harbor
+
+    assert harbor.task_network(tomllib.loads(toml)) == network
+
+
+def test_an_allowlist_of_hosts_is_refused() -> None:
+    from evolution.agents import harbor
+
+    with pytest.raises(EnvironmentRefused, match=r"agent network_mode 'allowlist' cannot be enforced here"):
+        harbor.task_network({"environment": {"allowed_hosts": ["pypi.org"]}})
+
+
+def _base(folder: Path, suite: str) -> Path:
+    """The files base_valid reads, as debootstrap leaves them, and the marker written last."""
+    for name in environments.BASE_ESSENTIALS:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("12.11\n")
+    document = environments.base_document(suite)
+    (folder / environments.BASE_MARKER).write_text(
+        json.dumps({**document, "digest": environments.recipe_digest(document)})
+    )
+    return folder
+
+
+def test_a_cached_base_is_reused_and_an_unfinished_or_damaged_one_is_not(tmp_path: Path) -> None:
+    final = environments.base_path("bookworm", bases=tmp_path)
+    assert final.name.startswith("base-bookworm-minbase-")
+    _base(final, "bookworm")
+    messages: list[str] = []
+    # Reused as it is: no debootstrap, no lock taken.
+    assert (
+        environments.base_build("bookworm", root=tmp_path / "elsewhere", bases=tmp_path, progress=messages.append)
+        == final
+    )
+    assert messages == [f"base bookworm reused from {final}"]
+    assert not environments.base_valid(final, "trixie")  # another suite's marker
+    (final / "usr" / "bin" / "apt-get").unlink()  # damaged
+    assert not environments.base_valid(final, "bookworm")
+    _base(final, "bookworm")
+    (final / environments.BASE_MARKER).unlink()  # debootstrap stopped before the marker
+    assert not environments.base_valid(final, "bookworm")
+    (final / environments.BASE_MARKER).write_text("{")  # cut short
+    assert not environments.base_valid(final, "bookworm")
+
+
+def test_the_dockerfiles_env_reaches_the_verifiers_test_script(tmp_path: Path) -> None:
+    """ENV lines are the image's environment for the tests too, not only for the agent."""
+    from evolution.agents import harbor_verify
+
+    recipe = plan(
+        _dockerfile("configure-openssh-ca-only-proxyjump"), context=_context(tmp_path / "ctx", {"app/x": b""})
+    )
+    assert recipe.env == {"DEBIAN_FRONTEND": "noninteractive"}
+    document = {**recipe.document(), "env": {**recipe.env, "DATA": "/app/data.txt"}}
+    output = tmp_path / "output"
+    (output / "workspace").mkdir(parents=True)
+    (output / "workspace" / "data.txt").write_text("x\n")
+    test_sh = (
+        '[ "$DEBIAN_FRONTEND" = noninteractive ] && [ -f "$DATA" ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    expected = {"tests": {"test.sh": test_sh}, "workspace_files": {}, "environment": document}
+    (tmp_path / "private").mkdir()
+    assert harbor_verify.grade(output, {"expected": expected}, tmp_path / "private")["score"] == 1.0
+    del expected["environment"]
+    (tmp_path / "private2").mkdir()
+    assert harbor_verify.grade(output, {"expected": expected}, tmp_path / "private2")["score"] == 0.0

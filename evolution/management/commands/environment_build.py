@@ -50,7 +50,9 @@ class Command(BaseCommand):
         for number, (digest, (recipe, tasks)) in enumerate(sorted(recipes.items()), start=1):
             self.stdout.write(f"[{number}/{len(recipes)}] environment {digest[:12]} for {', '.join(tasks)}")
             try:
-                path = environments.environment_build(recipe, root=root, progress=self._progress)
+                path = environments.environment_build(
+                    recipe, root=root, bases=settings.RSI_ENVIRONMENT_BASES_DIR, progress=self._progress
+                )
             except environments.EnvironmentBuildError as exc:
                 raise CommandError(f"environment {digest[:12]}: {exc}") from exc
             self.stdout.write(f"  ready at {path}")
