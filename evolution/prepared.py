@@ -21,10 +21,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Model, QuerySet
+from django.db.models import Field, Model, QuerySet
 from django.db.models.query import get_related_populators
 
 M = TypeVar("M", bound=Model)
@@ -114,3 +115,68 @@ class PreparedGet(Generic[M]):
             )
             self._compiled[using] = compiled
             return compiled
+
+
+class PreparedUpdate:
+    """An ``UPDATE`` of one model's table written once per database vendor.
+
+    For a statement a worker runs every trial (the claim, the finish): a
+    ``QuerySet.filter(...).update(...)`` builds its filter and compiles its
+    SQL anew each call, three quarters of the client's CPU for the statement.
+    ``SET`` assigns ``fields`` (values prepared by each field, as
+    ``update()`` prepares them: JSON dumped, datetimes adapted for the
+    database) and then the literal ``also`` (``"attempt = attempt + 1"``);
+    ``where`` is SQL over the table's columns with ``%s`` for its
+    parameters and ``{name}`` for the quoted table of ``tables[name]``.
+    Datetime parameters of ``where`` are adapted as a DateTimeField adapts
+    them; other parameters go to the driver as they are. Safe to share
+    between threads: each call runs on the calling thread's connection.
+    """
+
+    def __init__(
+        self,
+        model: type[Model],
+        *,
+        fields: tuple[str, ...],
+        where: str,
+        also: str = "",
+        tables: dict[str, type[Model]] | None = None,
+    ) -> None:
+        self._fields = [_concrete(model, name) for name in fields]
+        self._model = model
+        self._where = where
+        self._also = also
+        self._tables = tables or {}
+        self._sql: dict[str, str] = {}
+
+    def execute(self, values: tuple[Any, ...], where: tuple[Any, ...], *, using: str = DEFAULT_DB_ALIAS) -> int:
+        """Run the update with ``values`` for ``fields`` (in order) and the
+        parameters of ``where``; returns the number of rows changed."""
+        connection = connections[using]
+        sql = self._sql.get(connection.vendor) or self._compile(connection)
+        params = [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
+        params += [
+            connection.ops.adapt_datetimefield_value(param) if isinstance(param, datetime) else param for param in where
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    def _compile(self, connection: Any) -> str:
+        quote = connection.ops.quote_name
+        assignments = [f"{quote(field.column)} = %s" for field in self._fields]
+        if self._also:
+            assignments.append(self._also)
+        tables = {name: quote(model._meta.db_table) for name, model in self._tables.items()}
+        table = quote(self._model._meta.db_table)
+        sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {self._where.format(**tables)}"
+        self._sql[connection.vendor] = sql
+        return sql
+
+
+def _concrete(model: type[Model], name: str) -> Field[Any, Any]:
+    """The concrete field ``name`` of ``model`` (never a reverse relation)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, Field) or field.column is None:
+        raise ValueError(f"{model.__name__}.{name} is not a column")
+    return field

@@ -43,7 +43,7 @@ from evolution.models import (
     Tree,
     Trial,
 )
-from evolution.prepared import PreparedGet
+from evolution.prepared import PreparedGet, PreparedUpdate
 from evolution.sandbox import Limits
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
@@ -248,23 +248,31 @@ def _limit_reached(trial: Trial, experiment: Experiment) -> str:
 def _trial_claim(*, trial_id: int, owner: str) -> Trial | None:
     now = timezone.now()
     lease = now + timedelta(seconds=settings.RSI_TRIAL_LEASE_SECONDS)
-    claimable = Q(state=Trial.State.PENDING) | Q(state=Trial.State.RUNNING, lease_expires_at__lt=now)
-    # Every condition on the trial's own columns, none through a join: Django
-    # turns an update filtered across a relation into "id IN (SELECT ...)",
-    # and PostgreSQL then does not re-check the subquery against the row a
-    # concurrent claim just committed, so two duplicate messages could both
-    # claim one pending trial (seen in the trust suite's duplicate delivery).
-    running = Evaluation.objects.filter(state=Evaluation.State.RUNNING).values("pk")
-    claimed = Trial.objects.filter(claimable, pk=trial_id, evaluation_id__in=running).update(
-        state=Trial.State.RUNNING,
-        lease_owner=owner,
-        lease_expires_at=lease,
-        attempt=F("attempt") + 1,
-        started_at=now,
+    running, pending = Trial.State.RUNNING.value, Trial.State.PENDING.value
+    claimed = _claim_update.execute(
+        (running, owner, lease, now), (trial_id, pending, running, now, Evaluation.State.RUNNING.value)
     )
     if not claimed:
         return None
     return _claimed_trial.get(trial_id)
+
+
+# Pending, or running with an expired lease, of a running evaluation. Every
+# condition on the trial's own columns, none through a join: Django turns an
+# update filtered across a relation into "id IN (SELECT ...)", and PostgreSQL
+# then does not re-check the subquery against the row a concurrent claim just
+# committed, so two duplicate messages could both claim one pending trial
+# (seen in the trust suite's duplicate delivery). Written once
+# (``PreparedUpdate``): Django building and compiling it took most of the
+# claim's CPU, every trial.
+_claim_update = PreparedUpdate(
+    Trial,
+    fields=("state", "lease_owner", "lease_expires_at", "started_at"),
+    also="attempt = attempt + 1",
+    where="id = %s AND (state = %s OR (state = %s AND lease_expires_at < %s)) "
+    "AND evaluation_id IN (SELECT id FROM {evaluation} WHERE state = %s)",
+    tables={"evaluation": Evaluation},
+)
 
 
 # What running and finishing a trial reads (``trial_spec``, ``trial_finish``): the
@@ -619,24 +627,25 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
     now = timezone.now()
     state = Trial.State.ERROR if result.outcome == Trial.Outcome.ERROR else Trial.State.DONE
     with transaction.atomic():
-        updated = Trial.objects.filter(
-            pk=trial.pk, state=Trial.State.RUNNING, lease_owner=owner, attempt=trial.attempt
-        ).update(
-            state=state,
-            outcome=result.outcome,
-            score=result.score,
-            criteria_results=result.criteria_results,
-            tokens=result.tokens,
-            steps=result.steps,
-            wall_time=result.wall_time,
-            valid_output=result.valid_output,
-            submitted=result.submitted,
-            error_kind=result.error_kind,
-            error=result.error[:10000],
-            sandbox_profile=result.sandbox_profile,
-            environment=result.environment,
-            finished_at=now,
-            lease_expires_at=None,
+        updated = _finish_update.execute(
+            (
+                state,
+                result.outcome,
+                result.score,
+                result.criteria_results,
+                result.tokens,
+                result.steps,
+                result.wall_time,
+                result.valid_output,
+                result.submitted,
+                result.error_kind,
+                result.error[:10000],
+                result.sandbox_profile,
+                result.environment,
+                now,
+                None,
+            ),
+            (trial.pk, Trial.State.RUNNING.value, owner, trial.attempt),
         )
         if not updated:
             logger.warning("trial %s: claim by %s was lost; result discarded", trial.pk, owner)
@@ -656,6 +665,25 @@ def trial_finish(*, trial: Trial, owner: str, result: TrialResult) -> bool:
             evaluation_id = trial.evaluation_id
             dispatch.certify_after_commit(evaluation_id)
     return True
+
+
+# The finish, if ``owner`` still holds the claim (written once, as the claim is).
+_SCORED = ("outcome", "score", "criteria_results", "tokens", "steps", "wall_time", "valid_output", "submitted")
+_finish_update = PreparedUpdate(
+    Trial,
+    # In the order trial_finish passes their values.
+    fields=(
+        "state",
+        *_SCORED,
+        "error_kind",
+        "error",
+        "sandbox_profile",
+        "environment",
+        "finished_at",
+        "lease_expires_at",
+    ),
+    where="id = %s AND state = %s AND lease_owner = %s AND attempt = %s",
+)
 
 
 def _evaluation_advance(*, evaluation_id: int, now: datetime) -> bool:

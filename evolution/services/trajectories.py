@@ -119,8 +119,13 @@ def _prepared(trial: Trial, document: dict[str, Any]) -> _Prepared:
 def _store(prepared: list[_Prepared]) -> list[Trajectory]:
     """Replace the trials' trajectories with ``prepared`` in one transaction:
     one statement removes the old ones, one inserts the new, one COPY their
-    steps, however many there are."""
-    with transaction.atomic():
+    steps, however many there are.
+
+    Inside a caller's transaction (the worker's finish) no savepoint: an
+    error here rolls the caller's whole transaction back, as it propagates
+    through it anyway (no caller goes on after a database error), and the
+    savepoint's two statements cost every trial."""
+    with transaction.atomic(savepoint=False):
         _trajectories_remove([item.trajectory.trial_id for item in prepared])
         trajectories = Trajectory.objects.bulk_create([item.trajectory for item in prepared])
         if not connection.features.can_return_rows_from_bulk_insert:  # SQLite before 3.35
@@ -145,11 +150,22 @@ def _trajectories_remove(trial_ids: list[int]) -> None:
     model's SET_NULL). Three statements, where ``QuerySet.delete`` loads every
     step as an instance to do the same: 7 ms of a 10 ms re-import of 200
     steps, and far more for a long trajectory."""
-    old = list(Trajectory.objects.filter(trial_id__in=trial_ids).values_list("pk", flat=True))
+    if not trial_ids:
+        return
+    quote = connection.ops.quote_name
+    trajectories = Trajectory._meta
+    with connection.cursor() as cursor:
+        # Raw, as the deletes: the worker's finish asks this of every trial,
+        # and the queryset's filter cost more than the query.
+        trials = ", ".join(["%s"] * len(trial_ids))
+        table, trial = quote(trajectories.db_table), quote(_column(trajectories, "trial"))
+        cursor.execute(
+            f"SELECT {quote(_column(trajectories, 'id'))} FROM {table} WHERE {trial} IN ({trials})", trial_ids
+        )
+        old = [row[0] for row in cursor.fetchall()]
     if not old:
         return
     Annotation.objects.filter(step__trajectory_id__in=old).update(step=None)
-    quote = connection.ops.quote_name
     marks = ", ".join(["%s"] * len(old))
     with connection.cursor() as cursor:
         for model, column in ((TrajectoryStep, "trajectory"), (Trajectory, "id")):

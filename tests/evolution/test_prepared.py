@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.models import Count, Model
+from django.db.models import Count, F, Model
+from django.utils import timezone
 
 from evolution.models import Evaluation, Trial
-from evolution.prepared import PreparedGet
+from evolution.prepared import PreparedGet, PreparedUpdate
 from evolution.services import evaluation as evaluation_services
 from evolution.services.evaluation import _claimed_trial
 from tests.factories import make_tiny_experiment, seed_of
@@ -111,3 +113,42 @@ def test_a_queryset_with_annotations_is_refused() -> None:
     prepared = PreparedGet(lambda: Trial.objects.annotate(notes=Count("annotations")))
     with pytest.raises(ValueError, match="annotations"):
         prepared.get(1)
+
+
+def test_a_prepared_update_writes_what_djangos_update_writes() -> None:
+    # The finish's statement against QuerySet.update on two trials alike: JSON, floats, datetimes, None.
+    experiment = make_tiny_experiment(tasks=4, k=2)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    mine, reference, untouched = (trial.pk for trial in evaluation.trials.order_by("pk")[:3])
+    when = timezone.now()
+    values = {
+        "state": Trial.State.DONE.value,
+        "criteria_results": [{"id": "answer", "met": True, "note": "ü"}],
+        "score": 0.5,
+        "tokens": None,
+        "finished_at": when,
+    }
+    update = PreparedUpdate(Trial, fields=tuple(values), also="attempt = attempt + 1", where="id = %s AND state = %s")
+
+    assert update.execute(tuple(values.values()), (mine, Trial.State.PENDING.value)) == 1
+    assert update.execute(tuple(values.values()), (mine, Trial.State.PENDING.value)) == 0  # no longer pending
+    Trial.objects.filter(pk=reference).update(**values, attempt=F("attempt") + 1)
+
+    columns = [*values, "attempt", "lease_owner"]
+    written, expected = (Trial.objects.filter(pk=pk).values(*columns).get() for pk in (mine, reference))
+    assert written == expected and written["finished_at"] == when and written["attempt"] == 1
+    assert Trial.objects.get(pk=untouched).state == Trial.State.PENDING
+
+
+def test_a_prepared_updates_where_compares_datetimes_as_the_column_stores_them() -> None:
+    # On SQLite a datetime is stored as text: the parameter must be written the same way to compare.
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    trial = evaluation.trials.order_by("pk")[0]
+    expires = trial.lease_expires_at
+    assert expires is not None
+    update = PreparedUpdate(Trial, fields=("lease_owner",), where="id = %s AND lease_expires_at < %s")
+
+    assert update.execute(("early",), (trial.pk, expires)) == 0
+    assert update.execute(("late",), (trial.pk, expires + timedelta(microseconds=1))) == 1
+    assert Trial.objects.get(pk=trial.pk).lease_owner == "late"

@@ -131,12 +131,12 @@ def test_tree_store_refuses_unsafe_entries_and_writes_nothing() -> None:
 # --- tree_entries --------------------------------------------------------------------
 
 
-def test_tree_entries_returns_the_stored_files_in_two_queries(
+def test_tree_entries_returns_the_stored_files_in_one_query(
     django_assert_num_queries: DjangoAssertNumQueries,
 ) -> None:
     tree = tree_store(entries=HARNESS + [f("copy.md", "You are careful.\n")])
 
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(1):
         entries = tree_entries(tree=tree)
 
     assert entries == sorted(HARNESS + [f("copy.md", "You are careful.\n")], key=lambda e: e.path)

@@ -1,0 +1,75 @@
+"""What a trial costs the database on the worker's path, pinned.
+
+A trial worker runs every trial through ``trial_execute``: claim, read the
+claimed trial, write its inputs out, run it, record the result, store its
+trajectory and count it on its evaluation. Every statement there is paid
+by every trial of every host (issue 44: on a 2-core machine each
+millisecond of the worker's CPU a trial competes with the trials). These
+tests fail when a statement a trial is added to that path; if one is
+needed, change the figure here and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from evolution.models import Trial
+from evolution.services import evaluation as evaluation_services
+from tests.factories import TINY_AGENT, make_tiny_experiment, seed_of
+
+pytestmark = pytest.mark.django_db
+
+# The tiny agent, also writing a trajectory of two steps as the worker stores it.
+AGENT_WITH_TRAJECTORY = (
+    TINY_AGENT
+    + """
+(out / "trajectory.json").write_text(json.dumps({"schema_version": "ATIF-v1.5", "session_id": "s", "steps": [
+    {"step_id": 1, "source": "user", "message": "task"},
+    {"step_id": 2, "source": "agent", "message": "answer", "metrics": {"prompt_tokens": 3}}]}))
+"""
+)
+
+
+def _statements(trial_id: int) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        assert evaluation_services.trial_execute(trial_id=trial_id, owner="test")
+    # An executemany is logged once, as "N times: <sql>".
+    return [query["sql"].split(" times: ")[-1].split(None, 1)[0].upper() for query in queries.captured_queries]
+
+
+def test_a_trial_costs_the_worker_a_fixed_number_of_statements() -> None:
+    experiment = make_tiny_experiment(tasks=4, k=2, agent=AGENT_WITH_TRAJECTORY)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    # Two tasks of the train split, two trials each: (a, 0), (a, 1), (b, 0), (b, 1).
+    trials = list(evaluation.trials.order_by("pk").values_list("pk", "task_id"))
+    assert len(trials) == 4 and trials[0][1] == trials[1][1] != trials[2][1]
+    first, same_task, other_task, last = (pk for pk, _task in trials)
+    # The first trial reads the candidate's, the evaluator's and the task's files (each process keeps them).
+    _statements(first)
+
+    warm = _statements(same_task)
+    # Claim, read the claimed trial; in one transaction (here a savepoint in the test's own), record the
+    # result, look for a trajectory to replace, insert the new one and its steps, count the trial on its
+    # evaluation (one statement on PostgreSQL, two elsewhere). PostgreSQL's steps go by COPY, which is not
+    # logged as a query.
+    postgres = connection.vendor == "postgresql"
+    assert warm == [
+        "UPDATE",
+        "SELECT",
+        "SAVEPOINT",
+        "UPDATE",
+        "SELECT",
+        "INSERT",
+        *([] if postgres else ["INSERT"]),
+        *(["WITH"] if postgres else ["UPDATE", "UPDATE"]),
+        "RELEASE",
+    ]
+    # A task not seen yet: its files in one more query, nothing else.
+    cold = _statements(other_task)
+    assert len(cold) == len(warm) + 1 and cold.count("SELECT") == 3
+    # The last trial completes the evaluation: the candidate locked and the certification sent, as before.
+    _statements(last)
+    assert list(evaluation.trials.values_list("state", flat=True).distinct()) == [Trial.State.DONE]
+    assert Trial.objects.filter(evaluation=evaluation, trajectory__step_count=2).count() == 4
