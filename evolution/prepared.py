@@ -142,7 +142,7 @@ class PreparedUpdate:
         also: str = "",
         tables: dict[str, type[Model]] | None = None,
     ) -> None:
-        self._fields = [_concrete(model, name) for name in fields]
+        self._fields = [concrete_field(model, name) for name in fields]
         self._model = model
         self._where = where
         self._also = also
@@ -174,7 +174,7 @@ class PreparedUpdate:
         return sql
 
 
-def _concrete(model: type[Model], name: str) -> Field[Any, Any]:
+def concrete_field(model: type[Model], name: str) -> Field[Any, Any]:
     """The concrete field ``name`` of ``model`` (never a reverse relation)."""
     field = model._meta.get_field(name)
     if not isinstance(field, Field) or field.column is None:
