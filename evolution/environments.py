@@ -13,6 +13,9 @@ machine, and its steps are replayed inside a copy of that root:
   Any other base (``ubuntu:*``, ``python:*``, another registry) is refused:
   its files are not Debian's packages, and a substitute would be a
   different environment under the same name.
+  Its apt sources are those of Docker's official image of the suite
+  (``official_apt_sources``: the suite, -updates and -security), so a
+  version pinned from bookworm-updates installs as it does on the image.
 - ``RUN`` (its ``--network=...`` flag dropped): run by ``/bin/sh -c`` inside
   the root, as root, with the network, ``PIP_BREAK_SYSTEM_PACKAGES=1``
   (Debian's pip refuses the system Python otherwise) and the host's CA
@@ -57,6 +60,14 @@ from evolution import digests
 RECIPE_KIND = "debian-environment/1"
 VARIANT = "minbase"
 MIRROR = "http://deb.debian.org/debian"
+# The apt sources Docker's official ``debian:<suite>`` images carry (debuerreotype
+# writes them: the suite, <suite>-updates and <suite>-security, component main;
+# deb822 in /etc/apt/sources.list.d/debian.sources from bookworm on, a one-line
+# sources.list before), written into every environment so ``apt-get install
+# pkg=<version>`` finds the versions the image finds. debootstrap alone lists
+# only the suite itself. A recipe names them by this value (part of its digest).
+APT_SOURCES = "docker-official-image/1"
+SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 # Docker's official Debian tags name a suite or a release number.
 SUITES = {"bullseye": "bullseye", "bookworm": "bookworm", "trixie": "trixie", "11": "bullseye", "12": "bookworm"}
 SUITES["13"] = "trixie"
@@ -116,7 +127,7 @@ class Recipe:
         """The recipe as JSON (what the digest covers, and what a build needs)."""
         return {
             "kind": RECIPE_KIND,
-            "base": {"suite": self.suite, "variant": VARIANT, "mirror": MIRROR},
+            "base": {"suite": self.suite, "variant": VARIANT, "mirror": MIRROR, "apt_sources": APT_SOURCES},
             "steps": self.steps,
             "env": self.env,
             "workdir": self.workdir,
@@ -467,6 +478,33 @@ def _base_build(suite: str, *, final: Path, progress: Progress) -> Path:
     return final
 
 
+def official_apt_sources(suite: str) -> tuple[str, str]:
+    """The apt sources file of Docker's official image of ``suite``: its path
+    inside the root and its text (the image's snapshot comments left out)."""
+    if suite == "bullseye":
+        lines = [
+            f"deb {MIRROR} {suite} main",
+            f"deb {SECURITY_MIRROR} {suite}-security main",
+            f"deb {MIRROR} {suite}-updates main",
+        ]
+        return "etc/apt/sources.list", "\n".join(lines) + "\n"
+    keyring = "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
+    stanzas = [
+        f"Types: deb\nURIs: {MIRROR}\nSuites: {suite} {suite}-updates\nComponents: main\n{keyring}\n",
+        f"Types: deb\nURIs: {SECURITY_MIRROR}\nSuites: {suite}-security\nComponents: main\n{keyring}\n",
+    ]
+    return "etc/apt/sources.list.d/debian.sources", "\n".join(stanzas)
+
+
+def _write_apt_sources(target: Path, suite: str) -> None:
+    """Replace debootstrap's one-suite sources.list by the official image's sources."""
+    (target / "etc" / "apt" / "sources.list").unlink(missing_ok=True)
+    path, text = official_apt_sources(suite)
+    (target / path).parent.mkdir(parents=True, exist_ok=True)
+    (target / path).write_text(text)
+    (target / path).chmod(0o644)
+
+
 def environment_path(root: Path, digest: str) -> Path:
     return root / digest
 
@@ -503,6 +541,8 @@ def _environment_build(
     try:
         progress(f"copying base {document['base']['suite']}")
         subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(target)], check=True, capture_output=True)
+        if document["base"].get("apt_sources") == APT_SOURCES:
+            _write_apt_sources(target, document["base"]["suite"])
         steps = document["steps"]
         for number, step in enumerate(steps, start=1):
             if "run" in step:

@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytes
 # The file a step writes is on no host: a pass proves the verifier ran in the built root.
 DOCKERFILE = """\
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/* \\
+# The official image's apt sources: the suite, bookworm-updates and bookworm-security.
+RUN apt-get update && apt-cache policy | grep -q ' bookworm-updates/main ' \\
+    && apt-cache policy | grep -q ' bookworm-security/main ' \\
+    && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/* \\
     && echo replayed > /etc/rsi-test-step
 # apt drops to its own user to fetch; its files go to /tmp, which must be writable to it.
 RUN setpriv --reuid=_apt --regid=nogroup --clear-groups touch /tmp/apt-writes-here
@@ -106,7 +109,7 @@ def test_an_environment_built_from_scratch_runs_a_trial_through_a_worker(
         assert "debootstrap --variant=minbase bookworm" in built.getvalue()
         assert not stale.exists()
     assert environments.base_valid(environments.base_path("bookworm", bases=bases), "bookworm")
-    assert "step 1/2: RUN apt-get update && apt-get install -y --no-install-recommends jq" in built.getvalue()
+    assert "step 1/2: RUN apt-get update && apt-cache policy | grep -q ' bookworm-updates/main '" in built.getvalue()
     again = io.StringIO()
     call_command("environment_build", "debian-built", stdout=again)
     assert f"environment {digest[:12]} already built" in again.getvalue()

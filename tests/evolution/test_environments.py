@@ -42,7 +42,42 @@ def test_build_pmars_runs_apt_and_copies_into_the_workspace(tmp_path: Path) -> N
     assert recipe.notes == [
         "debian:13.0-slim: built from Debian trixie's current packages, not that exact point release"
     ]
-    assert recipe.document()["base"] == {"suite": "trixie", "variant": "minbase", "mirror": environments.MIRROR}
+    assert recipe.document()["base"] == {
+        "suite": "trixie",
+        "variant": "minbase",
+        "mirror": environments.MIRROR,
+        "apt_sources": environments.APT_SOURCES,
+    }
+
+
+def test_the_built_root_lists_the_official_images_apt_sources(tmp_path: Path) -> None:
+    # configure-openssh-ca-only-proxyjump pins openssh-server 1:9.2p1-2+deb12u7, which Debian serves only
+    # from bookworm-updates: debootstrap's sources.list (the suite alone) cannot install it, the image's can.
+    recipe = plan(_dockerfile("configure-openssh-ca-only-proxyjump"), context=_context(tmp_path, {"app/x": b"x"}))
+    assert recipe.document()["base"]["apt_sources"] == environments.APT_SOURCES
+    root = tmp_path / "root"
+    (root / "etc" / "apt").mkdir(parents=True)
+    (root / "etc" / "apt" / "sources.list").write_text(f"deb {environments.MIRROR} bookworm main\n")
+    environments._write_apt_sources(root, recipe.suite)
+    assert not (root / "etc" / "apt" / "sources.list").exists()
+    text = (root / "etc" / "apt" / "sources.list.d" / "debian.sources").read_text()
+    keyring = "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
+    assert text == "\n".join(
+        [
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n"
+            f"Components: main\n{keyring}\n",
+            "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n"
+            f"Components: main\n{keyring}\n",
+        ]
+    )
+    assert "Suites: trixie trixie-updates\n" in environments.official_apt_sources("trixie")[1]
+    # bullseye's image predates deb822: one line a suite in sources.list.
+    assert environments.official_apt_sources("bullseye") == (
+        "etc/apt/sources.list",
+        "deb http://deb.debian.org/debian bullseye main\n"
+        "deb http://deb.debian.org/debian-security bullseye-security main\n"
+        "deb http://deb.debian.org/debian bullseye-updates main\n",
+    )
 
 
 def test_the_digest_covers_the_copied_bytes(tmp_path: Path) -> None:
