@@ -89,6 +89,8 @@ IGNORED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "VOLUME", "STOPSIGNAL", "HEAL
 MAX_COPIED_BYTES = 16 << 20
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# The machine's proxy settings: HTTPS to the registries goes through its proxy.
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 
 _FROM = re.compile(r"(?:(?:docker\.io/)?(?:library/)?)debian:(?P<tag>[A-Za-z0-9._-]+)(?:@sha256:[0-9a-f]{64})?")
 _TAG = re.compile(r"(?P<name>bullseye|bookworm|trixie|\d+)(?:\.\d+)*(?:-\d{8})?(?:-slim)?")
@@ -597,10 +599,7 @@ def _replay_run(target: Path, step: dict[str, Any], *, progress: Progress) -> No
         "PIP_ROOT_USER_ACTION": "ignore",
         **step.get("env", {}),
     }
-    # Proxies the machine uses reach the registries; certificates the proxy signs with are the host's.
-    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
-        if name in os.environ:
-            env[name] = os.environ[name]
+    env.update(host_network_env(None))
     # /tmp world-writable with the sticky bit, as on any system: apt's own unprivileged user writes there.
     command = [
         bwrap,
@@ -621,8 +620,7 @@ def _replay_run(target: Path, step: dict[str, Any], *, progress: Progress) -> No
         command += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
     if HOST_CA_BUNDLE.is_file():
         command += ["--ro-bind", str(HOST_CA_BUNDLE), "/etc/rsi-host-ca.crt"]
-        env.update(SSL_CERT_FILE="/etc/rsi-host-ca.crt", PIP_CERT="/etc/rsi-host-ca.crt")
-        env["REQUESTS_CA_BUNDLE"] = "/etc/rsi-host-ca.crt"
+        env.update(host_network_env("/etc/rsi-host-ca.crt"))
     command.append("--clearenv")
     for key, value in env.items():
         command += ["--setenv", key, value]
@@ -630,6 +628,17 @@ def _replay_run(target: Path, step: dict[str, Any], *, progress: Progress) -> No
     if not (target / "etc" / "rsi-host-ca.crt").exists() and HOST_CA_BUNDLE.is_file():
         (target / "etc" / "rsi-host-ca.crt").touch()  # the mount point of the host's bundle
     _run_logged(command, what=f"RUN {step['run'][:200]}", progress=progress)
+
+
+def host_network_env(ca_bundle: str | None) -> dict[str, str]:
+    """The variables a process in an environment needs to reach the registries
+    as this machine does: its proxy settings and, when the caller mounts the
+    host's CA bundle at ``ca_bundle``, that bundle for OpenSSL, pip and
+    requests (the proxy's certificates are the host's, not Debian's)."""
+    env = {name: os.environ[name] for name in PROXY_VARIABLES if name in os.environ}
+    if ca_bundle is not None:
+        env.update(SSL_CERT_FILE=ca_bundle, PIP_CERT=ca_bundle, REQUESTS_CA_BUNDLE=ca_bundle)
+    return env
 
 
 def _run_logged(command: list[str], *, what: str, progress: Progress) -> None:

@@ -257,14 +257,15 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, ro
     }
     use_bwrap = profile == "bwrap"
     python_dirs = interpreter_paths(spec.python)
+    network_env, network_dirs = _host_network(trial_dir, root if spec.agent_network or spec.verifier_network else None)
     agent = run_sandboxed(
         faults.hold_argv("agent:start", _format_argv(spec.runner_argv, paths)),
         cwd=workspace,
-        env=_trial_env(spec, home=workspace),
+        env={**_trial_env(spec, home=workspace), **(network_env if spec.agent_network else {})},
         timeout=spec.timeout_seconds,
         limits=spec.limits,
         writable=[workspace, output],
-        readable=[evaluator, *python_dirs],
+        readable=[evaluator, *python_dirs, *(network_dirs if spec.agent_network else [])],
         use_bwrap=use_bwrap,
         network=spec.agent_network,
         root=root,
@@ -291,11 +292,11 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, ro
     verifier = run_sandboxed(
         _format_argv(spec.verifier_argv, paths),
         cwd=private,
-        env=_trial_env(spec, home=private),
+        env={**_trial_env(spec, home=private), **(network_env if spec.verifier_network else {})},
         timeout=spec.verifier_timeout_seconds,
         limits=spec.limits,
         writable=[private],
-        readable=[evaluator, output, *python_dirs],
+        readable=[evaluator, output, *python_dirs, *(network_dirs if spec.verifier_network else [])],
         use_bwrap=use_bwrap,
         network=spec.verifier_network,
         root=root,
@@ -312,6 +313,23 @@ def _run(spec: TrialSpec, trial_dir: Path, profile: str, result: TrialResult, ro
     else:
         result.outcome = "pass" if verdict.passed else "fail"
         result.score = verdict.score
+
+
+def _host_network(trial_dir: Path, root: Path | None) -> tuple[dict[str, str], list[Path]]:
+    """What a phase with the network needs inside a task environment to reach
+    the registries as the machine does (a test.sh that pip-installs pytest):
+    the machine's proxy variables and a copy of its CA bundle (the
+    environment's own, if any, lacks the proxy's certificates), and the folder
+    to bind for it. Nothing for a trial on the host's root, which sees both."""
+    if root is None:
+        return {}, []
+    folder = trial_dir / "host-ca"
+    if not environments.HOST_CA_BUNDLE.is_file():
+        return environments.host_network_env(None), []
+    folder.mkdir(mode=0o755)
+    shutil.copyfile(environments.HOST_CA_BUNDLE, folder / "ca-certificates.crt")
+    (folder / "ca-certificates.crt").chmod(0o644)
+    return environments.host_network_env(str(folder / "ca-certificates.crt")), [folder]
 
 
 def _place(source: Path, dest: Path, *, move: bool) -> None:

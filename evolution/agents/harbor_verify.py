@@ -113,6 +113,21 @@ def image_env(expected: dict[str, Any], *, workspace: Path, tests: Path, logs: P
     }
 
 
+# What the trial gives a verifier with the network (evolution.environments.host_network_env; this
+# script runs in the sandbox with the standard library alone, so the names are listed here too).
+NETWORK_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+)
+
+
 def grade(output: Path, expected_doc: dict[str, Any], private: Path) -> dict[str, Any]:
     expected = expected_doc.get("expected")
     if not isinstance(expected, dict):
@@ -124,6 +139,8 @@ def grade(output: Path, expected_doc: dict[str, Any], private: Path) -> dict[str
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(private)}
     env.update(image_env(expected, workspace=workspace, tests=tests, logs=logs))
     env.update(WORKSPACE=str(workspace), TESTS_DIR=str(tests), LOGS_DIR=str(logs))
+    # A task with the network reaches the registries through the machine's proxy (the trial passes these).
+    env.update({name: os.environ[name] for name in NETWORK_VARIABLES if name in os.environ})
     timeout = float(expected.get("timeout_seconds") or DEFAULT_TIMEOUT)
     try:
         process = subprocess.run(

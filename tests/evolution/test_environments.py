@@ -359,3 +359,35 @@ def test_the_dockerfiles_env_reaches_the_verifiers_test_script(tmp_path: Path) -
     del expected["environment"]
     (tmp_path / "private2").mkdir()
     assert harbor_verify.grade(output, {"expected": expected}, tmp_path / "private2")["score"] == 0.0
+
+
+def test_a_phase_with_the_network_gets_the_machines_proxy_and_ca_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grading-time ``pip install`` in a task environment goes through the machine's proxy,
+    whose certificates only the host's bundle holds: the trial passes both, and test.sh sees them."""
+    from evolution import trials
+    from evolution.agents import harbor_verify
+
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    assert trials._host_network(tmp_path, None) == ({}, [])  # the host's root: nothing to add
+    env, dirs = trials._host_network(tmp_path, tmp_path / "root")
+    if environments.HOST_CA_BUNDLE.is_file():
+        bundle = tmp_path / "host-ca" / "ca-certificates.crt"
+        assert dirs == [bundle.parent]
+        assert bundle.read_bytes() == environments.HOST_CA_BUNDLE.read_bytes()
+        assert env["SSL_CERT_FILE"] == env["PIP_CERT"] == env["REQUESTS_CA_BUNDLE"] == str(bundle)
+    assert env["https_proxy"] == "http://proxy.invalid:3128" and env["NO_PROXY"] == "localhost"
+    assert set(env) <= set(harbor_verify.NETWORK_VARIABLES)
+
+    monkeypatch.setenv("PIP_CERT", "/the/bundle.crt")
+    output = tmp_path / "output"
+    (output / "workspace").mkdir(parents=True)
+    test_sh = (
+        '[ "$https_proxy" = http://proxy.invalid:3128 ] && [ "$PIP_CERT" = /the/bundle.crt ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    expected = {"tests": {"test.sh": test_sh}, "workspace_files": {}}
+    (tmp_path / "private").mkdir()
+    assert harbor_verify.grade(output, {"expected": expected}, tmp_path / "private")["score"] == 1.0
