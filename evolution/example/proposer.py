@@ -15,7 +15,12 @@ edits from four families:
 - ``cost``: padding that costs tokens and changes no decision, which is what
   the cost rule of the gate is for;
 - ``prune``: removal of padding (or of a step) in the components the loop
-  names as pruning targets.
+  names as pruning targets;
+- ``structural``: a mechanism of a kind the harness does not have yet (a
+  subagent that reads the ticket when an argument is missing). Never drawn by
+  default (weight 0): it is proposed when the run is stalled and the loop asks
+  for a kind never tried, or when nothing else is left, or when a recipe gives
+  the family a weight. Whether it helps is measured like any other edit.
 
 Each slot draws a family with ``random.Random(view.seed)`` (slot 0 is always
 generic so a run can progress); the first edit comes from that family and the
@@ -41,10 +46,11 @@ from evolution.example.reference_edits import KEYWORDS
 from evolution.example.reference_edits import PATTERNS as REFERENCE_PATTERNS
 from evolution.operators import EditDeclaration, Proposal, ProposerView, TrialEvidence
 
-FAMILIES = ("generic", "leaky", "cost")
+FAMILIES = ("generic", "leaky", "cost", "structural")
 # Share of slots (after slot 0) given to each family; a recipe may override
-# them with params["family_weights"].
-DEFAULT_FAMILY_WEIGHTS = {"generic": 0.5, "leaky": 0.3, "cost": 0.2}
+# them with params["family_weights"]. "structural" is 0: a family of weight 0
+# is never drawn, so the other families' draws are those of a proposer without it.
+DEFAULT_FAMILY_WEIGHTS = {"generic": 0.5, "leaky": 0.3, "cost": 0.2, "structural": 0.0}
 # Bundle size when the round has no edit budget.
 DEFAULT_MAX_EDITS = 4
 # Chance that a slot spends one edit on a pruning target when the loop names some.
@@ -300,7 +306,7 @@ Apply = Callable[[Context], Texts]
 @dataclass(frozen=True)
 class EditSpec:
     name: str
-    family: str  # generic | leaky | cost | prune
+    family: str  # generic | leaky | cost | prune | structural
     kind: str  # the component kind the edit is meant for; the surface decides what is declared
     hypothesis: str
     apply: Apply  # -> {path: new text} of the files it changes; {} when it has nothing to do
@@ -494,6 +500,24 @@ def _pad(kind: str, locate: Callable[[Context], str | None]) -> Apply:
 def _prune(kind: str) -> Apply:
     headers = [*SEED_PADDING_HEADERS.get(kind, []), *([PADDING[kind][0]] if kind in PADDING else [])]
     return lambda ctx: _remove_padding(ctx, kind, headers)
+
+
+# --- Structural edits: a mechanism of a new kind --------------------------------------------------------
+
+SUBAGENT_PATH = "subagents/ticket_reader.toml"
+SUBAGENT_TEXT = """\
+# A subagent the policy starts when its answer misses an argument: in a context of its own it reads the
+# task's public files (the ticket), which the main context may leave out, and returns the missing arguments
+# it finds there, extracted with the chosen tool's patterns and normalized by the skills.
+name = "ticket_reader"
+when = "missing_args"
+reads = "public_files"
+"""
+
+
+def subagent_ticket_reader(ctx: Context) -> Texts:
+    """A new file: the agent (evaluator/agent.py) starts it for missing arguments."""
+    return {} if SUBAGENT_PATH in ctx.texts else {SUBAGENT_PATH: SUBAGENT_TEXT}
 
 
 # --- Leaky edits: train evidence copied into the harness ----------------------------------------------
@@ -906,6 +930,15 @@ EDITS = [
         "and tokens.",
         flow_drop_verify,
     ),
+    EditSpec(
+        "subagent-ticket-reader",
+        "structural",
+        "subagent",
+        "A subagent that reads the ticket in a context of its own when an argument is missing finds the "
+        "arguments the message leaves out, without putting the ticket in every step's context.",
+        subagent_ticket_reader,
+        ("not_submitted",),
+    ),
 ]
 EDITS_BY_NAME = {edit.name: edit for edit in EDITS}
 
@@ -966,7 +999,8 @@ class _Bundle:
         changes = {p: t for p, t in edit.apply(self.ctx).items() if t != self.ctx.texts.get(p)}
         if not changes:
             return False
-        declared = {self.ctx.kinds.get(path) for path in changes}
+        # A file new to the harness takes the edit's kind; the platform checks it against the surface.
+        declared = {self.ctx.kinds.get(path, None if path in self.ctx.texts else edit.kind) for path in changes}
         if len(declared) != 1 or None in declared or self.touched() & set(changes):
             return False
         kind = declared.pop()
@@ -1031,11 +1065,18 @@ def propose(view: ProposerView) -> Proposal:
 
     bundle = _Bundle(ctx=ctx, limit=size)
     notes: list[str] = []
-    present = set(view.components.values())
+    # The kinds this proposer can touch: those of the parent's files and those its structural edits add.
+    structural = [e for e in pool if e.family == "structural"]
+    present = set(view.components.values()) | {e.kind for e in structural}
     explore = [k for k in view.explore_components if k in present]
     if view.explore_components:
-        # Stalled: this slot must touch a kind never edited and measured.
-        order = [*family_order(family), *(e for f in ("generic", "prune", "cost", "leaky") for e in family_order(f))]
+        # Stalled: this slot must touch a kind never edited and measured. Structural edits come last, in pool
+        # order (no draw), so the other families' order is that of a proposer without them.
+        order = [
+            *family_order(family),
+            *(e for f in ("generic", "prune", "cost", "leaky") for e in family_order(f)),
+            *structural,
+        ]
         if not bundle.add_first(order, explore):
             # The loop would reject the candidate anyway; say why instead.
             raise NothingToPropose(
@@ -1052,9 +1093,9 @@ def propose(view: ProposerView) -> Proposal:
         if len(bundle.chosen) >= size:
             break
         bundle.try_add(edit)
-    if not bundle.chosen:
-        # Everything generic is in the parent or refuted: take whatever still changes something.
-        bundle.add_first(e for f in ("prune", "cost", "leaky") for e in family_order(f))
+    # Everything generic is in the parent or refuted: take whatever still changes something.
+    if not bundle.chosen and not bundle.add_first(e for f in ("prune", "cost", "leaky") for e in family_order(f)):
+        bundle.add_first(structural)
     if not bundle.chosen:
         raise NothingToPropose(
             "every allowed edit is already in the parent or refuted by the ledger "

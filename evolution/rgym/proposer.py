@@ -11,7 +11,10 @@ edit per candidate, from four families:
   (no question text in the diff, though the rules critic still matches the answers, which are the tasks'
   expected values; a fresh seed's question has another fingerprint, so it cannot transfer);
 - ``leaky``: train questions and their answers pasted verbatim into the prompt as worked examples;
-- ``cost``: padding in the prompt that changes no answer.
+- ``cost``: padding in the prompt that changes no answer;
+- ``structural``: a mechanism of a kind the seed harness does not have (a subagent that evaluates the
+  arithmetic in a question no skill answers). Weight 0 by default, so never drawn: it comes after every
+  other edit, first only when a stalled run asks for a kind never tried (``view.explore_components``).
 
 Which family a slot draws is ``random.Random(view.seed)`` over ``params["family_weights"]``. Whether an
 edit helps is not decided here: the agent runs it on reasoning-gym's questions and the package grades it.
@@ -30,8 +33,9 @@ from dataclasses import dataclass
 from evolution import operators
 from evolution.operators import EditDeclaration, Proposal, ProposerView, TrialEvidence
 
-FAMILIES = ("generic", "memorize", "leaky", "cost")
-DEFAULT_FAMILY_WEIGHTS = {"generic": 0.4, "memorize": 0.25, "leaky": 0.25, "cost": 0.1}
+FAMILIES = ("generic", "memorize", "leaky", "cost", "structural")
+# A family of weight 0 is never drawn: with "structural" at 0 the draws are those of a proposer without it.
+DEFAULT_FAMILY_WEIGHTS = {"generic": 0.4, "memorize": 0.25, "leaky": 0.25, "cost": 0.1, "structural": 0.0}
 PROMPT = "prompts/system.md"
 MEMORY = "memory/answers.md"
 ARITHMETIC = "skills/arithmetic.md"
@@ -52,6 +56,16 @@ def fingerprint(question: str) -> str:
 def _skill(title: str, text: str, rule: str) -> str:
     return f"# {title}\n\n{text}\n\n```toml\n{rule.strip()}\n```\n"
 
+
+SUBAGENT = "subagents/calculator.toml"
+SUBAGENT_TEXT = """\
+# A subagent the solver starts when no skill answers the question: in a context of its own it reads the
+# question and evaluates the longest arithmetic expression in it (numbers joined by + - * /).
+name = "calculator"
+when = "no_skill"
+op = "arith"
+find = '(?P<expr>-?\\d+(?:\\.\\d+)?(?:\\s*[-+*/]\\s*-?\\d+(?:\\.\\d+)?)+)'
+"""
 
 SKILLS = {
     "skills/sorting.md": _skill(
@@ -158,6 +172,10 @@ def prompt_padding(texts: Texts, evidence: Sequence[TrialEvidence]) -> Texts:
     return {} if "## How to think" in prompt else {PROMPT: prompt.rstrip("\n") + "\n\n" + PADDING}
 
 
+def subagent_calculator(texts: Texts, evidence: Sequence[TrialEvidence]) -> Texts:
+    return {} if SUBAGENT in texts else {SUBAGENT: SUBAGENT_TEXT}
+
+
 @dataclass(frozen=True)
 class EditSpec:
     name: str
@@ -219,6 +237,14 @@ EDITS = [
         "prompt",
         "Asking the agent to think each step through twice makes its answers more careful.",
         prompt_padding,
+    ),
+    EditSpec(
+        "subagent-calculator",
+        "structural",
+        "subagent",
+        "A subagent that evaluates the arithmetic in a question no skill answers gets those questions right "
+        "instead of guessing.",
+        subagent_calculator,
     ),
 ]
 EDITS_BY_NAME = {edit.name: edit for edit in EDITS}

@@ -23,7 +23,14 @@ from typing import Any
 import pytest
 
 from evolution.example import bench, proposer, reference_edits
-from evolution.example.proposer import EDITS, EDITS_BY_NAME, NothingToPropose, propose
+from evolution.example.proposer import (
+    EDITS,
+    EDITS_BY_NAME,
+    SUBAGENT_PATH,
+    SUBAGENT_TEXT,
+    NothingToPropose,
+    propose,
+)
 from evolution.operators import LedgerView, Proposal, ProposerView, TrialEvidence
 from evolution.surfaces import check_diff, component_for, in_surface, parse_surface
 from evolution.trees import FileEntry, diff_entries
@@ -201,9 +208,23 @@ def test_a_stalled_slot_touches_a_kind_to_explore(kind: str) -> None:
         assert kind in {edit.component for edit in proposal.edits}, proposal.note
 
 
+def test_a_stalled_slot_asked_for_a_new_kind_adds_a_subagent() -> None:
+    # The seed has no subagent: the structural edit adds one, declared with its surface kind.
+    proposal = propose(make_view(explore_components=["subagent"], stalled=True, edit_budget=1))
+
+    assert [(e.component, list(e.paths)) for e in proposal.edits] == [("subagent", [SUBAGENT_PATH])]
+    assert component_for(SPEC, SUBAGENT_PATH) == "subagent"
+    assert proposal.files[SUBAGENT_PATH].decode() == SUBAGENT_TEXT
+    assert changed_paths(SEED_FILES, proposal) == {SUBAGENT_PATH}
+    # Not stalled, the family is never drawn (weight 0): no slot of any seed adds it.
+    assert all(SUBAGENT_PATH not in propose(v).files for v in views())
+
+
 def test_a_stalled_slot_with_nothing_to_explore_is_dropped_with_a_reason() -> None:
+    parent = {**SEED_FILES, SUBAGENT_PATH: SUBAGENT_TEXT.encode()}
+    components = {**COMPONENTS, SUBAGENT_PATH: "subagent"}
     with pytest.raises(NothingToPropose, match=r"^no edit left that touches a kind to explore \(subagent\)$"):
-        propose(make_view(explore_components=["subagent"], stalled=True))
+        propose(make_view(parent_files=parent, components=components, explore_components=["subagent"], stalled=True))
 
 
 def test_hypotheses_the_ledger_refutes_are_not_proposed_again() -> None:

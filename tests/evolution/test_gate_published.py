@@ -15,7 +15,7 @@ from evolution.loop import load
 from evolution.loop.decision import Edit, round_decide
 from evolution.loop.regularization import CandidateStats, GateParams, regularized_gate, unexplored_kinds
 from evolution.models import Experiment
-from evolution.surfaces import parse_surface, reachable_kinds
+from evolution.surfaces import COMPONENT_KINDS, parse_surface, reachable_kinds
 
 CURRENT = CandidateStats(candidate_id=1, score=0.50, cost=1000.0)
 # Inside the band (dS = +0.02 < 0.05), 10% more tokens, editing the memory file only.
@@ -80,9 +80,13 @@ def test_the_ledger_keeps_admissible_but_not_chosen_apart_from_rejected() -> Non
 
 def test_stall_exploration_asks_only_for_kinds_the_surface_reaches(example: Experiment) -> None:
     spec = parse_surface(example.surface.spec)
-    reachable = reachable_kinds(spec)
+    # The example's surface reaches every kind (subagents/** since its proposer can add a subagent) ...
+    assert reachable_kinds(spec) == list(COMPONENT_KINDS)
+    assert load.reachable_components(example) == reachable_kinds(spec)
+    # ... so the rule is shown on the same surface without that pattern.
+    narrower = parse_surface(example.surface.spec.replace('  "subagents/**": subagent\n', ""))
+    reachable = reachable_kinds(narrower)
     assert "subagent" not in reachable and "memory" in reachable
-    assert load.reachable_components(example) == reachable
     measured = ["prompt", "control_flow", "config", "output_plumbing", "context_mgmt", "client_tool", "skill", "memory"]
     # Every reachable kind measured: nothing to explore (before, subagent was asked for and a slot dropped).
     assert unexplored_kinds(measured) == ["subagent"]

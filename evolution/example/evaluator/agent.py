@@ -1,6 +1,6 @@
 """Offline support-routing agent: a simulated policy steered by harness files.
 
-    agent.py --harness DIR --task DIR --output DIR --seed N
+    agent.py --harness DIR --task DIR --output DIR --seed N [--case-recall-similarity X]
 
 The task directory holds ``instruction.md`` (the customer's message) and public
 files (``ticket.json``). The agent picks one support tool, fills its
@@ -31,7 +31,7 @@ import random
 import re
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,17 @@ class ToolSpec:
 
 
 @dataclass
+class SubagentSpec:
+    """A subagent the policy can start (``subagents/*.toml``): ``when`` says on what, ``reads`` what it reads
+    in a context of its own; ``text`` is its file, which the main context lists like a tool."""
+
+    name: str
+    when: str
+    reads: str
+    text: str
+
+
+@dataclass
 class Settings:
     """The typed knobs of config.toml, control/flow.toml, context/window.toml and output/format.toml."""
 
@@ -140,6 +151,7 @@ class Harness:
     system_prompt: str
     # Everything the policy reads at every step, in order.
     context_text: str
+    subagents: list[SubagentSpec] = field(default_factory=list)
 
 
 def _read(path: Path) -> str:
@@ -182,6 +194,27 @@ def _load_tool(path: Path) -> ToolSpec:
         args.append(ArgSpec(name=raw["name"], patterns=patterns, validate=validate))
     keywords = [str(k).lower() for k in data.get("keywords", []) if str(k).strip()]
     return ToolSpec(name=name, description=str(data.get("description", "")), keywords=keywords, args=args)
+
+
+# What starts a subagent, and what it may read that the main context may not hold.
+SUBAGENT_TRIGGERS = ("missing_args",)
+SUBAGENT_READS = ("public_files",)
+
+
+def _load_subagent(path: Path) -> SubagentSpec:
+    text = _read(path)
+    data = _toml(path, text)
+    where = f"subagents/{path.name}"
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise HarnessError(f"{where}: `name` must be a snake_case string")
+    when, reads = data.get("when"), data.get("reads")
+    if when not in SUBAGENT_TRIGGERS or reads not in SUBAGENT_READS:
+        raise HarnessError(
+            f"{where}: `when` must be one of {', '.join(SUBAGENT_TRIGGERS)} and `reads` one of "
+            f"{', '.join(SUBAGENT_READS)}"
+        )
+    return SubagentSpec(name=name, when=when, reads=reads, text=text)
 
 
 def _skill_rules(path: Path, text: str) -> list[dict[str, Any]]:
@@ -291,6 +324,7 @@ def load_harness(root: Path) -> Harness:
     hints, cases = _memory("\n".join(memory_texts))
     system_prompt = "\n\n".join(prompts)
     tool_texts = [_read(p) for p in tool_files]
+    subagents = [_load_subagent(p) for p in sorted((root / "subagents").glob("*.toml"))]
     return Harness(
         model=model,
         settings=settings,
@@ -300,7 +334,10 @@ def load_harness(root: Path) -> Harness:
         cases=cases,
         examples=_examples(system_prompt),
         system_prompt=system_prompt,
-        context_text="\n\n".join([system_prompt, *tool_texts, *skill_texts, *memory_texts]),
+        context_text="\n\n".join(
+            [system_prompt, *tool_texts, *skill_texts, *memory_texts, *(a.text for a in subagents)]
+        ),
+        subagents=subagents,
     )
 
 
@@ -409,8 +446,15 @@ class Trajectory:
     def note(self, source: str, message: str) -> None:
         self._add({"source": source, "message": message})
 
-    def act(self, message: str, call: tuple[str, dict[str, Any]] | None = None, result: str | None = None) -> None:
-        """One policy step: it reads the whole harness context plus history."""
+    def act(
+        self,
+        message: str,
+        call: tuple[str, dict[str, Any]] | None = None,
+        result: str | None = None,
+        delegated_tokens: int = 0,
+    ) -> None:
+        """One policy step: it reads the whole harness context plus history. ``delegated_tokens``: what a
+        subagent the step started read in its own context (counted as this step's prompt)."""
         step: dict[str, Any] = {"source": "agent", "model_name": "", "message": message}
         written = message
         if call is not None:
@@ -422,7 +466,7 @@ class Trajectory:
                 step["observation"] = {"results": [{"source_call_id": call_id, "content": result}]}
         history = self.seen_tokens if self.history == "full" else self.last_tokens
         step["metrics"] = {
-            "prompt_tokens": self.base_tokens + history,
+            "prompt_tokens": self.base_tokens + history + delegated_tokens,
             "completion_tokens": tokens(written) + self.effort_tokens,
         }
         produced = tokens(written) + tokens(result or "")
@@ -593,9 +637,39 @@ def attempt_tools(
     return attempts
 
 
-def recall(harness: Harness, request: str, trajectory: Trajectory) -> dict[str, Any] | None:
+def delegate_missing(
+    harness: Harness, attempt: Attempt, request: str, files: str, trajectory: Trajectory, reserve: int
+) -> None:
+    """Start the harness's ``missing_args`` subagent, if it has one and a step is left, for the arguments
+    ``attempt`` misses: in a context of its own (its file, the message and the task's public files, whether or
+    not the main context includes them) it extracts them with the tool's patterns and normalization, and the
+    valid ones fill ``attempt`` in place."""
+    missing = [name for name, value in attempt.args.items() if value is None]
+    helper = next((a for a in harness.subagents if a.when == "missing_args"), None)
+    if not missing or helper is None or trajectory.agent_steps() + 1 + reserve > harness.settings.max_steps:
+        return
+    found = extract(attempt.tool, request, files, harness.rules)
+    specs = {a.name: a for a in attempt.tool.args}
+    filled = {name: next((v for v in found[name] if is_valid(specs[name], v)), None) for name in missing}
+    filled = {name: value for name, value in filled.items() if value is not None}
+    attempt.args.update(filled)
+    attempt.valid.update(dict.fromkeys(filled, True))
+    context = tokens(helper.text) + tokens(request) + tokens(files)
+    report = ", ".join(f"{k}={v!r}" for k, v in filled.items()) or "nothing found"
+    trajectory.act(
+        f"Starting subagent {helper.name} for the missing {', '.join(missing)}.",
+        ("start_subagent", {"name": helper.name, "missing": missing}),
+        report,
+        delegated_tokens=context,
+    )
+
+
+def recall(
+    harness: Harness, request: str, trajectory: Trajectory, threshold: float = CASE_RECALL_SIMILARITY
+) -> dict[str, Any] | None:
     """A known case from memory that the message contains, or else the one most like it (at least
-    ``CASE_RECALL_SIMILARITY`` of their words shared), used as the answer, arguments and all."""
+    ``threshold``, by default ``CASE_RECALL_SIMILARITY``, of their words shared), used as the answer,
+    arguments and all."""
     if not harness.cases or trajectory.agent_steps() >= harness.settings.max_steps:
         return None
     squashed = _squash(request)
@@ -606,7 +680,7 @@ def recall(harness: Harness, request: str, trajectory: Trajectory) -> dict[str, 
         if not text:
             continue
         similarity = 1.0 if text in squashed else _jaccard(_all_words(text), words)
-        if similarity >= CASE_RECALL_SIMILARITY and (best is None or similarity > best[0]):
+        if similarity >= threshold and (best is None or similarity > best[0]):
             best = (similarity, answer)
     if best is None:
         return None
@@ -624,17 +698,20 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 0.0
 
 
-def run(harness_dir: Path, task_dir: Path, output_dir: Path, seed: int) -> dict[str, Any]:
+def run(
+    harness_dir: Path, task_dir: Path, output_dir: Path, seed: int, case_recall: float = CASE_RECALL_SIMILARITY
+) -> dict[str, Any]:
     """Run one trial and write the output files. Safe to repeat: same inputs, same files.
 
-    A harness that cannot be used leaves a trajectory with one error step and no answer.
+    A harness that cannot be used leaves a trajectory with one error step and no answer. ``case_recall``:
+    the recall threshold (``--case-recall-similarity``; a comparison's sensitivity row sets it).
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     instruction = ""
     try:
         instruction, files = read_task(task_dir)
         harness = load_harness(harness_dir)
-        return run_policy(harness, instruction, files, output_dir, seed)
+        return run_policy(harness, instruction, files, output_dir, seed, case_recall)
     except HarnessError as exc:
         (output_dir / "answer.json").unlink(missing_ok=True)
         trajectory = Trajectory(seed=seed, key=instruction, history="full", base_tokens=0, effort_tokens=0)
@@ -644,7 +721,14 @@ def run(harness_dir: Path, task_dir: Path, output_dir: Path, seed: int) -> dict[
         return {"error": str(exc), "submitted": False}
 
 
-def run_policy(harness: Harness, instruction: str, files: str, output_dir: Path, seed: int) -> dict[str, Any]:
+def run_policy(
+    harness: Harness,
+    instruction: str,
+    files: str,
+    output_dir: Path,
+    seed: int,
+    case_recall: float = CASE_RECALL_SIMILARITY,
+) -> dict[str, Any]:
     settings = harness.settings
     # A stale answer from an earlier run in the same directory must not count as this run's.
     (output_dir / settings.answer_file).unlink(missing_ok=True)
@@ -670,7 +754,7 @@ def run_policy(harness: Harness, instruction: str, files: str, output_dir: Path,
         f"public files {'included' if visible_files else 'not included'}{cut}",
     )
 
-    answer = recall(harness, request, trajectory)
+    answer = recall(harness, request, trajectory, case_recall)
     attempts: list[Attempt] = []
     reason = ""
     if answer is None:
@@ -679,6 +763,7 @@ def run_policy(harness: Harness, instruction: str, files: str, output_dir: Path,
             reason = "not submitted: no attempt fitted in max_steps"
         else:
             best = max(attempts, key=lambda a: (*a.rank(), -attempts.index(a)))
+            delegate_missing(harness, best, request, files, trajectory, 1 if "submit" in settings.steps else 0)
             missing = [name for name, value in best.args.items() if value is None]
             if missing and settings.on_missing_args == "skip":
                 reason = f"not submitted: missing {', '.join(missing)}"
@@ -754,16 +839,20 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def cli(run_trial: Any, doc: str, name: str, argv: list[str] | None) -> int:
-    """An agent's command line (``--harness --task --output --seed``): ``run_trial`` runs the trial; exit 2,
-    with the reason on stderr, when it returns an ``error``."""
+def cli(run_trial: Any, doc: str, name: str, argv: list[str] | None, *, recall_option: bool = False) -> int:
+    """An agent's command line (``--harness --task --output --seed``, and ``--case-recall-similarity`` with
+    ``recall_option``): ``run_trial`` runs the trial; exit 2, with the reason on stderr, when it returns an
+    ``error``."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--harness", required=True, type=Path)
     parser.add_argument("--task", required=True, type=Path)
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--seed", required=True, type=int)
+    if recall_option:
+        parser.add_argument("--case-recall-similarity", type=float, default=CASE_RECALL_SIMILARITY)
     options = parser.parse_args(argv)
-    result = run_trial(options.harness, options.task, options.output, options.seed)
+    extra = (options.case_recall_similarity,) if recall_option else ()
+    result = run_trial(options.harness, options.task, options.output, options.seed, *extra)
     if "error" in result:
         print(f"{name}: {result['error']}", file=sys.stderr)
         return 2
@@ -771,7 +860,7 @@ def cli(run_trial: Any, doc: str, name: str, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli(run, __doc__ or "", "agent", argv)
+    return cli(run, __doc__ or "", "agent", argv, recall_option=True)
 
 
 if __name__ == "__main__":

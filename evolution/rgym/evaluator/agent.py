@@ -15,7 +15,11 @@ which: that is in the harness. A question is answered by, in order:
 3. ``skills/*.md``: the first skill (by file name) whose ```toml block has a
    ``match`` regex found in the question runs its ``op`` on the named groups
    of its first ``extract`` regex that matches;
-4. otherwise the agent guesses: the first number in the question, or nothing.
+4. ``subagents/*.toml``: a subagent with ``when = "no_skill"``, started when no
+   skill answered, reads the question in a context of its own and runs its
+   ``op`` on the longest match of its ``find`` regex (tokens: its file and the
+   question, counted when it runs; every subagent file is in the main context);
+5. otherwise the agent guesses: the first number in the question, or nothing.
 
 Writes ``answer.txt`` and ``trajectory.json`` (ATIF v1.5). Tokens are the
 characters / 4 of everything each step reads (prompt, every skill, memory,
@@ -128,6 +132,15 @@ def read_harness(harness: Path) -> dict[str, Any]:
     def text(path: Path) -> str:
         return path.read_text(encoding="utf-8") if path.is_file() else ""
 
+    subagents = []
+    subagent_texts = []
+    for path in sorted((harness / "subagents").glob("*.toml")) if (harness / "subagents").is_dir() else []:
+        body = text(path)
+        subagent_texts.append(body)
+        try:
+            subagents.append({"file": path.name, "text": body, **tomllib.loads(body)})
+        except tomllib.TOMLDecodeError:
+            continue
     skills = []
     skill_texts = []
     for path in sorted((harness / "skills").glob("*.md")) if (harness / "skills").is_dir() else []:
@@ -144,6 +157,8 @@ def read_harness(harness: Path) -> dict[str, Any]:
         "memory": text(harness / "memory" / "answers.md"),
         "skills": skills,
         "skill_texts": skill_texts,
+        "subagents": subagents,
+        "subagent_texts": subagent_texts,
         "config": tomllib.loads(text(harness / "config.toml") or ""),
     }
 
@@ -186,10 +201,35 @@ def solve(question: str, skills: list[dict[str, Any]]) -> tuple[str | None, str]
     return None, "no skill matches"
 
 
+def delegate(question: str, subagents: list[dict[str, Any]]) -> tuple[str | None, str, int]:
+    """The first ``no_skill`` subagent's answer: its ``op`` on the longest match of its ``find`` regex in the
+    question. (answer or None, what happened, the tokens its own context read; 0 when none ran)."""
+    helper = next((a for a in subagents if a.get("when") == "no_skill"), None)
+    if helper is None:
+        return None, "", 0
+    read = tokens(helper["text"]) + tokens(question)
+    op = PRIMITIVES.get(str(helper.get("op")))
+    if op is None or not isinstance(helper.get("find"), str):
+        return None, f"subagent {helper['file']} names no known op or no find pattern", read
+    try:
+        matches = list(re.finditer(helper["find"], question))
+    except re.error as exc:
+        return None, f"subagent {helper['file']}: bad find pattern: {exc}", read
+    if not matches:
+        return None, f"subagent {helper['file']} found nothing", read
+    longest = max(matches, key=lambda m: len(m.group(0)))
+    groups = {k: v for k, v in longest.groupdict().items() if v is not None}
+    try:
+        return op(groups, helper), f"subagent {helper['file']}: {helper['op']}", read
+    except (ValueError, KeyError, ZeroDivisionError, SyntaxError, TypeError) as exc:
+        return None, f"subagent {helper['file']}: {helper['op']} failed: {exc}", read
+
+
 def run(harness: Path, task: Path, output: Path, seed: int) -> dict[str, Any]:
     question = (task / "instruction.md").read_text(encoding="utf-8").strip()
     files = read_harness(harness)
     context = tokens(files["prompt"]) + tokens(files["memory"]) + sum(map(tokens, files["skill_texts"]))
+    context += sum(map(tokens, files["subagent_texts"]))
     context += tokens(question)
     steps: list[dict[str, Any]] = [
         {"step_id": 1, "source": "system", "message": files["prompt"][:2000]},
@@ -202,6 +242,10 @@ def run(harness: Path, task: Path, output: Path, seed: int) -> dict[str, Any]:
         how = "prompt: worked example" if answer is not None else ""
     if answer is None:
         answer, how = solve(question, files["skills"])
+    delegated = 0
+    if answer is None:
+        answer, why, delegated = delegate(question, files["subagents"])
+        how = f"{how}; {why}" if why else how
     if answer is None:
         numbers = re.findall(r"-?\d+", question)
         answer, how = (numbers[0] if numbers else ""), how + "; guessed"
@@ -211,7 +255,7 @@ def run(harness: Path, task: Path, output: Path, seed: int) -> dict[str, Any]:
             "source": "agent",
             "model_name": str(files["config"].get("model", AGENT_NAME)),
             "message": f"{how}. Answer: {answer}",
-            "metrics": {"prompt_tokens": context, "completion_tokens": tokens(how) + tokens(answer)},
+            "metrics": {"prompt_tokens": context + delegated, "completion_tokens": tokens(how) + tokens(answer)},
         }
     )
     output.mkdir(parents=True, exist_ok=True)
@@ -222,7 +266,7 @@ def run(harness: Path, task: Path, output: Path, seed: int) -> dict[str, Any]:
         "agent": {"name": AGENT_NAME, "version": AGENT_VERSION, "model_name": str(files["config"].get("model", ""))},
         "steps": steps,
         "final_metrics": {
-            "total_prompt_tokens": context,
+            "total_prompt_tokens": context + delegated,
             "total_completion_tokens": steps[-1]["metrics"]["completion_tokens"],
             "total_steps": len(steps),
         },
