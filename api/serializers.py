@@ -637,7 +637,9 @@ class AnnotationWriteSerializer(serializers.Serializer):
 
 
 class RecipeComparisonSerializer(serializers.ModelSerializer):
-    """A stored ``compare_recipes`` comparison; ``result`` is what ``--json`` printed (docs/loop.md)."""
+    """A stored ``compare_recipes`` comparison; ``result`` is what ``--json`` printed (docs/loop.md). ``status``
+    "interrupted" (with the reason in ``error``) when its command stopped before it finished; ``owner`` is that
+    command's process (``host:pid:start``) and ``heartbeat_at`` when it last said it was alive."""
 
     class Meta:
         model = RecipeComparison
@@ -651,4 +653,6 @@ class RecipeComparisonSerializer(serializers.ModelSerializer):
             "error",
             "created_at",
             "finished_at",
+            "owner",
+            "heartbeat_at",
         )

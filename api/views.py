@@ -32,6 +32,7 @@ from evolution import access
 from evolution.flags import flag_task_visible, with_task_access
 from evolution.loop import late, lifecycle
 from evolution.loop import review as loop_review
+from evolution.loop.compare import comparisons_reap
 from evolution.models import (
     Annotation,
     Benchmark,
@@ -117,6 +118,10 @@ class RecipeComparisonViewSet(viewsets.ReadOnlyModelViewSet):
 
     queryset = RecipeComparison.objects.order_by("-pk")
     serializer_class = out.RecipeComparisonSerializer
+
+    def get_queryset(self) -> QuerySet[RecipeComparison]:
+        comparisons_reap()  # a comparison whose command stopped shows as interrupted, not running for ever
+        return super().get_queryset()
 
 
 def _run_state_error(run: Run, done: str) -> Response:

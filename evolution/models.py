@@ -1050,23 +1050,28 @@ class RecipeComparison(models.Model):
     """One ``compare_recipes`` comparison: how it was asked for and what it measured (``evolution.loop.compare``).
 
     ``params`` holds the options it ran with (recipes, seeds, seed_start, split_seeds, rounds, candidates, k,
-    proposer, transfer_seeds), ``command`` the command line that reruns it, ``result`` the comparison's JSON
-    once it finished (``Comparison.to_json``); ``error`` why it stopped when it failed.
+    proposer, transfer_seeds, case_recall_similarity, evaluator), ``command`` the command line that reruns it,
+    ``result`` the comparison's JSON once it finished (``Comparison.to_json``); ``error`` why it stopped when it
+    failed or was interrupted.
     """
 
     class Status(models.TextChoices):
         RUNNING = "running"
         FINISHED = "finished"
         FAILED = "failed"
+        INTERRUPTED = "interrupted"  # its command stopped before it finished (``compare.comparisons_reap``)
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="comparisons")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.RUNNING)
     params = models.JSONField(default=dict)
     command = models.TextField(blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The command's process, ``host:pid:start`` (``compare.process_owner``), and when it last said it is alive.
+    owner = models.CharField(max_length=300, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"comparison {self.pk} of experiment {self.experiment_id} ({self.status})"

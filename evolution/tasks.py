@@ -17,6 +17,7 @@ from django.db import close_old_connections, connection
 
 from evolution import dispatch
 from evolution.loop import certify as loop_certify
+from evolution.loop import compare as loop_compare
 from evolution.loop import late as loop_late
 from evolution.loop import propose as loop_propose
 from evolution.loop import review as loop_review
@@ -73,11 +74,14 @@ def lease_reap() -> dict[str, int]:
     stranded = loop_late.stranded_reap()
     # A review decision whose undo window passed while its review_settle message was lost.
     settled = loop_review.review_settle_due()
+    # A recipe comparison whose command was killed would otherwise show as running for ever.
+    interrupted = loop_compare.comparisons_reap()
     return {
         **counts,
         "runs": len(runs),
         **{f"stranded_{key}": value for key, value in stranded.items()},
         "reviews_settled": settled,
+        "comparisons_interrupted": interrupted,
     }
 
 

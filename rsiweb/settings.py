@@ -412,6 +412,10 @@ if RSI_SANDBOX not in {"auto", "required", "off"}:
     raise ImproperlyConfigured(f"RSI_SANDBOX={RSI_SANDBOX!r} must be auto, required or off")
 RSI_TRIAL_TIMEOUT = env_int("RSI_TRIAL_TIMEOUT", 60)
 RSI_TRIAL_LEASE_SECONDS = env_int("RSI_TRIAL_LEASE_SECONDS", 300)
+# A running recipe comparison whose command wrote no heartbeat for this long is shown interrupted (one whose
+# command ran on this host is shown so as soon as that process is gone). Inline, a heartbeat comes between
+# the loop's steps, which take minutes on a busy machine: hence half an hour.
+RSI_COMPARISON_STALE_SECONDS = env_int("RSI_COMPARISON_STALE_SECONDS", 1800)
 
 
 def scratch_root(mounts: str = "/proc/mounts", shm: str = "/dev/shm", min_bytes: int = 2 << 30) -> Path:

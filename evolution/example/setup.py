@@ -13,12 +13,13 @@ from pathlib import Path
 
 from django.db import transaction
 
-from evolution.models import Experiment, ModelEndpoint, Run
+from evolution.models import Evaluator, Experiment, ModelEndpoint, Run
 from evolution.recipes import Recipe, load_preset, parse_recipe, recipe_to_dict
 from evolution.services.experiments import (
     TaskInput,
     benchmark_from_config,
     evaluator_from_config,
+    evaluator_upsert,
     experiment_create,
     surface_create,
 )
@@ -119,6 +120,37 @@ def benchmark_experiment_create(
     from evolution.rgym.setup import rgym_experiment_create
 
     return rgym_experiment_create(name=name or REASONING_GYM_EXPERIMENT, per_split=task_limit)
+
+
+# The example's offline agent: its runner names this script (evaluator.toml), which takes the option below.
+SCRIPTED_AGENT = "{evaluator}/agent.py"
+RECALL_OPTION = "--case-recall-similarity"
+
+
+def example_evaluator_with_recall(evaluator: Evaluator, similarity: float) -> Evaluator:
+    """``evaluator`` (the example's offline agent) with the agent's ``CASE_RECALL_SIMILARITY`` set to
+    ``similarity`` for every trial: the same files, the runner given ``--case-recall-similarity``, under a
+    name of its own (``<name>-recall-0-6``: an evaluator is immutable, and its name in the records says which
+    threshold its trials ran with). Safe to repeat. ValueError when ``evaluator`` does not run the example's
+    offline agent, already sets the option, or ``similarity`` is not in (0, 1]."""
+    if not 0.0 < similarity <= 1.0:
+        raise ValueError(f"the case recall similarity must be in (0, 1], not {similarity!r}")
+    argv = list(evaluator.runner_argv)
+    if SCRIPTED_AGENT not in argv or RECALL_OPTION in argv:
+        raise ValueError(
+            f"a case recall similarity needs the example's offline agent ({SCRIPTED_AGENT}); evaluator "
+            f"{evaluator.name!r} runs {' '.join(argv)!r}"
+        )
+    return evaluator_upsert(
+        name=f"{evaluator.name}-recall-{similarity:g}".replace(".", "-"),
+        files=evaluator.files,
+        runner_argv=[*argv, RECALL_OPTION, f"{similarity:g}"],
+        verifier_argv=evaluator.verifier_argv,
+        env_allowlist=evaluator.env_allowlist,
+        timeout_seconds=evaluator.timeout_seconds,
+        limits=evaluator.limits,
+        agent_network=evaluator.agent_network,
+    )
 
 
 def model_of(agent: str, harness_config: dict[str, object]) -> str:

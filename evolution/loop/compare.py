@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,10 +31,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from evolution import example, measurements, operators
 from evolution.critic import build_index, critique
+from evolution.example.setup import example_evaluator_with_recall
 from evolution.loop import lifecycle, load, measure, regularization
 from evolution.loop.certify import result_certify
 from evolution.loop.inline import run_drive
@@ -41,6 +45,7 @@ from evolution.models import (
     RUN_UNFINISHED,
     Candidate,
     Evaluation,
+    Evaluator,
     Experiment,
     GateDecision,
     LedgerEntry,
@@ -61,6 +66,7 @@ __all__ = [
     "CompareError",
     "RunOutcome",
     "comparison_table",
+    "comparisons_reap",
     "recipes_compare",
     "rules_fired",
     "t_interval",
@@ -69,6 +75,7 @@ __all__ = [
 COLUMNS = ("train", "gate", "sealed", "held_out", "cost", "leaky_accepted", "leaky_by_transfer")
 TRANSFER_SEED_BASE = 100_000  # trial seeds of the transfer evaluations: apart from every run's own
 POLL_SECONDS = 1.0
+HEARTBEAT_SECONDS = 15.0  # how often a running comparison writes that its command is alive
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -149,6 +156,7 @@ class Comparison:
     split_seeds: int = 1
     starts: dict[int, dict[str, float | None]] = field(default_factory=dict)  # by split draw
     record: int | None = None  # the RecipeComparison that stores it
+    case_recall_similarity: float | None = None  # the example agent's threshold (None: the agent's own)
 
     def of(self, recipe: str, draw: int | None = None) -> list[RunOutcome]:
         return [r for r in self.runs if r.recipe == recipe and (draw is None or r.split_draw == draw)]
@@ -196,6 +204,7 @@ class Comparison:
             "seed_start": self.seed_start,
             "split_seeds": self.split_seeds,
             "transfer_seeds": self.transfer_seeds,
+            "case_recall_similarity": self.case_recall_similarity,
             "start": self.start,
             "starts": {str(d): self.starts.get(d, {}) for d in draws},
             "reference": self.recipes[0],
@@ -246,6 +255,7 @@ def recipes_compare(
     timeout: float = 6 * 3600,
     on_progress: Callable[[str], None] | None = None,
     command: str = "",
+    case_recall_similarity: float | None = None,
 ) -> Comparison:
     """Run each of ``recipes`` (preset names) with proposer seeds ``seed_start``.. ``seed_start + seeds - 1`` on
     ``split_seeds`` split draws, each in a twin of ``experiment``, and measure every accepted harness (see the
@@ -253,7 +263,12 @@ def recipes_compare(
     fails or nothing finishes within ``timeout`` seconds (every run and evaluation made so far stays).
 
     Stored as a ``RecipeComparison`` (with ``command``, the line that reruns it) from the start: running,
-    then finished with its JSON, or failed with the reason."""
+    then finished with its JSON, or failed with the reason.
+
+    ``case_recall_similarity``: the example agent's ``CASE_RECALL_SIMILARITY`` for every trial of the
+    comparison (None: the agent's own), given to the agent in the sandbox through an evaluator of its own
+    (``example_evaluator_with_recall``); stamped in ``params`` and in the JSON. CompareError on another
+    evaluator, or a proposer that edits another benchmark's harness."""
     unknown = [name for name in recipes if name not in PRESET_NAMES]
     if unknown:
         raise CompareError(f"unknown recipe(s) {', '.join(unknown)}: expected presets ({', '.join(PRESET_NAMES)})")
@@ -265,6 +280,16 @@ def recipes_compare(
         raise CompareError("--seed-start must be 0 or more")
     if experiment.seed_candidate is None:
         raise CompareError(f"experiment {experiment.pk} has no seed harness")
+    benchmark = experiment.benchmark.name
+    proposer = proposer or example.preset_proposer(benchmark=benchmark)
+    if proposer is not None and (mismatch := example.proposer_mismatch(benchmark=benchmark, proposer=proposer)):
+        raise CompareError(mismatch)
+    evaluator = None
+    if case_recall_similarity is not None:
+        try:
+            evaluator = example_evaluator_with_recall(experiment.evaluator, case_recall_similarity)
+        except ValueError as exc:
+            raise CompareError(str(exc)) from exc
     params = {
         "recipes": list(recipes),
         "seeds": seeds,
@@ -273,14 +298,18 @@ def recipes_compare(
         "rounds": rounds,
         "candidates": candidates,
         "k": k,
-        "proposer": proposer or example.preset_proposer(benchmark=experiment.benchmark.name),
+        "proposer": proposer,
         "transfer_seeds": transfer_seeds,
+        "case_recall_similarity": case_recall_similarity,
+        "evaluator": (evaluator or experiment.evaluator).name,
     }
-    proposer = proposer or example.preset_proposer(benchmark=experiment.benchmark.name)
     specs = {name: _recipe(name, rounds=rounds, candidates=candidates, k=k, proposer=proposer) for name in recipes}
     for spec in specs.values():
         lifecycle.check_llm_endpoints(spec)  # refused before anything is stored
-    stored = RecipeComparison.objects.create(experiment=experiment, params=params, command=command)
+    stored = RecipeComparison.objects.create(
+        experiment=experiment, params=params, command=command, owner=process_owner(), heartbeat_at=timezone.now()
+    )
+    beat = _Heartbeat(stored.pk)
     try:
         comparison = _compare(
             experiment=experiment,
@@ -292,6 +321,9 @@ def recipes_compare(
             transfer_seeds=transfer_seeds,
             inline=inline,
             deadline=time.monotonic() + timeout,
+            evaluator=evaluator,
+            beat=beat,
+            record=stored.pk,
             say=on_progress or (lambda text: None),
         )
     except Exception as exc:
@@ -299,7 +331,7 @@ def recipes_compare(
             status=RecipeComparison.Status.FAILED, error=str(exc) or type(exc).__name__, finished_at=timezone.now()
         )
         raise
-    comparison = dataclasses.replace(comparison, record=stored.pk)
+    comparison = dataclasses.replace(comparison, record=stored.pk, case_recall_similarity=case_recall_similarity)
     RecipeComparison.objects.filter(pk=stored.pk).update(
         status=RecipeComparison.Status.FINISHED, result=comparison.to_json(), finished_at=timezone.now()
     )
@@ -318,9 +350,13 @@ def _compare(
     inline: bool,
     deadline: float,
     say: Callable[[str], None],
+    evaluator: Evaluator | None = None,
+    beat: Callable[[], None] = lambda: None,
+    record: int | None = None,
 ) -> Comparison:
     recipes = list(specs)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    # The comparison's id keeps the twins of two comparisons started in the same second apart.
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S") + (f" · comparison {record}" if record else "")
     planned: list[_Planned] = []
     for draw in range(split_seeds):
         for name, spec in specs.items():
@@ -329,21 +365,23 @@ def _compare(
                     like=experiment,
                     name=f"{experiment.name} · {name} seed {seed} draw {draw} · {stamp}",
                     split_seed=experiment.split_seed + draw if draw else None,
+                    evaluator=evaluator,
                 )
                 run = lifecycle.run_create(experiment=twin, recipe=_seeded(spec, seed))
                 planned.append(_Planned(name, seed, draw, run))
                 say(f"{name} seed {seed} draw {draw}: run {run.pk} on experiment {twin.pk}")
     if inline:
         for item in planned:
-            item.run = run_drive(item.run, max_steps=100_000)
+            item.run = run_drive(item.run, max_steps=100_000, on_step=lambda run: beat())
     _wait(
         lambda: not Run.objects.filter(pk__in=[p.run.pk for p in planned], status__in=RUN_UNFINISHED).exists(),
         deadline,
         "the runs",
+        beat,
     )
     for item in planned:
         item.run.refresh_from_db()
-    measured = _TransferMeasure(transfer_seeds, inline=inline, deadline=deadline)
+    measured = _TransferMeasure(transfer_seeds, inline=inline, deadline=deadline, beat=beat)
     # The start of each split draw: the seed harness in the first run's twin of that draw.
     firsts = {p.draw: p for p in reversed(planned)}
     for item in planned:
@@ -368,11 +406,83 @@ def _compare(
     )
 
 
-def _wait(done: Callable[[], bool], deadline: float, what: str) -> None:
+def _wait(done: Callable[[], bool], deadline: float, what: str, beat: Callable[[], None] = lambda: None) -> None:
     while not done():
+        beat()
         if time.monotonic() > deadline:
             raise CompareError(f"timed out waiting for {what} (is a worker running? --inline runs them here)")
         time.sleep(POLL_SECONDS)
+
+
+# --- A comparison whose command stopped ------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """Writes, at most every HEARTBEAT_SECONDS, that comparison ``pk``'s command is alive (its ``heartbeat_at``)."""
+
+    def __init__(self, pk: int) -> None:
+        self.pk, self.last = pk, time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_SECONDS:
+            self.last = time.monotonic()
+            RecipeComparison.objects.filter(pk=self.pk, status=RecipeComparison.Status.RUNNING).update(
+                heartbeat_at=timezone.now()
+            )
+
+
+def process_owner(pid: int | None = None) -> str:
+    """A process as a comparison's owner, ``host:pid:start`` (``start``: its start time in clock ticks since
+    boot, so that a pid the system reused later is not taken for it; empty without /proc)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid) or ''}"
+
+
+def _process_start(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (the start time); None when the process is gone or a zombie, or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()  # the fields after the command's name: 3, 4, ...
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
+
+
+def interruption(comparison: RecipeComparison, *, now: datetime | None = None) -> str | None:
+    """Why running ``comparison`` will never finish, or None when nothing says so: its command ran on this
+    host and that process is gone (killed, or the machine restarted), or (from any host) its last heartbeat is
+    older than ``RSI_COMPARISON_STALE_SECONDS``."""
+    if comparison.status != RecipeComparison.Status.RUNNING:
+        return None
+    host, _, rest = comparison.owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host == socket.gethostname() and pid.isdigit() and start and _process_start(int(pid)) != start:
+        return (
+            f"interrupted: the command that ran it (pid {pid} on {host}) stopped before it finished (killed, or "
+            f"the machine restarted); it is not running any more. Rerun it with its command line."
+        )
+    stale = float(settings.RSI_COMPARISON_STALE_SECONDS)
+    last = comparison.heartbeat_at or comparison.created_at
+    if ((now or timezone.now()) - last).total_seconds() > stale:
+        return (
+            f"interrupted: no heartbeat from its command ({comparison.owner or 'unknown'}) since "
+            f"{last:%Y-%m-%d %H:%M:%S} UTC, more than {stale:.0f} s ago. Rerun it with its command line."
+        )
+    return None
+
+
+def comparisons_reap(*, now: datetime | None = None) -> int:
+    """Mark every running comparison whose command stopped (``interruption``) interrupted, with the reason as
+    its error; how many. A conditional update per comparison: safe to repeat and to run beside a command that
+    finishes meanwhile (a finishing command still writes its result: what it measured is the truth)."""
+    marked = 0
+    for comparison in RecipeComparison.objects.filter(status=RecipeComparison.Status.RUNNING):
+        reason = interruption(comparison, now=now)
+        if reason is not None:
+            marked += RecipeComparison.objects.filter(
+                pk=comparison.pk, status=RecipeComparison.Status.RUNNING, heartbeat_at=comparison.heartbeat_at
+            ).update(status=RecipeComparison.Status.INTERRUPTED, error=reason, finished_at=now or timezone.now())
+    return marked
 
 
 def _recipe(name: str, *, rounds: int | None, candidates: int | None, k: int | None, proposer: str | None) -> Recipe:
@@ -419,8 +529,8 @@ class _TransferMeasure:
     """The transfer evaluations of many candidates, started together and awaited together: S per transfer
     split, one value per trial seed, each from a certified evaluation of its own."""
 
-    def __init__(self, seeds: int, *, inline: bool, deadline: float) -> None:
-        self.seeds, self.inline, self.deadline = seeds, inline, deadline
+    def __init__(self, seeds: int, *, inline: bool, deadline: float, beat: Callable[[], None]) -> None:
+        self.seeds, self.inline, self.deadline, self.beat = seeds, inline, deadline, beat
         self.wanted: dict[int, tuple[Candidate, Recipe]] = {}
         self.evaluations: dict[int, list[Evaluation]] = {}
         self.scores: dict[int, dict[str, list[float]]] = {}
@@ -450,6 +560,7 @@ class _TransferMeasure:
             pending = Trial.objects.filter(evaluation_id__in=ids, state=Trial.State.PENDING).order_by("pk")
             for trial_id in pending.values_list("pk", flat=True):
                 evaluation_services.trial_execute_in_process(trial_id=trial_id, owner="compare")
+                self.beat()
             complete = Evaluation.objects.filter(pk__in=ids, state=Evaluation.State.COMPLETE)
             for evaluation_id in complete.values_list("pk", flat=True):
                 result_certify(evaluation_id=evaluation_id)
@@ -459,6 +570,7 @@ class _TransferMeasure:
             lambda: not Evaluation.objects.filter(pk__in=ids).exclude(state__in=ended).exists(),
             self.deadline,
             f"{len(ids)} transfer evaluations",
+            self.beat,
         )
         for pk, evaluations in self.evaluations.items():
             candidate, recipe = self.wanted[pk]

@@ -333,12 +333,15 @@ def experiment_create(
     return experiment
 
 
-def experiment_twin(*, like: Experiment, name: str, split_seed: int | None = None) -> Experiment:
+def experiment_twin(
+    *, like: Experiment, name: str, split_seed: int | None = None, evaluator: Evaluator | None = None
+) -> Experiment:
     """A fresh experiment with ``like``'s benchmark, evaluator, surface, seed
     harness, splits and settings, so its certified records compare with
     ``like``'s (crash tests and the trust suite set one against the other).
     With ``split_seed`` the splits are drawn anew: ``like``'s ratios cut with
-    that seed (another draw of the same benchmark, held-out benchmarks kept)."""
+    that seed (another draw of the same benchmark, held-out benchmarks kept).
+    With ``evaluator`` the twin's trials run with that evaluator instead of ``like``'s."""
     if like.seed_candidate is None:
         raise ExperimentError(f"experiment {like.pk} has no seed harness to copy")
     lists: dict[str, list[str]] = {}
@@ -349,7 +352,7 @@ def experiment_twin(*, like: Experiment, name: str, split_seed: int | None = Non
     return experiment_create(
         name=name,
         benchmark=like.benchmark,
-        evaluator=like.evaluator,
+        evaluator=evaluator or like.evaluator,
         surface=like.surface,
         seed_tree=like.seed_candidate.tree,
         split_seed=like.split_seed if split_seed is None else split_seed,

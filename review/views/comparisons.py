@@ -9,6 +9,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET
 
 from evolution import access
+from evolution.loop.compare import comparisons_reap
 from evolution.models import RecipeComparison
 from review.pages import comparison as pages
 
@@ -17,6 +18,7 @@ from review.pages import comparison as pages
 @access.permission_required()
 def comparison(request: HttpRequest, pk: int) -> HttpResponse:
     """Recipes × proposer seeds × split draws: scores, means, paired differences, leaky edits, rules fired."""
+    comparisons_reap()  # a comparison whose command stopped shows as interrupted, not running for ever
     page = pages.comparison_page(pk=pk)
     return render(request, "review/comparisons/comparison.html", page.context())
 
@@ -25,6 +27,7 @@ def comparison(request: HttpRequest, pk: int) -> HttpResponse:
 @access.permission_required()
 def comparison_json(request: HttpRequest, pk: int) -> HttpResponse:
     """The comparison's JSON (what ``compare_recipes --json`` printed), as a download."""
+    comparisons_reap()
     stored = get_object_or_404(RecipeComparison, pk=pk)
     response = JsonResponse(
         {

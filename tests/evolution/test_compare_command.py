@@ -8,9 +8,11 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from evolution.example.setup import example_experiment_create
-from evolution.loop.compare import RULES
+from evolution.example import preset_proposer, proposer_mismatch
+from evolution.example.setup import example_evaluator_with_recall, example_experiment_create
+from evolution.loop.compare import RULES, process_owner
 from evolution.models import Candidate, Experiment, RecipeComparison, Run
+from evolution.services.experiments import experiment_twin
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,6 +38,10 @@ def test_compare_recipes_prints_each_run_and_the_start_as_json() -> None:
     )
     data = json.loads(out.getvalue())
     assert (data["seeds"], data["rounds"], data["transfer_seeds"]) == (2, 1, 2)
+    stored = RecipeComparison.objects.get(pk=data["comparison"])
+    assert stored.owner == process_owner() and stored.heartbeat_at is not None  # the command's process
+    twins = Experiment.objects.filter(pk__in=[r["experiment"] for r in data["recipes"]["unregularized"]["runs"]])
+    assert all(f"· comparison {stored.pk}" in twin.name for twin in twins)  # apart from a concurrent one
     assert set(data["start"]) == {"train", "gate", "sealed", "held_out", "cost", "leaky_accepted", "leaky_by_transfer"}
     for name in ("unregularized",):
         runs = data["recipes"][name]["runs"]
@@ -68,5 +74,53 @@ def test_compare_recipes_refuses_an_unknown_recipe_or_experiment() -> None:
         call_command("compare_recipes", experiment=999999, stdout=io.StringIO())
     with pytest.raises(CommandError, match="the llm proposal operator is not configured"):
         call_command("compare_recipes", experiment=experiment.pk, recipes="rrsi", proposer="llm", stdout=io.StringIO())
+    # The reasoning-gym proposer on a slice of the example (whose default is the example's own).
+    with pytest.raises(
+        CommandError,
+        match=r"^the offline proposer 'rgym' edits another benchmark's harness; on "
+        r"'support-routing-offline-first-3' use --proposer example \(the default there\)",
+    ):
+        call_command("compare_recipes", experiment=experiment.pk, recipes="rrsi", proposer="rgym", stdout=io.StringIO())
+    with pytest.raises(CommandError, match=r"^the case recall similarity must be in \(0, 1\], not 1\.5$"):
+        call_command(
+            "compare_recipes",
+            experiment=experiment.pk,
+            recipes="rrsi",
+            case_recall_similarity=1.5,
+            stdout=io.StringIO(),
+        )
     assert Experiment.objects.count() == 1  # nothing was created
     assert not RecipeComparison.objects.exists()
+
+
+def test_each_bundled_benchmark_and_its_slices_get_their_own_offline_proposer() -> None:
+    names = {
+        "support-routing-offline": "example",
+        "support-routing-offline-first-30": "example",
+        "reasoning-gym": "rgym",
+        "reasoning-gym-2-per-split": "rgym",
+        "reasoning-gym-heldout": None,
+        "support-routing-offline-first-x": None,
+        "swe-bench": None,
+    }
+    assert {name: preset_proposer(benchmark=name) for name in names} == names
+    assert proposer_mismatch(benchmark="reasoning-gym-2-per-split", proposer="example") == (
+        "the offline proposer 'example' edits another benchmark's harness; on 'reasoning-gym-2-per-split' use "
+        "--proposer rgym (the default there) or a model-driven proposer"
+    )
+    assert proposer_mismatch(benchmark="reasoning-gym", proposer="llm") is None
+    assert proposer_mismatch(benchmark="swe-bench", proposer="example") is None
+
+
+def test_a_case_recall_similarity_runs_the_example_agent_with_it_under_an_evaluator_of_its_own() -> None:
+    experiment = example_experiment_create(name="compare-recall", task_limit=3)
+    evaluator = example_evaluator_with_recall(experiment.evaluator, 0.6)
+
+    assert evaluator.name == f"{experiment.evaluator.name}-recall-0-6"
+    assert evaluator.runner_argv == [*experiment.evaluator.runner_argv, "--case-recall-similarity", "0.6"]
+    assert evaluator.files_id == experiment.evaluator.files_id
+    assert example_evaluator_with_recall(experiment.evaluator, 0.6) == evaluator  # safe to repeat
+    twin = experiment_twin(like=experiment, name="compare-recall twin", evaluator=evaluator)
+    assert twin.evaluator == evaluator and twin.benchmark == experiment.benchmark
+    with pytest.raises(ValueError, match="needs the example's offline agent"):
+        example_evaluator_with_recall(evaluator, 0.7)  # already sets it

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from datetime import timedelta
 from html import escape
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import Client
+from django.utils import timezone
 
-from evolution.loop.compare import RULES
+from evolution.example.setup import example_experiment_create
+from evolution.loop.compare import RULES, comparisons_reap, process_owner
 from evolution.models import Experiment, RecipeComparison, SplitMembership
 from review.pages.comparison import RULE_WORDS
 from tests.review.comparison_world import small_comparison
@@ -72,3 +79,43 @@ def test_an_unknown_comparison_is_not_found(client_as: Callable[..., Client]) ->
     assert viewer.get("/comparisons/999999/").status_code == 404
     assert viewer.get("/comparisons/999999/json/").status_code == 404
     assert viewer.get("/api/v1/comparisons/999999/").status_code == 404
+
+
+def test_a_comparison_whose_command_was_killed_shows_as_interrupted(client_as: Callable[..., Client]) -> None:
+    experiment = example_experiment_create(name="compare-killed", task_limit=3)
+    # A real process stands for the command: the comparison is its own while it lives.
+    command = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        stored = RecipeComparison.objects.create(
+            experiment=experiment,
+            command="python manage.py compare_recipes --experiment 1",
+            owner=process_owner(command.pid),
+            heartbeat_at=timezone.now(),
+        )
+        assert comparisons_reap() == 0
+        viewer = client_as("viewer")
+        assert viewer.get(f"/api/v1/comparisons/{stored.pk}/").json()["status"] == "running"
+    finally:
+        command.kill()
+        command.wait()
+
+    page = viewer.get(f"/comparisons/{stored.pk}/").content.decode()
+    stored.refresh_from_db()
+    reason = f"interrupted: the command that ran it (pid {command.pid} on {socket.gethostname()}) stopped"
+    assert stored.status == RecipeComparison.Status.INTERRUPTED and stored.error.startswith(reason)
+    assert stored.finished_at is not None
+    assert "Interrupted" in page and escape(reason) in page
+    api: Any = viewer.get(f"/api/v1/comparisons/{stored.pk}/").json()
+    assert (api["status"], api["error"], api["owner"]) == ("interrupted", stored.error, stored.owner)
+
+    # From another host only the heartbeat tells: stale past RSI_COMPARISON_STALE_SECONDS, or not.
+    stale = timezone.now() - timedelta(seconds=settings.RSI_COMPARISON_STALE_SECONDS + 1)
+    elsewhere = [
+        RecipeComparison.objects.create(experiment=experiment, owner="elsewhere:123:456", heartbeat_at=at)
+        for at in (stale, timezone.now())
+    ]
+    assert comparisons_reap() == 1
+    assert [RecipeComparison.objects.get(pk=c.pk).status for c in elsewhere] == ["interrupted", "running"]
+    assert RecipeComparison.objects.get(pk=elsewhere[0].pk).error.startswith(
+        "interrupted: no heartbeat from its command (elsewhere:123:456) since"
+    )

@@ -40,9 +40,16 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, help="rounds per run (default: the recipe's)")
         parser.add_argument("--candidates", type=int, help="candidates per round (default: the recipe's)")
         parser.add_argument("--k", type=int, help="trials per task (default: the recipe's)")
-        parser.add_argument("--proposer", help="proposal operator (default: the example's offline one on the example)")
+        parser.add_argument(
+            "--proposer", help="proposal operator (default: the offline one of the example or reasoning-gym)"
+        )
         parser.add_argument(
             "--transfer-seeds", type=int, default=3, help="trial seeds for each final harness on sealed/held-out"
+        )
+        parser.add_argument(
+            "--case-recall-similarity",
+            type=float,
+            help="the example agent's CASE_RECALL_SIMILARITY for every trial (default: the agent's own, 0.5)",
         )
         parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
         parser.add_argument("--inline", action="store_true", help="drive the runs and trials in this process")
@@ -68,6 +75,7 @@ class Command(BaseCommand):
                 transfer_seeds=options["transfer_seeds"],
                 on_progress=None if quiet else (lambda text: self.stderr.write(text)),
                 command=_command_line(experiment, options),
+                case_recall_similarity=options["case_recall_similarity"],
             )
         except (CompareError, RecipeError, LoopError, ExperimentError) as exc:
             raise CommandError(str(exc), returncode=2) from exc
@@ -102,6 +110,8 @@ def _command_line(experiment: Experiment, options: dict[str, Any]) -> str:
         if options.get(name) is not None:
             words += ["--" + name.replace("_", "-"), str(options[name])]
     words += ["--transfer-seeds", str(options["transfer_seeds"])]
+    if options.get("case_recall_similarity") is not None:
+        words += ["--case-recall-similarity", f"{options['case_recall_similarity']:g}"]
     if options.get("inline"):
         words.append("--inline")
     return shlex.join(words)
