@@ -462,6 +462,16 @@ def first_divergence(left_keys: Sequence[Hashable], right_keys: Sequence[Hashabl
     return None
 
 
+def differing_positions(left_keys: Sequence[Hashable], right_keys: Sequence[Hashable]) -> list[int]:
+    """1-based positions whose keys differ, step by step (a step on one side only differs)."""
+    longest = max(len(left_keys), len(right_keys))
+    return [
+        position
+        for position in range(1, longest + 1)
+        if position > min(len(left_keys), len(right_keys)) or left_keys[position - 1] != right_keys[position - 1]
+    ]
+
+
 def align_window(
     left: Sequence[T],
     right: Sequence[T],

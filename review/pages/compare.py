@@ -92,6 +92,9 @@ class Alignment(Page):
     summary: tj.DivergenceSummary
     rows: list[tj.AlignedRow[tj.StepView]]
     first_url: str | None  # the page and row of the first difference
+    # The nearest difference on a later (earlier) page, so the next-difference key goes on past this page.
+    next_difference_url: str | None
+    previous_difference_url: str | None
     page_number: int
     page_count: int
     page_start: int
@@ -135,9 +138,11 @@ def _alignment(trial: Trial, other: Trial, *, with_pk: int | None, page: int, by
     left_keys, right_keys = _step_keys(left_trajectory), _step_keys(right_trajectory)
     if by_position:
         summary = tj.divergence_summary(left_keys, right_keys)
+        differing = tj.differing_positions(left_keys, right_keys)
     else:
         pairs = tj.align_by_content(left_keys, right_keys)
         summary = tj.content_summary(pairs, left_steps=len(left_keys), right_steps=len(right_keys))
+        differing = [row for row, pair in enumerate(pairs, start=1) if pair.differs]
     count = page_count(summary.positions)
     number = min(page, count)
     start = (number - 1) * STEPS_PER_PAGE + 1
@@ -153,12 +158,17 @@ def _alignment(trial: Trial, other: Trial, *, with_pk: int | None, page: int, by
         rows = _aligned_window(pairs, start, summary.first, left_trajectory, right_trajectory)
     base = reverse("review:trial_compare", args=[trial.pk])
     align = "position" if by_position else None
-    first_url = None
-    if summary.first is not None:
-        first_page = (summary.first - 1) // STEPS_PER_PAGE + 1
-        first_url = query_url(
-            base, **{"with": with_pk, "align": align, "page": first_page if first_page > 1 else None}
-        ) + (f"#pos-{summary.first}")
+
+    def row_url(position: int | None) -> str | None:
+        if position is None:
+            return None
+        on_page = (position - 1) // STEPS_PER_PAGE + 1
+        return (
+            query_url(base, **{"with": with_pk, "align": align, "page": on_page if on_page > 1 else None})
+            + f"#pos-{position}"
+        )
+
+    end = start + len(rows) - 1
     return Alignment(
         left_trajectory=left_trajectory,
         right_trajectory=right_trajectory,
@@ -166,11 +176,13 @@ def _alignment(trial: Trial, other: Trial, *, with_pk: int | None, page: int, by
         right_priced=trajectory_price(right_trajectory),
         summary=summary,
         rows=rows,
-        first_url=first_url,
+        first_url=row_url(summary.first),
+        next_difference_url=row_url(next((p for p in differing if p > end), None)),
+        previous_difference_url=row_url(next((p for p in reversed(differing) if p < start), None)),
         page_number=number,
         page_count=count,
         page_start=start,
-        page_end=start + len(rows) - 1,
+        page_end=end,
         previous_url=query_url(base, **{"with": with_pk, "align": align, "page": number - 1}) if number > 1 else None,
         next_url=query_url(base, **{"with": with_pk, "align": align, "page": number + 1}) if number < count else None,
         is_parent=with_pk is None,

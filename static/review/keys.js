@@ -95,6 +95,46 @@
     return !!el && el !== keyFocused;
   }
 
+  // --- The "keys paused" hint ----------------------------------------------------
+
+  // A person who clicked a button or a checkbox with the mouse has the focus on it, where keys rest
+  // (a sentence typed there must never become commands). So that it is not a mystery, a hint says so
+  // while it lasts, and that Esc gives the focus back to the page. Not while typing in a field (the
+  // cursor shows that) and only on pages with keys of their own.
+  function pageHasKeys() {
+    return !!document.querySelector("[data-key], [data-key-rows], [data-key-differences], [data-label-pick], section.diff-file");
+  }
+
+  function pausedHint() {
+    var hint = document.getElementById("keys-paused");
+    if (!hint) {
+      hint = document.createElement("div");
+      hint.id = "keys-paused";
+      hint.className = "keys-paused";
+      hint.setAttribute("role", "status");
+      hint.hidden = true;
+      hint.appendChild(document.createTextNode("Keys paused while a control has the focus: press "));
+      var kbd = document.createElement("kbd");
+      kbd.textContent = "Esc";
+      hint.appendChild(kbd);
+      hint.appendChild(document.createTextNode(" to use the page's keys again."));
+      document.body.appendChild(hint);
+    }
+    return hint;
+  }
+
+  function showPaused() {
+    var target = document.activeElement;
+    var paused = !document.getElementById("keys-overlay") && !typing(target) && resting(target) && pageHasKeys();
+    var hint = document.getElementById("keys-paused");
+    if (paused) pausedHint().hidden = false;
+    else if (hint) hint.hidden = true;
+  }
+
+  document.addEventListener("focusin", function () { window.setTimeout(showPaused, 0); });
+  document.addEventListener("focusout", function () { window.setTimeout(showPaused, 0); });
+  document.addEventListener("mousedown", function () { window.setTimeout(showPaused, 0); });
+
   function visible(el) {
     return !!(el && el.getClientRects().length);
   }
@@ -208,30 +248,49 @@
 
   // --- Differences of two trajectories (the compare view) ------------------------
 
+  function differenceTable() {
+    return document.querySelector("[data-key-differences]");
+  }
+
   function differences() {
-    var table = document.querySelector("[data-key-differences]");
+    var table = differenceTable();
     if (!table) return [];
     return Array.prototype.filter.call(table.querySelectorAll("tbody tr.differs"), visible);
   }
 
+  // The page shows 100 rows: past its last (before its first) difference, the keys go on to the
+  // nearest difference of a later (earlier) page, whose address the server put on the table.
+  function otherPage(delta) {
+    var table = differenceTable();
+    var url = table && table.getAttribute(delta > 0 ? "data-next-difference" : "data-previous-difference");
+    if (!url) return false;
+    window.location.assign(url);
+    return true;
+  }
+
   function moveDifference(delta) {
     var list = differences();
-    if (!list.length) return false;
+    if (!list.length) return otherPage(delta);
     var marked = list.filter(function (row) { return row.classList.contains("is-current"); })[0];
     var index;
     if (marked) {
-      index = Math.max(0, Math.min(list.length - 1, list.indexOf(marked) + delta));
+      index = list.indexOf(marked) + delta;
+      if (index < 0 || index >= list.length) return otherPage(delta) || true;
     } else {
       // The first press lands on the first difference not above the window (n), or the last one above it (p).
-      index = 0;
+      index = delta > 0 ? -1 : 0;
       for (var i = 0; i < list.length; i++) {
         var top = list[i].getBoundingClientRect().top;
         if (delta > 0 && top >= 0) { index = i; break; }
         if (delta < 0 && top < 0) index = i;
       }
+      if (index < 0) return otherPage(delta) || markDifference(list[list.length - 1]);
     }
     if (marked) { marked.classList.remove("is-current"); marked.removeAttribute("aria-current"); }
-    var row = list[index];
+    return markDifference(list[index]);
+  }
+
+  function markDifference(row) {
     row.classList.add("is-current");
     row.setAttribute("aria-current", "true");
     row.scrollIntoView({block: "start"});
@@ -239,6 +298,18 @@
     if (link) focusByKeys(link);
     return true;
   }
+
+  // Arriving at a difference by its address (from the previous or next page, or the first-difference
+  // link), that row is the current one, so n and p go on from it.
+  function markDifferenceInAddress() {
+    var table = differenceTable();
+    var id = window.location.hash.slice(1);
+    var row = table && id ? document.getElementById(id) : null;
+    if (row && table.contains(row) && row.classList.contains("differs") && visible(row)) markDifference(row);
+  }
+  // After the browser has gone to the fragment itself (going to a row, which takes no focus, clears the focus).
+  function afterLoad() { window.setTimeout(markDifferenceInAddress, 0); }
+  if (document.readyState === "complete") afterLoad(); else window.addEventListener("load", afterLoad);
 
   // --- Rows of a table ---------------------------------------------------------
 
@@ -323,7 +394,7 @@
     });
     if (rows().length) ROW_KEYS.forEach(function (k) { add("Table", k[0], k[1], k[2]); });
     if (files().length) DIFF_KEYS.forEach(function (k) { add("Diff", k[0], k[1], k[2]); });
-    if (differences().length) DIFFERENCE_KEYS.forEach(function (k) { add("Compare", k[0], k[1], k[2] + " (on this page)"); });
+    if (differenceTable()) DIFFERENCE_KEYS.forEach(function (k) { add("Compare", k[0], k[1], k[2] + " (on to the next or previous page)"); });
     add("Everywhere", "?", "", "Show or hide this list");
     add("Everywhere", "Esc", "", "Close this list, or leave the field or control the focus is on");
     if (document.querySelector("form textarea")) add("Everywhere", "Ctrl+Enter", "", "In a text area: submit its form (a decision with edits ticked rejects those edits only)");
@@ -487,6 +558,7 @@
       if ((typing(event.target) || control(event.target)) && event.target.blur) event.target.blur();
       keyFocused = null;
       lastControl = null;
+      showPaused();
       return;
     }
     if (resting(event.target)) return;
@@ -504,7 +576,7 @@
       done = moveRow(key === "j" ? 1 : -1);
     } else if (rows().length && (key === "o" || key === "Enter")) {
       done = openRow();
-    } else if (differences().length && (key === "j" || key === "n" || key === "k" || key === "p")) {
+    } else if (differenceTable() && (key === "j" || key === "n" || key === "k" || key === "p")) {
       done = moveDifference(key === "j" || key === "n" ? 1 : -1);
     } else if (key === "j" || key === "n") {
       done = step(1);

@@ -63,6 +63,7 @@ def test_a_sentence_typed_on_a_diff_control_decides_nothing_and_ctrl_enter_rejec
     ticked = page.locator("input[name=edits]:checked")
     assert ticked.count() == 1 and ticked.get_attribute("value") == str(leaky.pk)
     assert page.evaluate("() => document.activeElement.textContent.trim()") == focused
+    assert page.locator("#keys-paused").is_visible()
 
     # Esc leaves the control; d puts the cursor in the reason, where every key is text.
     screen.key("Escape")
@@ -91,7 +92,15 @@ def test_r_with_edits_ticked_names_them_and_rejects_only_those(
     screen.go(reverse("review:review_item", args=[item.pk]))
     page = screen.page
     page.locator(f"#edit-{leaky.index} input[name=edits]").check()
-    screen.key("Escape")  # off the checkbox
+    # The click left the focus on the checkbox, where keys rest: a hint says so, and r does nothing.
+    hint = page.locator("#keys-paused")
+    assert hint.is_visible() and "Keys paused while a control has the focus: press Esc" in hint.inner_text()
+    screen.key("r")
+    assert page.locator("#decide-form").get_attribute("data-verdict") is None
+    assert page.evaluate("() => document.activeElement.name") == "edits"
+    screen.key("Escape")  # off the checkbox: the focus goes back to the page, the hint goes away
+    assert not hint.is_visible()
+    assert page.evaluate("() => document.activeElement === document.body")
     screen.key("r")
     assert page.evaluate("() => document.activeElement.id") == "reason"
     assert f"reject edit #{leaky.index} and keep the rest" in page.locator(".verdict-hint").inner_text()

@@ -570,6 +570,10 @@ def test_compare_marks_the_first_divergence_and_pages_long_trajectories(example_
         str(n): "differs inserted" for n in range(251, 261)
     }
     assert "no counterpart: this step was inserted in this trial" in third
+    # The next-difference key goes on past a page: each page names the nearest difference beyond it.
+    assert f'data-next-difference="{url}?page=2#pos-180"' in first and "data-previous-difference" not in first
+    assert f'data-next-difference="{url}?page=3#pos-251"' in second and "data-previous-difference" not in second
+    assert f'data-previous-difference="{url}?page=2#pos-180"' in third and "data-next-difference" not in third
     # Aligned by position on request: the old view, and its pages keep the choice.
     positional = _html(client.get(f"{url}?align=position&page=3"))
     assert "no step 251: this trajectory ended" in positional

@@ -13,6 +13,7 @@ from django.urls import reverse
 from evolution.models import Experiment, Trial
 from tests.review.test_browser import browser
 from tests.review.test_keys_browser import Screen, screen
+from tests.review.test_results import _give_trajectory, _parent_trial_of, _plain_steps
 
 __all__ = ["browser", "screen"]  # the fixtures, imported to be used here
 
@@ -146,4 +147,28 @@ def test_the_compare_views_keys_move_to_the_next_and_previous_difference(
     overlay = page.locator("#keys-overlay")
     assert "Next difference" in overlay.inner_text() and "Previous difference" in overlay.inner_text()
     screen.key("Escape")
+    screen.check()
+
+    # Past the page's 100 rows: n goes on to the next page's first difference, p back, as a person expects.
+    # 260 rows: nothing differs on page 1, row 180 on page 2, rows 251-260 (inserted) on page 3.
+    _give_trajectory(_parent_trial_of(trial), _plain_steps(250))
+    _give_trajectory(trial, _plain_steps(260, s180={"message": "a different thought"}))
+    url = reverse("review:trial_compare", args=[trial.pk])
+    screen.go(url)
+    assert differing.count() == 0
+    with page.expect_navigation():
+        screen.key("n")
+    page.wait_for_selector("table.compare tr.is-current")  # marked once the page has gone to the row
+    assert page.url.endswith(f"{url}?page=2#pos-180") and current()[:2] == ["pos-180", "#pos-180"]
+    with page.expect_navigation():
+        screen.key("n")
+    page.wait_for_selector("table.compare tr.is-current")
+    assert page.url.endswith(f"{url}?page=3#pos-251") and current()[:2] == ["pos-251", "#pos-251"]
+    screen.key("n")
+    assert current()[:2] == ["pos-252", "#pos-252"]
+    screen.key("p")
+    with page.expect_navigation():
+        screen.key("p")
+    page.wait_for_selector("table.compare tr.is-current")
+    assert page.url.endswith(f"{url}?page=2#pos-180") and current()[:2] == ["pos-180", "#pos-180"]
     screen.check()
