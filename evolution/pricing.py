@@ -4,6 +4,7 @@ default, or the JSON file ``RSI_PRICE_TABLE`` names, each row with its source. P
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -56,3 +57,45 @@ def token_cost(*, model: str, prompt_tokens: int | None, completion_tokens: int 
         return None
     usd = ((prompt_tokens or 0) * price.input_per_mtok + (completion_tokens or 0) * price.output_per_mtok) / 1e6
     return Cost(usd=usd, price=price)
+
+
+@dataclass(frozen=True)
+class ModelTokens:
+    """Prompt and completion tokens summed over ``steps`` steps that named ``model`` ("" when they named none)."""
+
+    model: str
+    prompt: int
+    completion: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class Money:
+    """Tokens of many steps at their models' list prices: ``usd`` sums what could be priced (None when nothing
+    could), over ``priced_steps`` steps; ``unpriced`` says, one line each, which tokens are left out and why."""
+
+    usd: float | None
+    priced_steps: int
+    unpriced: tuple[str, ...]
+
+
+def tokens_money(rows: Iterable[ModelTokens]) -> Money:
+    """The money cost of token sums per model, each at its model's price; what has no price (no model named, or
+    no price for the model in the table) is left out and said. Pure."""
+    usd: float | None = None
+    priced_steps = 0
+    unpriced = []
+    for row in rows:
+        tokens = f"{row.prompt + row.completion:,} tokens of {row.steps:,} step{'s' if row.steps != 1 else ''}"
+        if not row.model:
+            unpriced.append(f"{tokens} name no model: no price")
+            continue
+        cost = token_cost(model=row.model, prompt_tokens=row.prompt, completion_tokens=row.completion)
+        if cost is None:
+            unpriced.append(f"no price for {row.model} in the price table: {tokens} left out")
+            continue
+        usd = (usd or 0.0) + cost.usd
+        priced_steps += row.steps
+    if usd is None and not unpriced:
+        unpriced.append("no step reports its tokens: no money cost")
+    return Money(usd=usd, priced_steps=priced_steps, unpriced=tuple(unpriced))

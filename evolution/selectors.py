@@ -11,10 +11,11 @@ from typing import Any, NamedTuple
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.fields.json import KT
 from django.db.models.functions import MD5, Cast, Coalesce
 from django.utils import timezone
 
-from evolution import measurements, metrics, splits
+from evolution import measurements, metrics, pricing, splits
 from evolution.loop import lifecycle, load, measure
 from evolution.models import (
     AtomicEdit,
@@ -30,9 +31,27 @@ from evolution.models import (
     Run,
     SplitMembership,
     SplitName,
+    TrajectoryStep,
     Trial,
 )
 from evolution.recipes import PRESET_NAMES, Recipe, load_preset, parse_recipe
+
+
+def step_tokens_money(*, trials: QuerySet[Trial]) -> pricing.Money:
+    """The money cost of the per-step tokens of ``trials``' trajectories at each step model's list prices
+    (``evolution.pricing``), with what has no price said. One query, summing in the database per step model;
+    stored step token counts are non-negative integers (``trials.atif_usage`` refuses others). Read-only."""
+    prompt = Coalesce(Sum(Cast(KT("metrics__prompt_tokens"), BigIntegerField())), Value(0))
+    completion = Coalesce(Sum(Cast(KT("metrics__completion_tokens"), BigIntegerField())), Value(0))
+    rows = (
+        TrajectoryStep.objects.filter(trajectory__trial__in=trials)
+        .filter(Q(metrics__has_key="prompt_tokens") | Q(metrics__has_key="completion_tokens"))
+        .values("model_name")
+        .annotate(prompt=prompt, completion=completion, steps=Count("pk"))
+        .order_by("model_name")
+        .values_list("model_name", "prompt", "completion", "steps")
+    )
+    return pricing.tokens_money(pricing.ModelTokens(*row) for row in rows)
 
 
 def _count_of(queryset: QuerySet[Any]) -> Coalesce:

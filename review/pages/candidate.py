@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from evolution import selectors
+from evolution import measurements, pricing, selectors
 from evolution.flags import flag_matched, flag_task_visible, with_task_access
 from evolution.loop import late, load, regularization
 from evolution.loop.review import corrections_of
@@ -499,6 +499,7 @@ class CandidatePage(Page):
     failing_records: list[ShownRecord]
     metrics: selectors.CandidateMetrics
     split_rows: list[SplitRowView]
+    money: pricing.Money  # the counted trials' step tokens at list prices
     external_results: list[ExternalResultView]
     overall: str  # the summed contribution of the splits other than held-out
     evolve_splits: tuple[str, ...]
@@ -586,6 +587,7 @@ def candidate_page(*, pk: int, user: Any, against: str, layout: str) -> Candidat
         failing_records=[record for record in certified if not record.verified],
         metrics=result,
         split_rows=shown_splits,
+        money=selectors.step_tokens_money(trials=measurements.counted_trials(candidate_id=cand.pk)),
         external_results=external_results,
         overall=f"{overall * 100:.1f}%",
         evolve_splits=_evolve_splits(cand),

@@ -582,6 +582,8 @@ def _progress_context(
         "state": state,
         # Trials running now against the limits that hold them (every worker's).
         "in_flight": selectors.in_flight(experiment=experiment),
+        # The run's steps' tokens in money: every trial it ran (noise repeats too, they were spent).
+        "run_money": selectors.step_tokens_money(trials=Trial.objects.filter(evaluation__run=run)),
     }
 
 

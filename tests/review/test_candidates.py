@@ -180,6 +180,59 @@ def test_candidate_page_labels_rate_and_contribution_and_shows_the_ci(example_wo
     assert f"sum of the contributions = {overall * 100:.1f}%" in html
 
 
+def test_the_candidate_page_and_the_runs_card_give_the_steps_tokens_in_money(
+    example_world, client_as, settings, tmp_path
+) -> None:
+    """Issue 40, defect 8: cost in money where tokens are shown, summed from the steps' prompt and completion
+    tokens at each step model's price (the trial page's table); what has no price says why."""
+    import json  # noqa: PLC0415
+
+    from evolution.measurements import counted_trials  # noqa: PLC0415
+    from evolution.models import TrajectoryStep  # noqa: PLC0415
+
+    cand = Candidate.objects.filter(experiment=example_world, state="accepted", origin="proposed").first()
+    assert cand is not None
+    steps = TrajectoryStep.objects.filter(trajectory__trial__in=counted_trials(candidate_id=cand.pk))
+    models = sorted({name for name in steps.values_list("model_name", flat=True) if name})
+    assert models, "the example's steps name their model"
+    table = tmp_path / "prices.json"
+    prices = {m: {"input_per_mtok": 2.0 + k, "output_per_mtok": 10.0 + k} for k, m in enumerate(models)}
+    table.write_text(json.dumps({"models": prices}))
+    settings.RSI_PRICE_TABLE = str(table)
+    expected = 0.0
+    for name, metrics in steps.values_list("model_name", "metrics"):  # every step, read and priced one by one
+        price = prices.get(name)
+        if price and isinstance(metrics, dict):
+            expected += metrics.get("prompt_tokens", 0) * price["input_per_mtok"] / 1e6
+            expected += metrics.get("completion_tokens", 0) * price["output_per_mtok"] / 1e6
+    assert expected > 0
+    client = client_as("viewer")
+    url = reverse("review:candidate", args=[cand.pk])
+    money = re.search(r'<p class="small" id="candidate-money">(.*?)</p>', page(client.get(url)), re.S)
+    assert money and f"≈ ${expected:.4f}</span>" in money.group(1) and "no price" not in money.group(1)
+
+    # A model the table does not price, and steps that name no model, are left out and said so.
+    first = steps.filter(metrics__has_key="prompt_tokens").order_by("pk").first()
+    assert first is not None
+    tokens = first.metrics["prompt_tokens"] + first.metrics.get("completion_tokens", 0)
+    TrajectoryStep.objects.filter(pk=first.pk).update(model_name="")
+    money = re.search(r'<p class="small" id="candidate-money">(.*?)</p>', page(client.get(url)), re.S)
+    assert money and f"{tokens:,} tokens of 1 step name no model: no price" in money.group(1)
+    settings.RSI_PRICE_TABLE = str(tmp_path / "empty.json")
+    (tmp_path / "empty.json").write_text(json.dumps({"models": {}}))
+    money = re.search(r'<p class="small" id="candidate-money">(.*?)</p>', page(client.get(url)), re.S)
+    assert money and "no money cost" in money.group(1)
+    assert f"no price for {models[0]} in the price table" in money.group(1)
+
+    # The run's card: the run's steps at the same prices.
+    settings.RSI_PRICE_TABLE = str(table)
+    run = cand.run
+    assert run is not None
+    html = page(client.get(reverse("review:experiment", args=[example_world.pk]) + f"?run={run.pk}"))
+    card = re.search(r'<dd id="run-money">(.*?)</dd>', html, re.S)
+    assert card and "≈ $" in card.group(1) and "name no model: no price" in card.group(1)
+
+
 def test_candidate_page_links_to_its_verified_records(example_world, client_as) -> None:
     seed = seed_of(example_world)
     records = list(CertifiedResult.objects.filter(candidate=seed).order_by("seq"))
@@ -695,9 +748,10 @@ def test_query_counts_do_not_grow_with_the_experiment(example_world, client_as, 
     for url in urls:
         with django_assert_max_num_queries(bound):
             client.get(url)
-    # 22 on a flagged candidate (20 was the bound before review corrections): a page read asks for pending
-    # decisions that are due (one query), and the Review section reads the decision and its corrections.
-    assert bound <= 22
+    # 23 on a flagged candidate (20 was the bound before review corrections): a page read asks for pending
+    # decisions that are due (one query), the Review section reads the decision and its corrections, and the
+    # steps' tokens in money are summed per model in one query.
+    assert bound <= 23
 
 
 def test_the_gate_the_ledger_the_page_and_the_api_give_one_ds(example_world, client_as) -> None:
