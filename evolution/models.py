@@ -748,8 +748,9 @@ class CertifiedDecision(models.Model):
     head per experiment cover both tables.
 
     ``kind`` is ``gate`` (a gate verdict: the rule, the numbers it used and
-    the candidate's resulting state and reason) or ``review`` (a reviewer's
-    verdict). The payload also binds the surface and recipe digests the
+    the candidate's resulting state and reason), ``review`` (a reviewer's
+    verdict) or ``correction`` (a reviewer's later correction of a review
+    verdict, naming the record it corrects). The payload also binds the surface and recipe digests the
     decision was made under. Digest, signature and triggers as for
     ``CertifiedResult``.
     """
@@ -757,6 +758,7 @@ class CertifiedDecision(models.Model):
     class Kind(models.TextChoices):
         GATE = "gate"
         REVIEW = "review"
+        CORRECTION = "correction"  # a review decision's correction (it names the record it corrects)
 
     experiment = models.ForeignKey(
         Experiment, on_delete=models.PROTECT, related_name="certified_decisions", db_index=False

@@ -255,7 +255,25 @@ REVIEW_SCHEMA = "rsiweb.review-decision/1"
 # A reviewer's correction of an earlier review record of the same candidate (``corrects``: its seq and digest).
 CORRECTION_SCHEMA = "rsiweb.review-correction/1"
 REVIEW_SCHEMAS = (REVIEW_SCHEMA, CORRECTION_SCHEMA)
-DECISION_SCHEMAS = {GATE_SCHEMA_V1: "gate", GATE_SCHEMA: "gate", REVIEW_SCHEMA: "review", CORRECTION_SCHEMA: "review"}
+# The kind of decision record (``CertifiedDecision.kind``) each schema is stored as.
+DECISION_SCHEMAS = {
+    GATE_SCHEMA_V1: "gate",
+    GATE_SCHEMA: "gate",
+    REVIEW_SCHEMA: "review",
+    CORRECTION_SCHEMA: "correction",
+}
+# Corrections certified before they had a kind of their own were stored as "review" records; they stay valid.
+EARLIER_KINDS = {CORRECTION_SCHEMA: "review"}
+
+
+def kind_problem(payload: Any, kind: str) -> str:
+    """Why a decision record stored as ``kind`` does not hold that kind of payload ("" when it does). Pure."""
+    schema = str(payload.get("schema")) if isinstance(payload, dict) else ""
+    if kind in (DECISION_SCHEMAS.get(schema), EARLIER_KINDS.get(schema)):
+        return ""
+    return f"payload is not a {kind} decision"
+
+
 # Marks a decision certified by the upgrade that introduced decision records:
 # it certifies what the database held then, not the moment of the decision.
 AT_UPGRADE = "at upgrade"
@@ -465,17 +483,23 @@ def correction_payload(
     state_reason: str,
     recipe: str | None,
     surface: str | None,
+    corrects_verdict: str,
+    withdrawn: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The payload certifying a correction of a review decision: the record it corrects (seq and digest, an
-    earlier review record of the same candidate), the new verdict, reason, who, and the candidate's state
-    and reason after it. Its ``review`` section has the fields of a review decision's."""
+    """The payload certifying a correction of a review decision: that it is a correction, the record it
+    corrects (seq, digest and the verdict it certified: an earlier review record of the same candidate), the
+    new verdict, reason, who, and the candidate's state and reason after it. Its ``review`` section has the
+    fields of a review decision's. ``withdrawn``: when the corrected decision rejected some edits, the
+    candidate it derived and withdrew now (tree, state and reason after it), else None."""
     return {
         "schema": CORRECTION_SCHEMA,
         "experiment": experiment_uid,
         "seq": seq,
         "prev": prev,
         "candidate": {"tree": candidate_tree},
-        "corrects": {"seq": corrects_seq, "record": corrects_record},
+        "correction": True,
+        "corrects": {"seq": corrects_seq, "record": corrects_record, "verdict": corrects_verdict},
+        "withdrawn": withdrawn,
         "review": {
             "verdict": verdict,
             "reason": reason,
@@ -498,25 +522,52 @@ def correction_problems(decisions: Iterable[tuple[int, str, Any]]) -> list[str]:
     never forks: each record is corrected at most once). Pure."""
     problems = []
     reviews: dict[int, tuple[str, str]] = {}  # seq -> (digest, tree) of review records so far
+    verdicts: dict[int, tuple[Any, Any]] = {}  # seq -> (verdict, derived tree) they certified
     latest: dict[str, int] = {}  # tree -> seq of its latest review record
     corrected: set[int] = set()
     for seq, digest, payload in decisions:
         if not isinstance(payload, dict) or payload.get("schema") not in REVIEW_SCHEMAS:
             continue
         tree = str((payload.get("candidate") or {}).get("tree"))
+        review = payload.get("review")
+        review = review if isinstance(review, dict) else {}
         if payload["schema"] == CORRECTION_SCHEMA:
-            where = f"record #{seq}: correction of candidate {tree[:12]}"
-            named = payload.get("corrects")
-            named = named if isinstance(named, dict) else {}
-            named_seq = named.get("seq")
-            if not isinstance(named_seq, int) or reviews.get(named_seq) != (str(named.get("record")), tree):
-                problems.append(f"{where}: the record it corrects is not an earlier review record of that candidate")
-            elif named_seq in corrected or latest.get(tree) != named_seq:
-                problems.append(f"{where}: record #{named_seq} was corrected already")
-            else:
-                corrected.add(named_seq)
+            problems += _correction_problems(seq, payload, tree, reviews, verdicts, latest, corrected)
         reviews[seq] = (digest, tree)
+        verdicts[seq] = (review.get("verdict"), review.get("derived"))
         latest[tree] = seq
+    return problems
+
+
+def _correction_problems(
+    seq: int,
+    payload: dict[str, Any],
+    tree: str,
+    reviews: dict[int, tuple[str, str]],
+    verdicts: dict[int, tuple[Any, Any]],
+    latest: dict[str, int],
+    corrected: set[int],
+) -> list[str]:
+    """One correction record against the review records before it (``correction_problems``)."""
+    where = f"record #{seq}: correction of candidate {tree[:12]}"
+    named = payload.get("corrects")
+    named = named if isinstance(named, dict) else {}
+    named_seq = named.get("seq")
+    if not isinstance(named_seq, int) or reviews.get(named_seq) != (str(named.get("record")), tree):
+        return [f"{where}: the record it corrects is not an earlier review record of that candidate"]
+    if named_seq in corrected or latest.get(tree) != named_seq:
+        return [f"{where}: record #{named_seq} was corrected already"]
+    corrected.add(named_seq)
+    problems = []
+    verdict, derived = verdicts[named_seq]
+    # Records before the correction kind named neither; a newer one must say what it corrects.
+    if "correction" in payload and (payload.get("correction") is not True or named.get("verdict") != verdict):
+        problems.append(f"{where}: it does not say it is a correction of the {verdict} verdict of record #{named_seq}")
+    withdrawn = payload.get("withdrawn")
+    if withdrawn is not None and (
+        not isinstance(withdrawn, dict) or verdict != "reject_edits" or withdrawn.get("tree") != derived
+    ):
+        problems.append(f"{where}: it withdraws a candidate the corrected record did not derive")
     return problems
 
 
@@ -557,6 +608,15 @@ def candidate_state_problems(
         elif payload.get("schema") == CORRECTION_SCHEMA:
             # A correction approving a rejected candidate moves it out of a decided state (it is evaluated again).
             last.pop(tree, None)
+        withdrawn = payload.get("withdrawn") if payload.get("schema") == CORRECTION_SCHEMA else None
+        if isinstance(withdrawn, dict) and withdrawn.get("state") in DECIDED_STATES:
+            # The candidate a corrected partial decision derived, withdrawn by the correction.
+            last[str(withdrawn.get("tree"))] = (
+                seq,
+                "correction",
+                str(withdrawn["state"]),
+                str(withdrawn.get("reason")),
+            )
     problems = []
     for candidate in candidates:
         where = f"candidate {candidate.tree[:12]}"

@@ -244,9 +244,14 @@ def review_correct(*, item: ReviewItem, user: Any, approve: bool, reason: str) -
     candidate is withdrawn (its trials not yet run never are), the candidate becomes REJECTED_REVIEW, so an
     accepted one leaves the experiment's best (``loop.load.best_candidate``) and the starts a new run is
     offered. Reject -> approve: the candidate becomes APPROVED and is evaluated for a gate as a late
-    approval is (``evolution.loop.late``). A decision that rejected some edits (its derived candidate has
-    its own review and gate) and a candidate that failed or was cancelled cannot be corrected: ReviewError /
-    ReviewConflict, and nothing is written. ``followed`` on the correction lists what followed, in words.
+    approval is (``evolution.loop.late``). A decision that rejected some edits is corrected to a whole
+    verdict the same way (approve: the flagged candidate is approved and evaluated; reject: it stays
+    rejected), and the candidate derived from it is withdrawn as a rejected one would be (its unfinished
+    evaluations cancelled, rejected by review, out of the best), certified in the correction's record
+    (``withdrawn``); when that derived candidate has a review of its own, that review decides it, and the
+    correction is refused until then. A candidate that failed or was cancelled cannot be corrected:
+    ReviewError / ReviewConflict, and nothing is written. ``followed`` on the correction lists what
+    followed, in words.
     """
     reason = review_services.reason_required(reason)
     if not user.has_perm(access.REVIEW):
@@ -260,19 +265,20 @@ def review_correct(*, item: ReviewItem, user: Any, approve: bool, reason: str) -
         standing = review_standing(candidate_id=candidate.pk)
         if standing is None:
             raise ReviewError("this item's decision is not certified")
-        if standing[0] == ReviewDecision.Verdict.REJECT_EDITS:
-            raise ReviewError(
-                "a decision that rejected some edits cannot be corrected: its derived candidate has its own review "
-                "and gate"
-            )
         if standing[0] == verdict:
             raise ReviewError(f"the decision that stands {'approved' if approve else 'rejected'} it already")
+        partial = standing[0] == ReviewDecision.Verdict.REJECT_EDITS
+        derived = _derived_to_withdraw(locked) if partial else None
         followed: list[str] = []
         words = f"review corrected by {user}: {reason}"
         was_accepted = candidate.state == Candidate.State.ACCEPTED
         if approve:
             if not candidate_transition(candidate=candidate, to=Candidate.State.APPROVED, reason=words):
                 raise ReviewConflict(f"candidate {candidate.pk} is {candidate.state}: it cannot be approved again")
+        elif partial:
+            # Rejected already, with its edits kept in the derived candidate: now rejected whole.
+            Candidate.objects.filter(pk=candidate.pk).update(state_reason=words)
+            candidate.state_reason = words
         else:
             if (
                 candidate.state not in Candidate.TRANSITIONS
@@ -283,10 +289,14 @@ def review_correct(*, item: ReviewItem, user: Any, approve: bool, reason: str) -
             candidate_transition(candidate=candidate, to=Candidate.State.REJECTED_REVIEW, reason=words)
             if was_accepted:
                 followed.append(_best_words(candidate))
+        withdrawn = None
+        if derived is not None:
+            withdrawn, said = _withdraw_derived(derived, f"derived from candidate {candidate.pk}, whose {words}")
+            followed += said
         correction = ReviewCorrection.objects.create(
             item=locked, corrects_id=standing[1].pk, reviewer=user, verdict=verdict, reason=reason
         )
-        review_correction_certify(correction=correction)
+        review_correction_certify(correction=correction, withdrawn=withdrawn)
         locked.state = ReviewItem.State.APPROVED if approve else ReviewItem.State.REJECTED
         locked.save(update_fields=["state"])
         if approve:
@@ -294,6 +304,37 @@ def review_correct(*, item: ReviewItem, user: Any, approve: bool, reason: str) -
         correction.followed = followed
         correction.save(update_fields=["followed"])
         return correction
+
+
+def _derived_to_withdraw(item: ReviewItem) -> Candidate | None:
+    """The candidate a partial decision on ``item`` derived, locked; None when there is none. Refuses
+    (ReviewError) when it has a review of its own: that review, or its correction, decides it."""
+    derived_id = ReviewDecision.objects.filter(item=item).values_list("derived_candidate_id", flat=True).first()
+    if derived_id is None:
+        return None
+    own = ReviewItem.objects.filter(candidate_id=derived_id).values_list("pk", flat=True).first()
+    if own is not None:
+        raise ReviewError(
+            f"candidate {derived_id}, derived by this decision, has a review of its own (review {own}): "
+            "decide or correct it there first"
+        )
+    return Candidate.objects.select_for_update(no_key=True).get(pk=derived_id)
+
+
+def _withdraw_derived(derived: Candidate, words: str) -> tuple[Candidate | None, list[str]]:
+    """Withdraw the candidate a corrected partial decision derived, as a correction to reject withdraws a
+    candidate: its unfinished evaluations cancelled, rejected by review, out of the best. Returns it when it
+    was withdrawn (the correction's record certifies its new state), with what followed in words."""
+    name = f"the derived candidate {derived.pk}"
+    if Candidate.State.REJECTED_REVIEW not in Candidate.TRANSITIONS.get(derived.state, frozenset()):
+        return None, [f"{name} is {derived.get_state_display().lower()} already: nothing to withdraw"]
+    was_accepted = derived.state == Candidate.State.ACCEPTED
+    said = _withdraw_evaluations(derived)
+    candidate_transition(candidate=derived, to=Candidate.State.REJECTED_REVIEW, reason=f"withdrawn: {words}")
+    said.append(f"{name} withdrawn (rejected by review)")
+    if was_accepted:
+        said.append(f"{name} {_best_words(derived)}")
+    return derived, said
 
 
 def _withdraw_evaluations(candidate: Candidate) -> list[str]:

@@ -658,11 +658,12 @@ def _verify(bundle: Mapping[str, Any], *, key: str) -> list[str]:
             {
                 (payload.get("candidate") or {}).get("tree"),
                 (payload.get("gate") or {}).get("current"),
-                (payload.get("review") or {}).get("derived") if raw["kind"] == "review" else None,
+                (payload.get("review") or {}).get("derived") if raw["kind"] != "gate" else None,
+                (payload.get("withdrawn") or {}).get("tree") if isinstance(payload.get("withdrawn"), dict) else None,
             }
         )
-        if records.DECISION_SCHEMAS.get(str(payload.get("schema"))) != raw["kind"]:
-            problems.append(f"{where}: payload is not a {raw['kind']} decision")
+        if records.kind_problem(payload, raw["kind"]):
+            problems.append(f"{where}: {records.kind_problem(payload, raw['kind'])}")
         tree = (payload.get("candidate") or {}).get("tree")
         if tree not in candidates:
             problems.append(f"{where}: candidate tree {str(tree)[:12]} not in the bundle")

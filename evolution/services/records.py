@@ -578,10 +578,12 @@ def review_decision_certify(*, decision: ReviewDecision) -> CertifiedDecision:
         return record
 
 
-def review_correction_certify(*, correction: ReviewCorrection) -> CertifiedDecision:
-    """Certify a correction of a review decision (``records.correction_payload``): the record it corrects,
-    verdict, reason, reviewer and the candidate's state and reason after it. Call it in the correction's
-    transaction, after the candidate's transition. Safe to repeat."""
+def review_correction_certify(*, correction: ReviewCorrection, withdrawn: Candidate | None = None) -> CertifiedDecision:
+    """Certify a correction of a review decision (``records.correction_payload``), a record of kind
+    ``correction``: the record it corrects and the verdict that record certified, verdict, reason, reviewer,
+    the candidate's state and reason after it, and ``withdrawn``, the candidate a corrected partial decision
+    derived, with its state and reason after the correction withdrew it. Call it in the correction's
+    transaction, after the candidates' transitions. Safe to repeat."""
     with transaction.atomic():
         locked = ReviewCorrection.objects.select_for_update(no_key=True).get(pk=correction.pk)
         if locked.record_id is not None:
@@ -589,6 +591,7 @@ def review_correction_certify(*, correction: ReviewCorrection) -> CertifiedDecis
             return CertifiedDecision.objects.get(pk=locked.record_id)
         candidate = Candidate.objects.get(review_item__pk=locked.item_id)
         corrected = CertifiedDecision.objects.get(pk=locked.corrects_id)
+        corrected_review = corrected.payload.get("review") if isinstance(corrected.payload, dict) else None
         recipe = (
             Run.objects.filter(pk=candidate.run_id).values_list("recipe__digest", flat=True).first()
             if candidate.run_id
@@ -603,6 +606,10 @@ def review_correction_certify(*, correction: ReviewCorrection) -> CertifiedDecis
                 candidate_tree=candidate.tree_id,
                 corrects_seq=corrected.seq,
                 corrects_record=corrected.record_digest,
+                corrects_verdict=str((corrected_review or {}).get("verdict")),
+                withdrawn=None
+                if withdrawn is None
+                else {"tree": withdrawn.tree_id, "state": withdrawn.state, "reason": withdrawn.state_reason},
                 verdict=locked.verdict,
                 reason=locked.reason,
                 reviewer=locked.reviewer.get_username(),
@@ -615,7 +622,7 @@ def review_correction_certify(*, correction: ReviewCorrection) -> CertifiedDecis
         record = _decision_append(
             experiment_id=candidate.experiment_id,
             candidate_id=candidate.pk,
-            kind=CertifiedDecision.Kind.REVIEW,
+            kind=CertifiedDecision.Kind.CORRECTION,
             build=build,
         )
         ReviewCorrection.objects.filter(pk=locked.pk).update(record=record)
@@ -1090,8 +1097,8 @@ def decisions_verify(
     for decision in decisions:
         where = f"record #{decision.seq}"
         payload = decision.payload if isinstance(decision.payload, dict) else {}  # else the chain check said so
-        if records.DECISION_SCHEMAS.get(str(payload.get("schema"))) != decision.kind:
-            problems.append(f"{where}: payload is not a {decision.kind} decision")
+        if records.kind_problem(payload, decision.kind):
+            problems.append(f"{where}: {records.kind_problem(payload, decision.kind)}")
         if (payload.get("candidate") or {}).get("tree") != decision.tree:
             problems.append(f"{where}: names another candidate than the stored one")
         if payload.get("surface") != surface.digest:
@@ -1101,12 +1108,15 @@ def decisions_verify(
         if decision.pk in recipes_of and payload.get("recipe") != recipes_of[decision.pk]:
             problems.append(f"{where}: the recipe of its run differs from the certified one")
         if decision.pk in correction_rows:
-            if payload.get("corrects") != named.get(correction_rows[decision.pk]):
+            said = payload.get("corrects")
+            said = said if isinstance(said, dict) else {}
+            if {"seq": said.get("seq"), "record": said.get("record")} != named.get(correction_rows[decision.pk]):
                 problems.append(f"{where}: the correction names another record than the stored one")
         elif payload.get("schema") == records.CORRECTION_SCHEMA:
             problems.append(f"{where}: a correction record with no stored correction")
-        stored = (gate_rows if decision.kind == CertifiedDecision.Kind.GATE else review_rows).get(decision.pk)
-        certified = payload.get(decision.kind) or {}
+        gate = decision.kind == CertifiedDecision.Kind.GATE
+        stored = (gate_rows if gate else review_rows).get(decision.pk)
+        certified = payload.get("gate" if gate else "review") or {}
         if stored is not None and isinstance(certified, dict):
             differ = [name for name, value in stored.items() if certified.get(name) != value]
             if differ:

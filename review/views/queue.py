@@ -502,11 +502,17 @@ def _item_context(request: HttpRequest, item: ReviewItem) -> dict[str, Any]:
         "pending_words": VERDICT_SHORT.get(pending.verdict, "") if pending is not None else "",
         "corrections": corrections,
         "standing": corrections[-1] if corrections else None,
-        "may_correct": item.state in DECIDED_STATES
-        and user.has_perm(access.REVIEW)
-        and (decision is None or decision.verdict != ReviewDecision.Verdict.REJECT_EDITS),
+        "may_correct": item.state in DECIDED_STATES and user.has_perm(access.REVIEW),
+        # The verdicts a correction may give: the other one, or either after a partial decision.
+        "correct_to": _correct_to(corrections[-1].verdict if corrections else decision.verdict if decision else ""),
         "same": _same_offer(same, earlier, edits),
     }
+
+
+def _correct_to(standing: str) -> list[str]:
+    if standing == ReviewDecision.Verdict.REJECT_EDITS:
+        return ["reject", "approve"]
+    return ["approve"] if standing == ReviewDecision.Verdict.REJECT else ["reject"]
 
 
 @dataclass

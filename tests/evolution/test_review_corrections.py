@@ -15,6 +15,7 @@ from evolution.loop import load
 from evolution.loop.review import (
     review_correct,
     review_decide,
+    review_decide_partial,
     review_settle,
     review_settle_due,
     review_submit,
@@ -34,7 +35,7 @@ from evolution.models import (
 )
 from evolution.services.records import records_verify
 from evolution.services.review import ReviewConflict, ReviewError
-from tests.evolution.test_review_decisions import held_at_first_flag
+from tests.evolution.test_review_decisions import held_at_first_flag, held_by
 from tests.loop_driver import drive
 
 pytestmark = pytest.mark.django_db
@@ -172,9 +173,14 @@ def test_correcting_an_approval_withdraws_the_evaluation_not_yet_started(held: t
     # A certified record in the chain that names the decision it corrects.
     assert decision.record is not None and correction.record is not None
     payload = correction.record.payload
-    assert correction.record.kind == CertifiedDecision.Kind.REVIEW
-    assert payload["schema"] == records.CORRECTION_SCHEMA
-    assert payload["corrects"] == {"seq": decision.record.seq, "record": decision.record.record_digest}
+    assert correction.record.kind == CertifiedDecision.Kind.CORRECTION
+    assert payload["schema"] == records.CORRECTION_SCHEMA and payload["correction"] is True
+    assert payload["corrects"] == {
+        "seq": decision.record.seq,
+        "record": decision.record.record_digest,
+        "verdict": "approve",
+    }
+    assert payload["withdrawn"] is None
     assert payload["review"]["verdict"] == "reject" and payload["review"]["reviewer"] == "bob"
     assert payload["state"] == {"name": "rejected_review", "reason": candidate.state_reason}
     assert correction.record.seq > decision.record.seq
@@ -238,7 +244,11 @@ def test_a_rejection_corrected_to_an_approval_is_evaluated_and_gated(held: tuple
     # A correction of the correction names the correction, not the first decision.
     again = review_correct(item=item, user=alice, approve=False, reason="on second thought it leaks")
     assert again.record is not None
-    assert again.record.payload["corrects"] == {"seq": correction.record.seq, "record": correction.record.record_digest}
+    assert again.record.payload["corrects"] == {
+        "seq": correction.record.seq,
+        "record": correction.record.record_digest,
+        "verdict": "approve",
+    }
     verified(run)
 
 
@@ -275,3 +285,137 @@ def test_a_forged_correction_record_fails_verification(held: tuple[Run, ReviewIt
     ReviewCorrection.objects.filter(pk=correction.pk).update(corrects=other.first())
     problems = records_verify(experiment=run.experiment).problems
     assert any("the correction names another record than the stored one" in p for p in problems), problems
+
+
+def test_a_partial_decision_is_corrected_to_a_whole_verdict_and_its_derived_candidate_withdrawn() -> None:
+    run, item = held_by("review-test-mixed")
+    alice, bob = reviewer("alice"), reviewer("bob")
+    flagged = item.candidate
+    leaky = list(flagged.edits.filter(paths__0__startswith="answers/"))
+    decision = review_decide_partial(item=item, user=alice, rejected_edits=[e.pk for e in leaky], reason="leaks")
+    derived = decision.derived_candidate
+    assert derived is not None and derived.state == Candidate.State.EVALUATING
+    evaluation = Evaluation.objects.get(candidate=derived, state=Evaluation.State.RUNNING)
+    with pytest.raises(ReviewError, match="reason is required"):
+        review_correct(item=item, user=bob, approve=False, reason="")
+    assert not ReviewCorrection.objects.exists()
+
+    # The item's panel offers either whole verdict and says the derived candidate is withdrawn.
+    client = Client()
+    client.force_login(bob)
+    url = reverse("review:review_item", args=[item.pk])
+    html = client.get(url).content.decode()
+    assert 'value="reject" class="danger">Correct to reject the whole candidate</button>' in html
+    assert 'value="approve" class="primary">Correct to approve the whole candidate</button>' in html
+    assert f"the candidate derived from this decision (#{derived.pk}) is withdrawn like a rejected one" in html
+
+    # Rejected whole: the flagged candidate stays rejected, the derived one is withdrawn as a rejected one is.
+    response = client.post(
+        reverse("review:review_correct", args=[item.pk]), {"verdict": "reject", "reason": "the note leaks too"}
+    )
+    assert response.status_code == 302
+    correction = ReviewCorrection.objects.get(item=item)
+    flagged.refresh_from_db()
+    derived.refresh_from_db()
+    evaluation.refresh_from_db()
+    words = "review corrected by bob: the note leaks too"
+    assert (flagged.state, flagged.state_reason) == (Candidate.State.REJECTED_REVIEW, words)
+    assert derived.state == Candidate.State.REJECTED_REVIEW
+    assert derived.state_reason == f"withdrawn: derived from candidate {flagged.pk}, whose {words}"
+    assert evaluation.state == Evaluation.State.CANCELLED
+    assert correction.followed == [
+        f"evaluation {evaluation.pk} withdrawn before it started",
+        f"the derived candidate {derived.pk} withdrawn (rejected by review)",
+    ]
+    item.refresh_from_db()
+    assert item.state == ReviewItem.State.REJECTED
+    # Its record says it is a correction, names the partial decision's record, and certifies the withdrawal.
+    assert decision.record is not None and correction.record is not None
+    assert correction.record.kind == CertifiedDecision.Kind.CORRECTION
+    payload = correction.record.payload
+    assert payload["correction"] is True
+    assert payload["corrects"] == {
+        "seq": decision.record.seq,
+        "record": decision.record.record_digest,
+        "verdict": "reject_edits",
+    }
+    assert payload["withdrawn"] == {"tree": derived.tree_id, "state": "rejected_review", "reason": derived.state_reason}
+    verified(run)
+
+    # Corrected back to an approval of the whole candidate: evaluated for its gate (as a rejection corrected to
+    # an approval is, gated in the test above); the derived one stays withdrawn.
+    again = review_correct(item=item, user=alice, approve=True, reason="the answers are generic after all")
+    assert again.record is not None and again.record.payload["corrects"]["seq"] == correction.record.seq
+    assert again.record.payload["withdrawn"] is None
+    assert Candidate.objects.get(pk=flagged.pk).state == Candidate.State.EVALUATING
+    assert Candidate.objects.get(pk=derived.pk).state == Candidate.State.REJECTED_REVIEW
+    verified(run)
+
+
+def test_a_partial_decision_whose_derived_candidate_has_its_own_review_is_corrected_after_it() -> None:
+    run, item = held_by("review-test-mixed")
+    alice, bob = reviewer("alice"), reviewer("bob")
+    first_leak = item.candidate.edits.get(index=0)
+    decision = review_decide_partial(item=item, user=alice, rejected_edits=[first_leak.pk], reason="one leak")
+    derived = decision.derived_candidate
+    assert derived is not None and derived.state == Candidate.State.FLAGGED
+    own = ReviewItem.objects.get(candidate=derived)
+    with pytest.raises(ReviewError, match=f"candidate {derived.pk}, derived by this decision, has a review of its own"):
+        review_correct(item=item, user=bob, approve=True, reason="generic")
+    assert not ReviewCorrection.objects.exists()
+    assert Candidate.objects.get(pk=item.candidate_id).state == Candidate.State.REJECTED_REVIEW
+    # Its own review rejects it; then the partial decision is corrected, and nothing more is withdrawn.
+    review_decide(item=own, user=bob, approve=False, reason="still leaks")
+    with pytest.raises(ReviewError, match="has a review of its own"):
+        review_correct(item=item, user=bob, approve=True, reason="generic")
+    verified(run)
+
+
+def test_a_correction_record_is_checked_for_what_it_says_it_corrects_and_withdraws() -> None:
+    def review(seq: int, tree: str, verdict: str, derived: str | None = None) -> tuple[int, str, dict[str, Any]]:
+        payload = {
+            "schema": records.REVIEW_SCHEMA,
+            "candidate": {"tree": tree},
+            "review": {"verdict": verdict, "derived": derived},
+        }
+        return seq, f"d{seq}", payload
+
+    def correction(seq: int, tree: str, corrects: int, verdict: str, withdrawn: str | None) -> tuple[int, str, Any]:
+        payload = {
+            "schema": records.CORRECTION_SCHEMA,
+            "candidate": {"tree": tree},
+            "correction": True,
+            "corrects": {"seq": corrects, "record": f"d{corrects}", "verdict": verdict},
+            "withdrawn": {"tree": withdrawn, "state": "rejected_review", "reason": "r"} if withdrawn else None,
+            "review": {"verdict": "approve", "derived": None},
+        }
+        return seq, f"d{seq}", payload
+
+    partial = review(1, "F", "reject_edits", derived="D")
+    assert records.correction_problems([partial, correction(2, "F", 1, "reject_edits", "D")]) == []
+    assert records.correction_problems([partial, correction(2, "F", 1, "reject_edits", "X")]) == [
+        "record #2: correction of candidate F: it withdraws a candidate the corrected record did not derive"
+    ]
+    assert records.correction_problems([partial, correction(2, "F", 1, "approve", None)]) == [
+        "record #2: correction of candidate F: it does not say it is a correction of the reject_edits verdict of "
+        "record #1"
+    ]
+    whole = review(1, "F", "reject")
+    assert records.correction_problems([whole, correction(2, "F", 1, "reject", "D")]) == [
+        "record #2: correction of candidate F: it withdraws a candidate the corrected record did not derive"
+    ]
+    # A withdrawn candidate's state is held to the correction's record like a decided one's.
+    state = {"name": "rejected_review", "reason": "r"}
+    _, _, certified = correction(2, "F", 1, "reject_edits", "D")
+    problems = records.candidate_state_problems(
+        [records.CandidateState("D", "accepted", "", "derived")],
+        [(2, {**certified, "state": state})],
+        known_states=Candidate.State.values,
+    )
+    assert problems == [
+        "candidate D: state 'accepted', but the certified correction decision (record #2) made it 'rejected_review'"
+    ]
+    # The record's kind: a correction is a correction record (or, written before that kind, a review record).
+    assert records.kind_problem(certified, "correction") == records.kind_problem(certified, "review") == ""
+    assert records.kind_problem(certified, "gate") == "payload is not a gate decision"
+    assert records.kind_problem(partial[2], "correction") == "payload is not a correction decision"
