@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from evolution.loop.review import review_correct, review_decide, review_submit
 from evolution.models import CertifiedResult, Experiment, ReviewItem, Trial
 from evolution.services.annotations import score_config_create
 from tests.factories import seed_of
@@ -107,11 +108,20 @@ def axe_violations(page: Any, source: str) -> list[str]:
 
 
 def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
-    screen: Screen, axe_script: str, example_world: Experiment, make_user: Any
+    screen: Screen, axe_script: str, example_world: Experiment, make_user: Any, settings: Any
 ) -> None:
     ensure_default_labels()
-    make_user("reviewer", "annotator", "operator", username="rhea")
-    item = ReviewItem.objects.filter(candidate__experiment=example_world, state="open").order_by("pk").first()
+    rhea = make_user("reviewer", "annotator", "operator", username="rhea")
+    items = list(ReviewItem.objects.filter(candidate__experiment=example_world, state="open").order_by("pk")[:3])
+    assert len(items) == 3
+    item, corrected, pending = items
+    # The review states added since: a decision that took effect and was corrected (the correction form and
+    # the corrections on the item and the candidate page), and one pending in its undo window (Undo).
+    settings.RSI_REVIEW_UNDO_SECONDS = 0
+    review_decide(item=corrected, user=rhea, approve=True, reason="generic enough")
+    review_correct(item=corrected, user=rhea, approve=False, reason="it names a task's answer")
+    settings.RSI_REVIEW_UNDO_SECONDS = 600
+    review_submit(item=pending, user=rhea, verdict="reject", reason="copies a task id")
     gated = example_world.candidates.filter(parent__isnull=False, gate_decisions__isnull=False)
     candidate = gated.order_by("pk").first()
     trial = Trial.objects.filter(candidate=candidate, trajectory__isnull=False).exclude(split="sealed").first()
@@ -143,6 +153,8 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
         "annotation-queue": reverse("review:annotate_queue"),
         "annotation-stats": reverse("review:annotation_stats", args=[example_world.pk]),
         "comparison": reverse("review:comparison", args=[comparison.pk]),
+        "review-item-pending": reverse("review:review_item", args=[pending.pk]),
+        "candidate-corrected": reverse("review:candidate", args=[corrected.candidate_id]),
     }
     screen.login("rhea")
     page = screen.page
@@ -161,6 +173,16 @@ def test_every_review_screen_passes_axe_wcag_2_a_and_aa(
     page.wait_for_selector("#keys-overlay")
     violations += axe_violations(page, axe_script)
     screen.key("Escape")
+    # A clicked checkbox keeps the focus: the "keys paused" hint shows.
+    page.wait_for_selector("#diff section.diff-file")
+    page.locator("#diff input.js-viewed").first.click()
+    page.wait_for_selector("#keys-paused", state="visible")
+    violations += axe_violations(page, axe_script)
+    # A corrected item, with its correction form open.
+    screen.go(reverse("review:review_item", args=[corrected.pk]))
+    page.click("#correct summary")
+    page.wait_for_selector("#correct-form")
+    violations += axe_violations(page, axe_script)
     # The login page, signed out.
     page.context.clear_cookies()
     screen.go(reverse("login"))
