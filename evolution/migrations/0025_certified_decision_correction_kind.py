@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evolution', '0023_sandbox_profile_length'),
+        ('evolution', '0024_comparison_owner_heartbeat'),
     ]
 
     operations = [
