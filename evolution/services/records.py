@@ -6,10 +6,10 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -658,6 +658,14 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
     the chain; decision records (one per gated or reviewed candidate) are
     read whole and fed into the chain in seq order.
     """
+    # In a transaction, PostgreSQL's server-side cursors are not WITH HOLD:
+    # rows are produced as they are fetched instead of the whole result being
+    # materialized when the cursor is declared (in autocommit).
+    with transaction.atomic():
+        return _records_verify(experiment)
+
+
+def _records_verify(experiment: Experiment | None) -> VerifyReport:
     report = VerifyReport()
     key = settings.RSI_RECORDS_KEY
     experiments = [experiment] if experiment else list(Experiment.objects.order_by("pk"))
@@ -700,9 +708,10 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
         )
         recipe_digest = exp.recipe.digest if exp.recipe is not None else None
         run_settings = settings_bound(exp.run_settings)
-        environments_by_seq = _environments_by_seq(exp)
         trials = trial_rows_by_seq(exp)
-        next_trials: tuple[int, list[tuple[Any, ...]]] | None = next(trials, None)
+        next_trials = next(trials, None)
+        # Every evaluation a record binds -> its trials' totals by split (for ``scores_verify``).
+        recomputed: dict[int, dict[str, list[Any]]] = {}
         decisions = _decision_rows(exp)
         fed = 0
         recipes_named: set[str] = set()
@@ -747,6 +756,13 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
             if tree not in trees_checked:
                 trees_checked.add(tree)
                 record_problems += [f"{here}{seq}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
+            while next_trials is not None and next_trials.seq < seq:  # cannot happen: both streams follow seq
+                next_trials = next(trials, None)
+            stored = EMPTY_TRIALS
+            if next_trials is not None and next_trials.seq == seq:
+                stored = next_trials
+                next_trials = next(trials, None)
+            recomputed[evaluation_id] = stored.totals
             certified_evaluator = payload.get("evaluator", {})
             profile = certified_evaluator.get("sandbox_profile", "")
             if evaluation_experiment != experiment_id:  # a record pointing into another experiment
@@ -758,7 +774,7 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 current_digest = evaluator_digests[profile]
             if certified_evaluator.get("digest") != current_digest:
                 record_problems.append(f"{here}{seq}: evaluator (commands, files, environment or limits) changed")
-            if certified_evaluator.get("environments", []) != environments_by_seq.get(seq, []):
+            if certified_evaluator.get("environments", []) != stored.environments:
                 record_problems.append(
                     f"{here}{seq}: the trials' Debian-built environments differ from the certified ones"
                 )
@@ -767,17 +783,11 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
                 for split, split_digest in certified_sets.items():
                     if task_sets.get(split) != split_digest:
                         record_problems.append(f"{here}{seq}: task set of split {split!r} changed")
-            while next_trials is not None and next_trials[0] < seq:  # cannot happen: both streams follow seq
-                next_trials = next(trials, None)
-            current: list[tuple[Any, ...]] = []
-            if next_trials is not None and next_trials[0] == seq:
-                current = next_trials[1]
-                next_trials = next(trials, None)
             certified = _certified_trial_rows(payload.get("trials", []))
             trial_count += len(certified)
-            if current != certified:
-                changed = sum(1 for a, b in zip(current, certified, strict=False) if a != b)
-                changed += abs(len(current) - len(certified))
+            if stored.rows != certified:
+                changed = sum(1 for a, b in zip(stored.rows, certified, strict=False) if a != b)
+                changed += abs(len(stored.rows) - len(certified))
                 record_problems.append(f"{here}{seq}: {changed} trial row(s) differ from the certified results")
 
         for decision in decisions[fed:]:
@@ -809,25 +819,10 @@ def records_verify(*, experiment: Experiment | None = None) -> VerifyReport:
 
         report.problems += record_problems
         report.checked.append(f"{label}: {len(trees_checked)} candidate tree(s), {trial_count} trial(s)")
-        score_problems, checked = scores_verify(exp)
+        score_problems, checked = scores_verify(exp, recomputed=recomputed)
         report.problems += [f"{label}: {p}" for p in score_problems]
         report.checked.append(f"{label}: {checked}")
     return report
-
-
-def _environments_by_seq(experiment: Experiment) -> dict[int, list[str]]:
-    """The environment digests the trials of each certified record of
-    ``experiment`` ran in, by record seq (sorted, as ``payload_build`` binds them)."""
-    found: dict[int, set[str]] = {}
-    pairs = (
-        Trial.objects.filter(evaluation__certified_result__experiment=experiment)
-        .exclude(environment="")
-        .values_list("evaluation__certified_result__seq", "environment")
-        .distinct()
-    )
-    for seq, environment in pairs:
-        found.setdefault(seq, set()).add(environment)
-    return {seq: sorted(digests) for seq, digests in found.items()}
 
 
 # The evaluation fields a record binds (``payload["evaluation"]``), in the order records_verify reads them.
@@ -890,34 +885,89 @@ def _bound_differences(
     return differ
 
 
-def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
+def scores_verify(
+    experiment: Experiment, *, recomputed: Mapping[int, Mapping[str, Sequence[Any]]]
+) -> tuple[list[str], str]:
     """What the screens read as scores, against what the records bind: every
     certified evaluation of ``experiment`` has a record, and the stored
     per-split totals (``EvaluationSplitStats``, what screens and the default
     start candidate read) equal the totals of the trial rows, which
     ``records_verify`` checks against the records, and exist only for
-    certified evaluations. Returns the problems and a line saying what was
-    checked. Read-only."""
+    certified evaluations. ``recomputed``: every evaluation the chain's
+    records bind -> its trials' totals by split, as ``trial_rows_by_seq``
+    counts them while verification reads the trials; any other evaluation's
+    trials are totalled here in SQL (``split_totals``). Returns the problems
+    and a line saying what was checked. Read-only."""
     problems: list[str] = []
     unbound = Evaluation.objects.filter(
         experiment=experiment, state=Evaluation.State.CERTIFIED, certified_result__isnull=True
     ).values_list("pk", flat=True)
     problems += [f"evaluation {pk} is certified, but no record binds it" for pk in unbound]
-    evaluations = Evaluation.objects.filter(experiment=experiment)
-    # Both sides read as the driver returns them (``streamed_rows``): one
-    # row a split of every evaluation, where the ORM's per-row work took a
-    # quarter of a whole verification (issue 44). A sum over a 64-bit column
-    # may come back as a Decimal, which compares equal to the same int. The
-    # trials are totalled only for the certified evaluations with stored
-    # totals, the only ones compared below (a chain without any, as one
-    # imported without them, costs no pass over its trials).
-    with_totals = EvaluationSplitStats.objects.filter(
-        evaluation__experiment=experiment, evaluation__state=Evaluation.State.CERTIFIED
-    ).values("evaluation_id")
-    recomputed = {
-        (evaluation_id, split): tuple(totals)
-        for evaluation_id, split, *totals in streamed_rows(
-            Trial.objects.filter(evaluation__in=with_totals)
+    # Read as the driver returns them (``streamed_rows``): one row a split of
+    # every evaluation, where the ORM's per-row work took a quarter of a whole
+    # verification (issue 44). A sum over a 64-bit column may come back as a
+    # Decimal, which compares equal to the same int.
+    stored = EvaluationSplitStats.objects.filter(evaluation__experiment=experiment).values_list(
+        "evaluation_id",
+        "split",
+        "evaluation__state",
+        "candidate_id",
+        "trials",
+        "passed",
+        "errors",
+        "score_sum",
+        "tokens_sum",
+        "tokens_count",
+    )
+    certified = Evaluation.State.CERTIFIED.value
+    differ: list[tuple[int, str]] = []
+    unstreamed: list[tuple[int, str, list[Any]]] = []  # certified, but no record of this chain binds it
+    count = 0
+    for evaluation_id, split, state, *totals in streamed_rows(stored.order_by(), 4 * VERIFY_BATCH):
+        count += 1
+        if state != certified:
+            problems.append(
+                f"evaluation {evaluation_id}, split {split!r}: stored totals of an evaluation that is not certified "
+                f"({state})"
+            )
+        elif (by_split := recomputed.get(evaluation_id)) is None:
+            unstreamed.append((evaluation_id, split, totals))
+        elif not _totals_equal(totals, by_split.get(split)):
+            differ.append((evaluation_id, split))
+    if unstreamed:
+        totalled = _split_totals_of(sorted({evaluation_id for evaluation_id, _, _ in unstreamed}))
+        differ += [(e, split) for e, split, totals in unstreamed if not _totals_equal(totals, totalled.get((e, split)))]
+    problems += [
+        f"evaluation {evaluation_id}, split {split!r}: stored totals differ from its certified trials"
+        for evaluation_id, split in sorted(differ)
+    ]
+    checked = f"{count} stored split total(s) recomputed from the trials; certified evaluations bound by records"
+    return problems, checked
+
+
+def _totals_equal(stored: Sequence[Any], expected: Sequence[Any] | None) -> bool:
+    """Stored per-split totals (candidate, trials, passed, errors, score sum,
+    token sum, token count) against the trials' (None: no trial on that
+    split). The score sum is compared with a tolerance: a sum in another row
+    order may differ in its last bits."""
+    if expected is None:
+        return False
+    if stored == expected:  # the usual case, exactly equal (a Decimal token sum equals its int)
+        return True
+    return (
+        tuple(stored[:4]) == tuple(expected[:4])
+        and tuple(stored[5:]) == tuple(expected[5:])
+        and math.isclose(float(stored[4]), float(expected[4]), rel_tol=1e-9, abs_tol=1e-9)
+    )
+
+
+def _split_totals_of(evaluation_ids: list[int]) -> dict[tuple[int, str], tuple[Any, ...]]:
+    """The totals of each split's trials of ``evaluation_ids`` in SQL
+    (``split_totals``), by (evaluation, split), in batches of ids."""
+    totalled: dict[tuple[int, str], tuple[Any, ...]] = {}
+    for start in range(0, len(evaluation_ids), VERIFY_BATCH):
+        rows = (
+            Trial.objects.filter(evaluation_id__in=evaluation_ids[start : start + VERIFY_BATCH])
             .values("evaluation_id", "split")
             .annotate(first_candidate=Min("candidate_id"), **split_totals())
             .values_list(
@@ -931,41 +981,10 @@ def scores_verify(experiment: Experiment) -> tuple[list[str], str]:
                 "tokens_sum",
                 "tokens_count",
             )
-            .order_by(),
-            4 * VERIFY_BATCH,
+            .order_by()
         )
-    }
-    stored = EvaluationSplitStats.objects.filter(evaluation__in=evaluations).values_list(
-        "evaluation_id",
-        "split",
-        "evaluation__state",
-        "candidate_id",
-        "trials",
-        "passed",
-        "errors",
-        "score_sum",
-        "tokens_sum",
-        "tokens_count",
-    )
-    count = 0
-    for evaluation_id, split, state, *totals in streamed_rows(
-        stored.order_by("evaluation_id", "split"), 4 * VERIFY_BATCH
-    ):
-        count += 1
-        where = f"evaluation {evaluation_id}, split {split!r}"
-        if state != Evaluation.State.CERTIFIED:
-            problems.append(f"{where}: stored totals of an evaluation that is not certified ({state})")
-            continue
-        expected = recomputed.get((evaluation_id, split))
-        # The score sum is compared with a tolerance: a sum in another row order may differ in its last bits.
-        if (
-            expected is None
-            or tuple(totals[:4]) + tuple(totals[5:]) != expected[:4] + expected[5:]
-            or not math.isclose(float(totals[4]), float(expected[4]), rel_tol=1e-9, abs_tol=1e-9)
-        ):
-            problems.append(f"{where}: stored totals differ from its certified trials")
-    checked = f"{count} stored split total(s) recomputed from the trials; certified evaluations bound by records"
-    return problems, checked
+        totalled.update(((evaluation_id, split), tuple(totals)) for evaluation_id, split, *totals in rows)
+    return totalled
 
 
 @dataclass(frozen=True)
@@ -1248,37 +1267,82 @@ def _certified_trial_rows(trials: Any) -> list[tuple[Any, ...] | None]:
 CRITERIA_PARSED_KEPT = 4096
 
 
-def trial_rows_by_seq(experiment: Experiment) -> Iterator[tuple[int, list[tuple[Any, ...]]]]:
-    """``trial_rows`` of every record of ``experiment`` as (seq, rows) in seq
-    order, each row the tuple of its values in ``TRIAL_ROW_KEYS`` order: one
-    streamed query, read alongside the records. Rows with the same criteria
-    results share one parsed value: read them, do not change them."""
-    # The criteria text last, so each row is the plain fields then the text to parse.
+class StoredTrials(NamedTuple):
+    """The trial rows of one record as stored, with what verification
+    derives from them in the same pass (``trial_rows_by_seq``)."""
+
+    seq: int
+    # Each trial's values in ``TRIAL_ROW_KEYS`` order (as ``_certified_trial_rows`` gives a record's).
+    rows: list[tuple[Any, ...]]
+    # Split -> [first candidate, trials, passed, errors, score sum, token sum, token count]: the
+    # ``split_totals`` aggregates (with ``Min("candidate_id")``), in ``EvaluationSplitStats``' order.
+    totals: dict[str, list[Any]]
+    # The distinct environment digests the trials ran in, sorted (as ``payload_build`` binds them).
+    environments: list[str]
+
+
+def trial_rows_by_seq(experiment: Experiment) -> Iterator[StoredTrials]:
+    """The trial rows of every record of ``experiment`` in seq order: one
+    streamed query, read alongside the records. The same pass totals each
+    split as ``split_totals`` does in SQL (``scores_verify`` compares them
+    with the stored totals) and collects the environments, so the trials are
+    read once. Rows with the same criteria results share one parsed value:
+    read them, do not change them."""
+    # The criteria text last, so each row is its seq, candidate and environment, the plain fields, then the text.
     keys = TRIAL_ROW_KEYS[:-1]
     values = streamed_rows(
         Trial.objects.filter(evaluation__certified_result__experiment=experiment)
         .order_by("evaluation__certified_result__seq", *TRIAL_ORDER)
         .values_list(
             "evaluation__certified_result__seq",
+            "candidate_id",
+            "environment",
             *(TRIAL_ROW_FIELDS[key] for key in keys),
             Cast(TRIAL_ROW_FIELDS["criteria"], TextField()),
         ),
         4 * VERIFY_BATCH,
     )
+    passed, error = Trial.Outcome.PASS.value, Trial.Outcome.ERROR.value
+    at_split, at_outcome, at_score, at_tokens = (keys.index(key) for key in ("split", "outcome", "score", "tokens"))
     parsed: dict[str, Any] = {}
-    seq = 0
+    current: int | None = None
     rows: list[tuple[Any, ...]] = []
-    for row in values:
-        if row[0] != seq:
-            if rows:
-                yield seq, rows
-            seq, rows = row[0], []
-        text = row[-1]
+    by_split: dict[str, list[Any]] = {}
+    environments: set[str] = set()
+    for seq, candidate, environment, *fields, text in values:
+        if seq != current:
+            if current is not None:
+                yield StoredTrials(current, rows, by_split, sorted(environments))
+            current, rows, by_split, environments = seq, [], {}, set()
         criteria = parsed.get(text)
         if criteria is None:
             if len(parsed) >= CRITERIA_PARSED_KEPT:
                 parsed.clear()
             criteria = parsed[text] = json_value(text)
-        rows.append(row[1:-1] + (criteria,))
-    if rows:
-        yield seq, rows
+        fields.append(criteria)
+        rows.append(tuple(fields))
+        if environment:
+            environments.add(environment)
+        split, outcome, score, tokens = fields[at_split], fields[at_outcome], fields[at_score], fields[at_tokens]
+        totals = by_split.get(split)
+        if totals is None:
+            totals = by_split[split] = [candidate, 0, 0, 0, 0.0, 0, 0]
+        elif candidate < totals[0]:
+            totals[0] = candidate
+        totals[1] += 1
+        if outcome == error:
+            totals[3] += 1
+        else:
+            if outcome == passed:
+                totals[2] += 1
+            if score is not None:
+                totals[4] += score
+        if tokens is not None:
+            totals[5] += tokens
+            totals[6] += 1
+    if current is not None:
+        yield StoredTrials(current, rows, by_split, sorted(environments))
+
+
+# What a record whose evaluation has no trial row is compared with (read only).
+EMPTY_TRIALS = StoredTrials(0, [], {}, [])

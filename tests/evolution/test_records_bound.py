@@ -42,11 +42,18 @@ from evolution.models import (
     Trial,
 )
 from evolution.services.bundles import BundleError, bundle_build, bundle_import, bundle_verify
-from evolution.services.records import TRIAL_ROW_KEYS, _certified_trial_rows, records_verify
+from evolution.services.records import (
+    TRIAL_ROW_KEYS,
+    _certified_trial_rows,
+    _split_totals_of,
+    records_verify,
+    scores_verify,
+    trial_rows_by_seq,
+)
 from tests.evolution.test_decision_records import reviewed_run
 from tests.evolution.test_late_decisions import ended_with_two_open_reviews, settle, user_in
 from tests.evolution.test_loop import tiny_recipe
-from tests.factories import make_tiny_experiment
+from tests.factories import make_tiny_experiment, seed_of
 from tests.loop_driver import drive
 
 pytestmark = pytest.mark.django_db
@@ -390,3 +397,76 @@ def test_scope_all_is_refused_when_the_recipe_never_runs_sealed_tasks() -> None:
     }
     assert Evaluation.objects.count() == before
     assert not Trial.objects.filter(candidate=accepted, split="sealed").exists()
+
+
+def test_the_totals_counted_while_the_trials_are_read_equal_the_sql_aggregates() -> None:
+    """``trial_rows_by_seq`` totals each split as ``split_totals`` does in
+    SQL: an error's score left out, a missing score or token count skipped,
+    the first of two candidates; and ``scores_verify`` names the same forged
+    totals whether they are compared with those counts or, for an evaluation
+    no record of the chain binds, with the SQL aggregates."""
+    experiment = make_tiny_experiment(tasks=4)
+    seed, other = seed_of(experiment), seed_of(make_tiny_experiment(like=experiment))
+    evaluation = Evaluation.objects.create(
+        experiment=experiment, candidate=seed, splits=["train", "gate"], state=Evaluation.State.CERTIFIED
+    )
+    tasks = list(Task.objects.filter(benchmark__experiments=experiment).order_by("external_id"))
+    outcome = Trial.Outcome
+    for task, split, index, result, score, tokens, candidate in [
+        (tasks[0], "train", 0, outcome.PASS, 1.0, 10, other),
+        (tasks[0], "train", 1, outcome.FAIL, 0.25, None, seed),
+        (tasks[1], "train", 0, outcome.ERROR, 0.5, 7, seed),
+        (tasks[2], "gate", 0, outcome.PASS, None, 3, other),
+        (tasks[3], "gate", 0, outcome.FAIL, 0.75, None, other),
+    ]:
+        Trial.objects.create(
+            evaluation=evaluation,
+            candidate=candidate,
+            task=task,
+            split=split,
+            index=index,
+            seed=index,
+            state=Trial.State.DONE,
+            outcome=result,
+            score=score,
+            tokens=tokens,
+            environment="e" * 64 if split == "gate" else "",
+        )
+    CertifiedResult.objects.create(
+        experiment=experiment,
+        seq=experiment.chain_length + 1,
+        evaluation=evaluation,
+        candidate=seed,
+        payload={},
+        prev_digest=experiment.chain_head,
+        record_digest="f" * 64,
+        signature="0" * 64,
+    )
+    (stored,) = trial_rows_by_seq(experiment)
+    first = min(seed.pk, other.pk)
+    assert stored.totals == {"train": [first, 3, 1, 1, 1.25, 17, 2], "gate": [other.pk, 2, 1, 0, 0.75, 3, 1]}
+    assert stored.totals == {split: list(totals) for (_, split), totals in _split_totals_of([evaluation.pk]).items()}
+    assert stored.environments == ["e" * 64]
+
+    EvaluationSplitStats.objects.bulk_create(
+        EvaluationSplitStats(
+            evaluation=evaluation,
+            split=split,
+            candidate_id=candidate,
+            trials=n,
+            passed=passed,
+            errors=errors,
+            score_sum=score_sum,
+            tokens_sum=tokens_sum,
+            tokens_count=tokens_count,
+        )
+        for split, (candidate, n, passed, errors, score_sum, tokens_sum, tokens_count) in stored.totals.items()
+    )
+    streamed = {evaluation.pk: stored.totals}
+    in_sql: dict[int, dict[str, list[Any]]] = {}  # no evaluation counted: every total from SQL
+    assert scores_verify(experiment, recomputed=streamed)[0] == scores_verify(experiment, recomputed=in_sql)[0] == []
+    EvaluationSplitStats.objects.filter(evaluation=evaluation, split="gate").update(tokens_sum=4)
+    forged = [f"evaluation {evaluation.pk}, split 'gate': stored totals differ from its certified trials"]
+    assert (
+        scores_verify(experiment, recomputed=streamed)[0] == scores_verify(experiment, recomputed=in_sql)[0] == forged
+    )
