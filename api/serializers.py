@@ -129,6 +129,7 @@ class ExperimentDetailSerializer(ExperimentSerializer):
             "split_digests",
             "split_seed",
             "split_ratios",
+            "split_stratify_by",
             "heldout_benchmarks",
             "run_settings",
             "chain_length",

@@ -225,6 +225,9 @@ class Experiment(models.Model):
     # Split assignment inputs and the frozen digest of each split's task set.
     split_seed = models.BigIntegerField(default=0)
     split_ratios = models.JSONField(default=dict, blank=True)
+    # A task metadata key whose every value is cut by the ratios on its own ("" for none): no capability
+    # lives in one split only (splits.assign_by_ratio's strata).
+    split_stratify_by = models.CharField(max_length=100, blank=True, default="")
     split_digests = models.JSONField(default=dict, blank=True)
     # Model and run settings bound into every certified result.
     run_settings = models.JSONField(default=dict, blank=True)

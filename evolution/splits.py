@@ -77,6 +77,13 @@ def assign_by_ratio(
     return assignment
 
 
+def strata_of(metadata: Mapping[str, Mapping[str, object]], attribute: str) -> dict[str, str]:
+    """``assign_by_ratio``'s strata for ``stratify_by: attribute``: task id -> the value of the attribute in
+    the task's metadata, as text ("" when the task has none)."""
+    values = {task_id: meta.get(attribute) for task_id, meta in metadata.items()}
+    return {task_id: "" if value is None else str(value) for task_id, value in values.items()}
+
+
 def assign_explicit(task_ids: Sequence[str], lists: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """Use explicit per-split id lists; every task must appear exactly once."""
     unknown_splits = set(lists) - set(SPLITS)

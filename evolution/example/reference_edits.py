@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evolution.splits import assign_by_ratio
+from evolution.splits import assign_by_ratio, strata_of
 
 SETTINGS_PATH = Path(__file__).resolve().parent / "evaluator.toml"
 
@@ -43,9 +43,14 @@ class ReferenceEdit:
 
 
 def split_tasks(tasks: Tasks) -> dict[str, list[dict[str, Any]]]:
-    """Tasks by split, with the default seed and ratios of ``evaluator.toml``."""
+    """Tasks by split, with the default seed, ratios and stratification of ``evaluator.toml`` (as the
+    platform cuts them: ``services.experiments.splits_assign``)."""
     settings = tomllib.loads(SETTINGS_PATH.read_text(encoding="utf-8"))["splits"]
-    assignment = assign_by_ratio([t["id"] for t in tasks], seed=settings["seed"], ratios=settings["ratios"])
+    stratify_by = settings.get("stratify_by")
+    strata = strata_of({t["id"]: t.get("metadata") or {} for t in tasks}, stratify_by) if stratify_by else None
+    assignment = assign_by_ratio(
+        [t["id"] for t in tasks], seed=settings["seed"], ratios=settings["ratios"], strata=strata
+    )
     return {name: [t for t in tasks if assignment[t["id"]] == name] for name in ("train", "gate", "sealed")}
 
 

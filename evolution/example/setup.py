@@ -92,6 +92,7 @@ def example_experiment_create(*, name: str, task_limit: int | None = None, agent
             seed_tree=tree_import_directory(path=seed_dir),
             split_seed=int(config["splits"]["seed"]),
             split_ratios=config["splits"]["ratios"],
+            split_stratify_by=str(config["splits"].get("stratify_by", "")),
             trials_per_task=int(config["trials"]["k"]),
             run_settings={"model": model_of(agent, harness_config), "seed": 0},
         )

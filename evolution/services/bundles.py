@@ -150,6 +150,7 @@ def bundle_build(*, experiment: Experiment) -> dict[str, Any]:
             "seed_tree": experiment.seed_candidate.tree_id if experiment.seed_candidate is not None else None,
             "split_seed": experiment.split_seed,
             "split_ratios": experiment.split_ratios,
+            "split_stratify_by": experiment.split_stratify_by,
             "split_digests": experiment.split_digests,
             "run_settings": experiment.run_settings,
             "trials_per_task": experiment.trials_per_task,
@@ -811,6 +812,8 @@ def _create(bundle: Mapping[str, Any], *, info: Mapping[str, Any], name: str) ->
         recipe=Recipe.objects.filter(digest=info["recipe"]).first() if info["recipe"] else None,
         split_seed=info["split_seed"],
         split_ratios=info["split_ratios"],
+        # Bundles written before stratified splits have no such key: their splits were cut unstratified.
+        split_stratify_by=str(info.get("split_stratify_by") or ""),
         split_digests=info["split_digests"],
         run_settings=info["run_settings"],
         trials_per_task=info["trials_per_task"],

@@ -240,10 +240,13 @@ def splits_assign(
     seed: int | None = None,
     ratios: Mapping[str, float] | None = None,
     lists: Mapping[str, Sequence[str]] | None = None,
+    stratify_by: str | None = None,
 ) -> dict[str, str]:
     """Assign every task of the experiment's benchmark to exactly one split
-    (from ``lists`` when given, otherwise from ``seed`` and ``ratios``), put
-    the tasks of held-out benchmarks in ``heldout``, and freeze the digests.
+    (from ``lists`` when given, otherwise from ``seed`` and ``ratios``, each
+    value of the task metadata key ``stratify_by`` cut on its own; None keeps
+    the experiment's, "" cuts all tasks together), put the tasks of held-out
+    benchmarks in ``heldout``, and freeze the digests.
 
     Refused once any trial of the experiment exists: changing splits under
     existing results would make them mean something else.
@@ -261,7 +264,11 @@ def splits_assign(
         else:
             seed = experiment.split_seed if seed is None else seed
             ratios = experiment.split_ratios if ratios is None else ratios
-            assignment = splits.assign_by_ratio(list(tasks), seed=seed, ratios=ratios)
+            stratify_by = experiment.split_stratify_by if stratify_by is None else stratify_by
+            strata = None
+            if stratify_by:
+                strata = splits.strata_of({tid: task.metadata or {} for tid, task in tasks.items()}, stratify_by)
+            assignment = splits.assign_by_ratio(list(tasks), seed=seed, ratios=ratios, strata=strata)
     except splits.SplitError as exc:
         raise ExperimentError(str(exc)) from exc
 
@@ -275,9 +282,11 @@ def splits_assign(
 
     experiment.split_seed = seed if lists is None and seed is not None else experiment.split_seed
     experiment.split_ratios = dict(ratios) if lists is None and ratios is not None else experiment.split_ratios
-    experiment.save(update_fields=["split_seed", "split_ratios"])
+    if lists is None and stratify_by is not None:
+        experiment.split_stratify_by = stratify_by
+    experiment.save(update_fields=["split_seed", "split_ratios", "split_stratify_by"])
     split_digests_store(experiment=experiment)
-    for name in ("split_seed", "split_ratios", "split_digests"):
+    for name in ("split_seed", "split_ratios", "split_stratify_by", "split_digests"):
         setattr(caller_copy, name, getattr(experiment, name))
     digests: dict[str, str] = experiment.split_digests
     return digests
@@ -294,12 +303,14 @@ def experiment_create(
     split_seed: int = 0,
     split_ratios: Mapping[str, float] | None = None,
     split_lists: Mapping[str, Sequence[str]] | None = None,
+    split_stratify_by: str = "",
     heldout: Sequence[Benchmark] = (),
     trials_per_task: int = 2,
     run_settings: Mapping[str, Any] | None = None,
     description: str = "",
 ) -> Experiment:
-    """Create an experiment with its seed candidate and frozen splits."""
+    """Create an experiment with its seed candidate and frozen splits (``split_lists``, or ``split_seed`` and
+    ``split_ratios`` cut within each value of the task metadata key ``split_stratify_by`` when set)."""
     if trials_per_task < 1:
         raise ExperimentError("trials per task must be at least 1")
     if Experiment.objects.filter(name=name).exists():
@@ -314,6 +325,7 @@ def experiment_create(
         surface=surface,
         split_seed=split_seed,
         split_ratios=dict(split_ratios or {"train": 0.4, "gate": 0.3, "sealed": 0.3}),
+        split_stratify_by=split_stratify_by,
         trials_per_task=trials_per_task,
         run_settings=dict(run_settings or {}),
         status=Experiment.Status.READY,
@@ -340,8 +352,9 @@ def experiment_twin(
     harness, splits and settings, so its certified records compare with
     ``like``'s (crash tests and the trust suite set one against the other).
     With ``split_seed`` the splits are drawn anew: ``like``'s ratios cut with
-    that seed (another draw of the same benchmark, held-out benchmarks kept).
-    With ``evaluator`` the twin's trials run with that evaluator instead of ``like``'s."""
+    that seed, stratified as ``like``'s (another draw of the same benchmark,
+    held-out benchmarks kept). With ``evaluator`` the twin's trials run with
+    that evaluator instead of ``like``'s."""
     if like.seed_candidate is None:
         raise ExperimentError(f"experiment {like.pk} has no seed harness to copy")
     lists: dict[str, list[str]] = {}
@@ -358,6 +371,7 @@ def experiment_twin(
         split_seed=like.split_seed if split_seed is None else split_seed,
         split_ratios=like.split_ratios,
         split_lists=lists if split_seed is None else None,
+        split_stratify_by=like.split_stratify_by,
         heldout=list(like.heldout_benchmarks.all()),
         trials_per_task=like.trials_per_task,
         run_settings=like.run_settings,

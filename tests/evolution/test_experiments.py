@@ -46,6 +46,32 @@ def test_explicit_split_lists_change_the_digests() -> None:
     assert digests["gate"] != before["gate"]
 
 
+def test_a_stratified_split_puts_every_value_of_the_attribute_in_every_split_and_twins_keep_it() -> None:
+    from evolution.services.experiments import experiment_twin
+
+    experiment = make_tiny_experiment(tasks=9)
+    tasks = experiment.benchmark.tasks.order_by("external_id")
+    for number, task in enumerate(tasks):
+        Task.objects.filter(pk=task.pk).update(metadata={"kind": "rare" if number % 3 == 0 else "common"})
+
+    def rare_by_split(e: Experiment) -> dict[str, int]:
+        rows = SplitMembership.objects.filter(experiment=e, task__metadata__kind="rare")
+        return {split: rows.filter(split=split).count() for split in ("train", "gate", "sealed")}
+
+    for seed in (1, 2, 3):
+        splits_assign(experiment=experiment, seed=seed, stratify_by="kind")
+        assert rare_by_split(experiment) == {"train": 1, "gate": 1, "sealed": 1}, seed
+    assert Experiment.objects.get(pk=experiment.pk).split_stratify_by == "kind"
+    # A comparison's new split draw is stratified as the experiment's split is.
+    drawn = experiment_twin(like=experiment, name="drawn again", split_seed=7)
+    assert drawn.split_stratify_by == "kind"
+    assert rare_by_split(drawn) == {"train": 1, "gate": 1, "sealed": 1}
+    # "" cuts all tasks together again: with seed 1 the three rare tasks are not one in each split.
+    splits_assign(experiment=experiment, seed=1, stratify_by="")
+    assert experiment.split_stratify_by == ""
+    assert sorted(rare_by_split(experiment).values()) != [1, 1, 1]
+
+
 def test_splits_cannot_change_once_results_exist() -> None:
     experiment = make_tiny_experiment(tasks=4)
     evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])

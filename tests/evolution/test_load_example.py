@@ -38,6 +38,13 @@ def test_example_has_at_least_48_tasks_split_three_ways() -> None:
     assert all(count > 0 for count in splits.values())
     assert sum(splits.values()) == experiment.benchmark.tasks.count()
     assert seed_of(experiment).origin == Candidate.Origin.SEED
+    # Stratified by task kind: every kind (normal, hard, from_ticket) has tasks in every split.
+    assert experiment.split_stratify_by == "kind"
+    kinds = {
+        split: set(experiment.split_memberships.filter(split=split).values_list("task__metadata__kind", flat=True))
+        for split in ("train", "gate", "sealed")
+    }
+    assert kinds == {split: {"normal", "hard", "from_ticket"} for split in kinds}
 
 
 def test_every_seed_harness_file_is_on_the_surface_with_a_component_kind() -> None:

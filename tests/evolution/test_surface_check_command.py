@@ -226,14 +226,23 @@ def test_a_diff_adding_hidden_characters_exits_1_under_refuse_hidden_characters(
 @pytest.mark.django_db(transaction=True)
 def test_experiment_split_that_holds_every_task_of_a_kind_is_warned_about() -> None:
     from evolution.example.setup import example_experiment_create
+    from evolution.services.experiments import splits_assign
 
-    # The example's ratio split puts all 3 tasks that need the ticket (kind from_ticket) in sealed.
+    # The example stratifies its split by task kind: every kind has tasks in train, gate and sealed.
     experiment = example_experiment_create(name="concentrated")
     allowed = PROMPT_EDIT.replace("prompts/a.md", "prompts/system.md")
 
-    result = surface_check(
-        "--experiment", str(experiment.pk), "--diff", "-", stdin=allowed, database_url=subprocess_database_url()
-    )
+    def check() -> subprocess.CompletedProcess[str]:
+        return surface_check(
+            "--experiment", str(experiment.pk), "--diff", "-", stdin=allowed, database_url=subprocess_database_url()
+        )
 
+    stratified = check()
+    assert stratified.returncode == 0, stratified.stderr
+    assert stratified.stderr.splitlines() == []
+    # Cut unstratified, the same seed and ratios put all 3 tasks that need the ticket (kind from_ticket) in
+    # sealed: no gate could see an edit that helps them.
+    splits_assign(experiment=experiment, stratify_by="")
+    result = check()
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == ["warning: sealed holds all 3 tasks of kind from_ticket"]

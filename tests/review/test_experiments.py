@@ -179,14 +179,15 @@ def test_dashboard_warns_when_evolve_scores_rise_while_sealed_falls(example_worl
     run = example_world.runs.get()
     state = run.state
     state["final"]["scores"]["sealed"] = 0.25
-    state["final"]["divergence"] = "evolve score rose by +0.451 while sealed 0.389 -> 0.250: overfitting?"
+    state["final"]["divergence"] = "evolve score rose by +0.428 while sealed 0.333 -> 0.250: overfitting?"
     Run.objects.filter(pk=run.pk).update(state=state)
     html = client_as("viewer").get(reverse("review:experiment", args=[example_world.pk])).content.decode()
     found = re.search(r'<div class="notice warning divergence".*?</div>', html, re.S)
     assert found is not None
     notice = found.group(0)
-    assert "evolve score rose by +0.451 while sealed 0.389 -&gt; 0.250" in notice
-    assert re.search(r'<tr class="falling">.*?sealed.*?0\.389.*?0\.250.*?-0\.139', notice, re.S)
+    assert "evolve score rose by +0.428 while sealed 0.333 -&gt; 0.250" in notice
+    # The world's start measured sealed 0.333 (6 of 18 sealed tasks).
+    assert re.search(r'<tr class="falling">.*?sealed.*?0\.333.*?0\.250.*?-0\.083', notice, re.S)
 
 
 def test_dashboard_without_divergence_has_no_warning(example_world, client_as) -> None:
@@ -848,13 +849,21 @@ def test_dashboard_says_when_the_evaluator_gives_its_agent_the_network(client_as
 
 def test_dashboard_warns_when_one_split_holds_every_task_of_a_kind(client_as) -> None:
     from evolution.example.setup import example_experiment_create
+    from evolution.services.experiments import splits_assign
 
+    stratified = example_experiment_create(name="stratified")
+    # The same tasks, seed and ratios cut unstratified: all 3 tasks of kind from_ticket land in sealed.
     concentrated = example_experiment_create(name="concentrated")
+    splits_assign(experiment=concentrated, stratify_by="")
     even = make_tiny_experiment(tasks=4)
 
     client = client_as("viewer")
     html = client.get(reverse("review:experiment", args=[concentrated.pk])).content.decode()
     plain = client.get(reverse("review:experiment", args=[even.pk])).content.decode()
+    example = client.get(reverse("review:experiment", args=[stratified.pk])).content.decode()
 
     assert "sealed holds all 3 tasks of kind from_ticket: no other split measures it" in unescape(html)
+    assert "each kind cut on its own" not in _text(html.encode())
     assert "split-warning" not in plain
+    assert "split-warning" not in example
+    assert "train 23 gate 19 sealed 18 = 60 tasks · each kind cut on its own" in _text(example.encode())
