@@ -329,6 +329,13 @@ _tree_cache_size = [0]
 _tree_cache_lock = threading.Lock()
 
 
+def tree_cache_clear() -> None:
+    """Forget every tree this process has read (the next trial of each reads its files again)."""
+    with _tree_cache_lock:
+        _tree_cache.clear()
+        _tree_cache_size[0] = 0
+
+
 def _tree_materialize_cached(digest: str, dest: Path) -> None:
     """Write the tree ``digest`` into ``dest`` like ``tree_materialize``
     (entries re-validated by ``materialize`` on every write)."""

@@ -40,6 +40,8 @@ def _statements(trial_id: int) -> list[str]:
 
 
 def test_a_trial_costs_the_worker_a_fixed_number_of_statements() -> None:
+    # The process's tree cache is keyed by content: an earlier test's identical files would already be in it.
+    evaluation_services.tree_cache_clear()
     experiment = make_tiny_experiment(tasks=4, k=2, agent=AGENT_WITH_TRAJECTORY)
     evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
     # Two tasks of the train split, two trials each: (a, 0), (a, 1), (b, 0), (b, 1).
