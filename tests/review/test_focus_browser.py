@@ -63,7 +63,8 @@ def test_a_sentence_typed_on_a_diff_control_decides_nothing_and_ctrl_enter_rejec
     ticked = page.locator("input[name=edits]:checked")
     assert ticked.count() == 1 and ticked.get_attribute("value") == str(leaky.pk)
     assert page.evaluate("() => document.activeElement.textContent.trim()") == focused
-    assert page.locator("#keys-paused").is_visible()
+    # The hint is shown just after the focus moves (a timer of 0): wait for it, then it must be there.
+    page.locator("#keys-paused").wait_for(state="visible", timeout=5000)
 
     # Esc leaves the control; d puts the cursor in the reason, where every key is text.
     screen.key("Escape")
@@ -94,11 +95,13 @@ def test_r_with_edits_ticked_names_them_and_rejects_only_those(
     page.locator(f"#edit-{leaky.index} input[name=edits]").check()
     # The click left the focus on the checkbox, where keys rest: a hint says so, and r does nothing.
     hint = page.locator("#keys-paused")
+    hint.wait_for(state="visible", timeout=5000)  # shown just after the focus moves (a timer of 0)
     assert hint.is_visible() and "Keys paused while a control has the focus: press Esc" in hint.inner_text()
     screen.key("r")
     assert page.locator("#decide-form").get_attribute("data-verdict") is None
     assert page.evaluate("() => document.activeElement.name") == "edits"
     screen.key("Escape")  # off the checkbox: the focus goes back to the page, the hint goes away
+    hint.wait_for(state="hidden", timeout=5000)
     assert not hint.is_visible()
     assert page.evaluate("() => document.activeElement === document.body")
     screen.key("r")
