@@ -19,12 +19,15 @@ per-call values) belong here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Field, Model, QuerySet
 from django.db.models.query import get_related_populators
 
@@ -68,7 +71,7 @@ class PreparedGet(Generic[M]):
         params = list(compiled.params)
         params[compiled.key_at] = key
         connection = connections[using]
-        with connection.cursor() as cursor:
+        with statement_cursor(connection) as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchmany(2)
         if not rows:
@@ -158,7 +161,7 @@ class PreparedUpdate:
         params += [
             connection.ops.adapt_datetimefield_value(param) if isinstance(param, datetime) else param for param in where
         ]
-        with connection.cursor() as cursor:
+        with statement_cursor(connection) as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
 
@@ -180,3 +183,65 @@ def concrete_field(model: type[Model], name: str) -> Field[Any, Any]:
     if not isinstance(field, Field) or field.column is None:
         raise ValueError(f"{model.__name__}.{name} is not a column")
     return field
+
+
+_preparing_cursor: list[type[Any]] = []
+# A count of executions no statement reaches: psycopg prepares only on request.
+_NEVER = 1 << 62
+
+
+def _preparing_cursor_class() -> type[Any]:
+    """Django's cursor of psycopg 3 with server-side binding, preparing every statement it runs."""
+    if not _preparing_cursor:
+        from django.db.backends.postgresql.base import ServerBindingCursor
+
+        class PreparingCursor(ServerBindingCursor):
+            def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any) -> Any:
+                return super().execute(query, params, prepare=True if prepare is None else prepare, **kwargs)  # type: ignore[misc]  # psycopg.Cursor.execute, unknown to django-stubs
+
+        _preparing_cursor.append(PreparingCursor)
+    return _preparing_cursor[0]
+
+
+@contextmanager
+def statement_cursor(connection: Any) -> Iterator[CursorWrapper]:
+    """A cursor of ``connection`` for a statement a worker runs every trial.
+
+    On PostgreSQL (psycopg 3) with ``RSI_DB_PREPARED_STATEMENTS`` on, the
+    statement is prepared on the server, once per database connection
+    (psycopg keeps the connection's prepared statements, and forgets them
+    with a failed transaction): the server then plans it once, where
+    Django's client-side binding has it parsed and planned anew every call.
+    Planning the claim's five-table join took 0.4 to 0.5 ms of the server's
+    CPU against 0.03 ms to run it. Elsewhere, ``connection.cursor()``.
+    The cursor is Django's wrapper (errors, query logging, execute wrappers),
+    made as ``connection.cursor()`` makes it.
+    """
+    if connection.vendor != "postgresql" or not settings.RSI_DB_PREPARED_STATEMENTS:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    # What connection.cursor() does, with another cursor class.
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's preparing off (None), which ignores even an
+        # explicit prepare=True; a threshold never reached keeps every other
+        # statement unprepared, as Django wants.
+        raw.prepare_threshold = _NEVER
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        prepared = _preparing_cursor_class()(raw)
+    wrapper = _LoggedStatements if connection.queries_logged else CursorWrapper
+    with wrapper(prepared, connection) as cursor:
+        yield cursor
+
+
+class _LoggedStatements(CursorDebugWrapper):
+    """Django's debug cursor, logging the statement as written: a prepared
+    statement's executions leave psycopg no query text to log."""
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)

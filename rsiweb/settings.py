@@ -238,6 +238,12 @@ except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
 
 
+# The statements a worker runs every trial are prepared on the server once
+# per connection (evolution/prepared.py). Off (0) behind a pooler that does
+# not keep prepared statements (PgBouncer in transaction mode before 1.21).
+RSI_DB_PREPARED_STATEMENTS = env_bool("RSI_DB_PREPARED_STATEMENTS", True)
+
+
 def pool_size(slots: int) -> int:
     """The database pool a trial worker of ``slots`` threads needs: a slot
     holds a connection only while it claims, writes its inputs out and

@@ -43,7 +43,7 @@ from evolution.models import (
     Tree,
     Trial,
 )
-from evolution.prepared import PreparedGet, PreparedUpdate
+from evolution.prepared import PreparedGet, PreparedUpdate, statement_cursor
 from evolution.sandbox import Limits
 from evolution.services.candidates import candidates_transition
 from evolution.services.records import evaluator_config_digest
@@ -721,7 +721,7 @@ def _evaluation_advance(*, evaluation_id: int, now: datetime) -> bool:
         RETURNING old.state = %s AND e.state = %s
     """
     running, complete = Evaluation.State.RUNNING.value, Evaluation.State.COMPLETE.value
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, (evaluation_id, running, complete, running, now, running, complete))
         row = cursor.fetchone()
     return bool(row and row[0])

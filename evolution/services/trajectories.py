@@ -22,7 +22,7 @@ from django.db import connection, models, transaction
 from django.db.models.options import Options
 
 from evolution.models import Annotation, Trajectory, TrajectoryStep, Trial
-from evolution.prepared import concrete_field
+from evolution.prepared import concrete_field, statement_cursor
 from evolution.redaction import redact
 from evolution.trajectory_formats import (
     ROOT_FIELDS,
@@ -163,7 +163,7 @@ def _trajectories_insert(trajectories: list[Trajectory]) -> None:
         row = "(" + ", ".join(["%s"] * len(fields)) + ")"
         sql = f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * len(batch))}"
         params = [field.get_db_prep_save(getattr(t, field.attname), connection) for t in batch for field in fields]
-        with connection.cursor() as cursor:
+        with statement_cursor(connection) as cursor:
             cursor.execute(sql + (f" RETURNING {quote(_column(meta, 'id'))}" if returning else ""), params)
             ids = [returned[0] for returned in cursor.fetchall()] if returning else []
         if not returning:  # SQLite before 3.35
@@ -186,7 +186,7 @@ def _trajectories_remove(trial_ids: list[int]) -> None:
         return
     quote = connection.ops.quote_name
     trajectories = Trajectory._meta
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         # Raw, as the deletes: the worker's finish asks this of every trial,
         # and the queryset's filter cost more than the query.
         trials = ", ".join(["%s"] * len(trial_ids))

@@ -75,3 +75,18 @@ def test_a_trial_costs_the_worker_a_fixed_number_of_statements() -> None:
     _statements(last)
     assert list(evaluation.trials.values_list("state", flat=True).distinct()) == [Trial.State.DONE]
     assert Trial.objects.filter(evaluation=evaluation, trajectory__step_count=2).count() == 4
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="statements are prepared on PostgreSQL")
+def test_the_statements_of_every_trial_are_prepared_once_per_connection() -> None:
+    evaluation_services.tree_cache_clear()
+    experiment = make_tiny_experiment(tasks=4, k=2, agent=AGENT_WITH_TRAJECTORY)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    for trial_id in evaluation.trials.order_by("pk").values_list("pk", flat=True):
+        _statements(trial_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
+        prepared = sorted((statement.split(None, 1)[0].upper(), runs) for statement, runs in cursor.fetchall())
+    # The claim's UPDATE and SELECT, the finish's UPDATE, the trajectory's lookup and INSERT, the evaluation's
+    # count (WITH): each planned once on this connection and run for each of the four trials.
+    assert prepared == [("INSERT", 4), ("SELECT", 4), ("SELECT", 4), ("UPDATE", 4), ("UPDATE", 4), ("WITH", 4)]
