@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from evolution import digests
 from evolution.models import Blob, Tree, TreeEntry
+from evolution.prepared import concrete_field, statement_cursor
 from evolution.trees import (
     FileEntry,
     SnapshotError,
@@ -69,8 +71,26 @@ def tree_entries(*, tree: Tree) -> list[FileEntry]:
     """The files of a stored tree, sorted by path, in one query (a trial
     worker reads every task's files: one query fewer for each). A blob at
     several paths of the tree is read once for each."""
-    rows = TreeEntry.objects.filter(tree=tree).order_by("path").values_list("path", "mode", "blob__content")
+    # Raw and prepared (evolution.prepared.statement_cursor): the queryset's
+    # compiling and the server's planning of the join, for every task's files.
+    with statement_cursor(connection) as cursor:
+        cursor.execute(_tree_entries_sql(connection), [tree.pk])
+        rows = cursor.fetchall()
     return [FileEntry(path=path, mode=mode, data=bytes(content)) for path, mode, content in rows]
+
+
+def _tree_entries_sql(connection: Any) -> str:
+    """``TreeEntry.objects.filter(tree=...).order_by("path").values_list("path", "mode", "blob__content")``."""
+    quote = connection.ops.quote_name
+    entry, blob = TreeEntry._meta, Blob._meta
+    path, mode, blob_id, tree_id = (
+        quote(concrete_field(TreeEntry, name).column) for name in ("path", "mode", "blob", "tree")
+    )
+    content, digest = quote(concrete_field(Blob, "content").column), quote(concrete_field(Blob, "digest").column)
+    return (
+        f"SELECT e.{path}, e.{mode}, b.{content} FROM {quote(entry.db_table)} e "
+        f"INNER JOIN {quote(blob.db_table)} b ON e.{blob_id} = b.{digest} WHERE e.{tree_id} = %s ORDER BY e.{path}"
+    )
 
 
 def tree_import_directory(*, path: Path) -> Tree:

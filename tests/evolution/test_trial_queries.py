@@ -88,5 +88,14 @@ def test_the_statements_of_every_trial_are_prepared_once_per_connection() -> Non
         cursor.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
         prepared = sorted((statement.split(None, 1)[0].upper(), runs) for statement, runs in cursor.fetchall())
     # The claim's UPDATE and SELECT, the finish's UPDATE, the trajectory's lookup and INSERT, the evaluation's
-    # count (WITH): each planned once on this connection and run for each of the four trials.
-    assert prepared == [("INSERT", 4), ("SELECT", 4), ("SELECT", 4), ("UPDATE", 4), ("UPDATE", 4), ("WITH", 4)]
+    # count (WITH): each planned once on this connection and run for each of the four trials; the trees' read,
+    # once for each of the four trees (the candidate's, the evaluator's, the two tasks').
+    assert prepared == [
+        ("INSERT", 4),
+        ("SELECT", 4),
+        ("SELECT", 4),
+        ("SELECT", 4),
+        ("UPDATE", 4),
+        ("UPDATE", 4),
+        ("WITH", 4),
+    ]
