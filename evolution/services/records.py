@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+import orjson
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Min, Q, QuerySet, Sum, TextField
@@ -677,7 +678,6 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
         task_sets = split_digests_compute(experiment=exp)
         record_problems: list[str] = []
         trees_checked: set[str] = set()
-        evaluator_digests: dict[str, str] = {}
         trial_count = 0
         # Plain values and the payload's stored canonical text (the bytes the
         # digest is over: hashed as stored, parsed once for the checks), no
@@ -717,6 +717,12 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
         recipes_named: set[str] = set()
         surface_digest, experiment_id = exp.surface.digest, exp.pk
         here = f"{label} record #"
+        # A record equal to the one the database implies (``_implied_payload``)
+        # passes every check below by construction: its canonical bytes are
+        # compared instead of parsing it and checking field by field, which
+        # was most of the work (issue 44). Any other record is checked field
+        # by field, and that check alone reports problems.
+        implied = _ImpliedPayloads(exp, task_sets=task_sets, recipe=recipe_digest)
         for (
             seq,
             prev_digest,
@@ -733,8 +739,29 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
             while fed < len(decisions) and decisions[fed].seq < seq:  # the decisions before it, in seq order
                 chain.add(decisions[fed], canonical=decisions[fed].canonical)
                 fed += 1
+            while next_trials is not None and next_trials.seq < seq:  # cannot happen: both streams follow seq
+                next_trials = next(trials, None)
+            stored = EMPTY_TRIALS
+            if next_trials is not None and next_trials.seq == seq:
+                stored = next_trials
+                next_trials = next(trials, None)
+            recomputed[evaluation_id] = stored.totals
+            canonical = text.encode()
+            if tree not in trees_checked:
+                trees_checked.add(tree)
+                record_problems += [f"{here}{seq}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
+            if evaluation_experiment == experiment_id:
+                payload = implied.payload(
+                    seq, prev_digest, tree, evaluation_fields, parent_tree, origin, stored, canonical
+                )
+                if payload is not None:
+                    chain.add(records.StreamedRecord(seq, prev_digest, digest, signature, payload), canonical=canonical)
+                    trial_count += len(stored.rows)
+                    if recipe_digest:
+                        recipes_named.add(recipe_digest)
+                    continue
             payload = json_or_text(text)
-            chain.add(records.StreamedRecord(seq, prev_digest, digest, signature, payload), canonical=text.encode())
+            chain.add(records.StreamedRecord(seq, prev_digest, digest, signature, payload), canonical=canonical)
             if not isinstance(payload, dict):  # reported by the chain check
                 payload = {}
             if payload.get("recipe"):
@@ -753,25 +780,16 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
             )
             if differ:
                 record_problems.append(f"{here}{seq}: {', '.join(differ)} differ(s) from the certified one")
-            if tree not in trees_checked:
-                trees_checked.add(tree)
-                record_problems += [f"{here}{seq}: candidate tree: {p}" for p in tree_verify(tree_digest=tree)]
-            while next_trials is not None and next_trials.seq < seq:  # cannot happen: both streams follow seq
-                next_trials = next(trials, None)
-            stored = EMPTY_TRIALS
-            if next_trials is not None and next_trials.seq == seq:
-                stored = next_trials
-                next_trials = next(trials, None)
-            recomputed[evaluation_id] = stored.totals
             certified_evaluator = payload.get("evaluator", {})
             profile = certified_evaluator.get("sandbox_profile", "")
             if evaluation_experiment != experiment_id:  # a record pointing into another experiment
                 evaluation = Evaluation.objects.select_related("experiment__evaluator").get(pk=evaluation_id)
                 current_digest = evaluator_digest_for(evaluation, profile)
             else:
-                if profile not in evaluator_digests:
-                    evaluator_digests[profile] = _evaluator_digest(exp.evaluator, profile)
-                current_digest = evaluator_digests[profile]
+                current_digest = implied.evaluator_digest(profile)
+                implied.profile = (
+                    profile if isinstance(profile, str) else None
+                )  # the next record most likely names the same
             if certified_evaluator.get("digest") != current_digest:
                 record_problems.append(f"{here}{seq}: evaluator (commands, files, environment or limits) changed")
             if certified_evaluator.get("environments", []) != stored.environments:
@@ -823,6 +841,169 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
         report.problems += [f"{label}: {p}" for p in score_problems]
         report.checked.append(f"{label}: {checked}")
     return report
+
+
+class _ImpliedPayloads:
+    """The payload ``payload_build`` writes for a record of ``experiment``,
+    made from what the database holds now (its rows, the evaluator digest,
+    the task sets, the trial rows), for ``_records_verify``'s fast path.
+
+    A record whose stored canonical text is exactly this payload's passes
+    every check ``_records_verify`` makes of it field by field (each compares
+    a payload field with the same database value), so it is compared as
+    bytes. The payload is serialized with orjson, key-sorted: for the
+    values made here (text, 64-bit integers, integral floats written as
+    integers, finite floats, booleans, null) those are the canonical bytes,
+    and the text parses back to the payload; a value that orjson would not
+    write faithfully (a float that is not finite) gives None, and so does a
+    payload whose bytes differ in any way: that record is checked field by
+    field."""
+
+    def __init__(self, experiment: Experiment, *, task_sets: dict[str, str], recipe: str | None) -> None:
+        self.experiment, self.task_sets, self.recipe = experiment, task_sets, recipe
+        self.uid = str(experiment.uid)
+        # The sandbox profile the last record checked field by field named (the first record always is).
+        self.profile: str | None = None
+        self.digests: dict[str, str] = {}
+        self.splits: dict[str, tuple[list[str], dict[str, str]] | None] = {}
+        # Parsed criteria results (shared by the trial rows that have the same text) -> written faithfully.
+        self.criteria: dict[int, tuple[Any, bool]] = {}
+        self.settings_faithful = _written_faithfully(experiment.run_settings)
+        self.integer_booleans = connection.vendor == "sqlite"
+        # Read once: the same for every record.
+        self.evaluator, self.surface, self.run_settings = (
+            experiment.evaluator,
+            experiment.surface.digest,
+            experiment.run_settings,
+        )
+        # Sandbox profile -> the evaluator as a record of it binds it (without environments).
+        self.evaluators: dict[str, dict[str, Any]] = {}
+
+    def evaluator_digest(self, profile: str) -> str:
+        """The evaluator's digest under ``profile``, as certification computes it (once a profile)."""
+        digest = self.digests.get(profile)
+        if digest is None:
+            digest = self.digests[profile] = _evaluator_digest(self.evaluator, profile)
+        return digest
+
+    def payload(
+        self,
+        seq: int,
+        prev: str,
+        tree: str,
+        evaluation_fields: list[Any],
+        parent_tree: str | None,
+        origin: str,
+        stored: StoredTrials,
+        canonical: bytes,
+    ) -> dict[str, Any] | None:
+        """The record's payload when ``canonical`` is exactly the payload the
+        database implies for it (its evaluation's fields, its candidate,
+        ``stored``: its trial rows); None otherwise. Pure but for caches."""
+        purpose, repeat, splits_text, k, seed = evaluation_fields
+        if splits_text not in self.splits:
+            if len(self.splits) >= CRITERIA_PARSED_KEPT:
+                self.splits.clear()
+            self.splits[splits_text] = self._splits(splits_text)
+        splits = self.splits[splits_text]
+        if splits is None or self.profile is None or not self.settings_faithful:
+            return None
+        sorted_splits, task_sets = splits
+        trials = []
+        for row in stored.rows:
+            trial = self._trial(row)
+            if trial is None:
+                return None
+            trials.append(trial)
+        certified_evaluator = self.evaluators.get(self.profile)
+        if certified_evaluator is None:
+            certified_evaluator = self.evaluators[self.profile] = {
+                "name": self.evaluator.name,
+                "files": self.evaluator.files_id,
+                "sandbox_profile": self.profile,
+                "digest": self.evaluator_digest(self.profile),
+            }
+        if stored.environments:
+            certified_evaluator = {**certified_evaluator, "environments": stored.environments}
+        payload = {
+            "schema": records.SCHEMA,
+            "experiment": self.uid,
+            "seq": seq,
+            "prev": prev,
+            "evaluation": {"purpose": purpose, "repeat": repeat, "splits": sorted_splits, "k": k, "seed": seed},
+            "candidate": {"tree": tree, "parent_tree": parent_tree, "origin": origin},
+            "evaluator": certified_evaluator,
+            "task_sets": task_sets,
+            "recipe": self.recipe,
+            "surface": self.surface,
+            "run_settings": self.run_settings,
+            "k": k,
+            "trials": trials,
+        }
+        try:
+            written = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # a value orjson does not write (a huge integer, a lone surrogate)
+            return None
+        return payload if written == canonical else None
+
+    def _splits(self, splits_text: str) -> tuple[list[str], dict[str, str]] | None:
+        """An evaluation's splits sorted, and the task sets a record of them binds (None: not texts of known splits)."""
+        splits = json_or_text(splits_text)
+        if not isinstance(splits, list) or not all(isinstance(split, str) for split in splits):
+            return None
+        if any(split not in self.task_sets for split in splits):
+            return None
+        splits = sorted(splits)
+        return splits, {split: self.task_sets[split] for split in splits}
+
+    def _trial(self, row: tuple[Any, ...]) -> dict[str, Any] | None:
+        """A stored trial row (``TRIAL_ROW_KEYS`` order) as a record writes it,
+        each value equal to the stored one; None if one would not be written
+        faithfully. Unpacked by name, not zipped with the keys: twice as fast,
+        once a trial row."""
+        task, split, index, seed, outcome, score, tokens, steps, valid_output, submitted, error_kind, criteria = row
+        if score.__class__ is float:
+            if score.is_integer():
+                score = int(score)  # as RFC 8785 writes it
+            elif not math.isfinite(score):
+                return None
+        if self.integer_booleans:  # 0 or 1 from SQLite (equal to False and True); anything else stays as it is
+            valid_output = _BOOLEANS.get(valid_output, valid_output)
+            submitted = _BOOLEANS.get(submitted, submitted)
+        known = self.criteria.get(id(criteria))
+        if known is None:
+            if len(self.criteria) >= CRITERIA_PARSED_KEPT:
+                self.criteria.clear()
+            # The value is kept with its verdict, so its id is not reused while cached.
+            known = self.criteria[id(criteria)] = (criteria, _written_faithfully(criteria))
+        if not known[1]:
+            return None
+        return {
+            "task": task,
+            "split": split,
+            "index": index,
+            "seed": seed,
+            "outcome": outcome,
+            "score": score,
+            "tokens": tokens,
+            "steps": steps,
+            "valid_output": valid_output,
+            "submitted": submitted,
+            "error_kind": error_kind,
+            "criteria": criteria,
+        }
+
+
+_BOOLEANS = {0: False, 1: True}
+
+
+def _written_faithfully(value: Any) -> bool:
+    """Whether orjson writes ``value`` as JSON that parses back to an equal
+    value (not so for a float that is not finite, written as null)."""
+    try:
+        return bool(orjson.loads(orjson.dumps(value)) == value)
+    except (orjson.JSONEncodeError, orjson.JSONDecodeError):
+        return False
 
 
 # The evaluation fields a record binds (``payload["evaluation"]``), in the order records_verify reads them.

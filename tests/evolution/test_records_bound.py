@@ -41,6 +41,7 @@ from evolution.models import (
     Task,
     Trial,
 )
+from evolution.services import records as records_module
 from evolution.services.bundles import BundleError, bundle_build, bundle_import, bundle_verify
 from evolution.services.records import (
     TRIAL_ROW_KEYS,
@@ -50,6 +51,7 @@ from evolution.services.records import (
     scores_verify,
     trial_rows_by_seq,
 )
+from lab.bench.records import certified_chain
 from tests.evolution.test_decision_records import reviewed_run
 from tests.evolution.test_late_decisions import ended_with_two_open_reviews, settle, user_in
 from tests.evolution.test_loop import tiny_recipe
@@ -470,3 +472,39 @@ def test_the_totals_counted_while_the_trials_are_read_equal_the_sql_aggregates()
     assert (
         scores_verify(experiment, recomputed=streamed)[0] == scores_verify(experiment, recomputed=in_sql)[0] == forged
     )
+
+
+def test_records_equal_to_the_payload_the_database_implies_are_compared_as_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the first record of a chain is checked field by field; the others,
+    the bytes of the payload the database implies, pass as bytes. A trial row
+    changed in the database sends its record back to the field-by-field check,
+    which names it; and a value orjson would not write faithfully (a score that
+    is not finite, written as null) is never compared as bytes."""
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    certified_chain(experiment, count=3)
+    field_by_field: list[int] = []
+    checked = records_module._bound_differences
+
+    def counted(*args: Any, **kwargs: Any) -> list[str]:
+        field_by_field.append(1)
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(records_module, "_bound_differences", counted)
+    assert problems_of(experiment.pk) == []
+    assert len(field_by_field) == 1
+
+    last = CertifiedResult.objects.filter(experiment=experiment).order_by("-seq")[0]
+    trial = Trial.objects.filter(evaluation_id=last.evaluation_id).order_by("pk")[0]
+    Trial.objects.filter(pk=trial.pk).update(tokens=(trial.tokens or 0) + 1)
+    field_by_field.clear()
+    assert any(f"record #{last.seq}: 1 trial row(s) differ" in p for p in problems_of(experiment.pk))
+    assert len(field_by_field) == 2
+
+    implied = records_module._ImpliedPayloads(experiment, task_sets={}, recipe=None)
+    row = ("t1", "train", 0, 7, "pass", 1.0, 20, 1, True, True, "", [{"id": "answer", "met": True}])
+    assert implied._trial(row) == dict(zip(TRIAL_ROW_KEYS, (*row[:5], 1, *row[6:]), strict=True))
+    for score in (float("nan"), float("inf")):
+        assert implied._trial((*row[:5], score, *row[6:])) is None
+    assert implied._trial((*row[:-1], [{"id": "answer", "met": float("nan")}])) is None
