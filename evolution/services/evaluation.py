@@ -339,24 +339,55 @@ def tree_cache_clear() -> None:
 def _tree_materialize_cached(digest: str, dest: Path) -> None:
     """Write the tree ``digest`` into ``dest`` like ``tree_materialize``
     (entries re-validated by ``materialize`` on every write)."""
+    materialize(_tree_entries_cached(digest), dest)
+
+
+# The digest each thread is reading now, with a lock the reader holds:
+# slots that start together need the same trees, and without it each read
+# them (about 35 reads too many in a pass of 256 trials of one task set).
+_tree_reads: dict[str, threading.Lock] = {}
+
+
+def _tree_entries_cached(digest: str) -> list[FileEntry]:
+    """The entries of the tree ``digest``, from this process's memory when
+    it holds them; else read once, however many threads ask at once."""
     with _tree_cache_lock:
         cached = _tree_cache.get(digest)
         if cached is not None:
             _tree_cache.move_to_end(digest)
-    if cached is not None:
-        entries = cached[0]
-    else:
+            return cached[0]
+        reading = _tree_reads.get(digest)
+        if reading is None:
+            reading = _tree_reads[digest] = threading.Lock()
+            reading.acquire()
+            waiting = False
+        else:
+            waiting = True
+    if waiting:
+        # Another thread reads it: wait for its end and take what it kept (a
+        # tree too large to keep, or a failed read, this thread reads itself).
+        with reading:
+            pass
+        with _tree_cache_lock:
+            cached = _tree_cache.get(digest)
+            if cached is not None:
+                return cached[0]
+        return tree_entries(tree=Tree(digest=digest))
+    try:
         entries = tree_entries(tree=Tree(digest=digest))
         size = sum(len(entry.data) for entry in entries)
-        if size <= TREE_CACHE_BYTES // 4:
-            with _tree_cache_lock:
-                if digest not in _tree_cache:
-                    _tree_cache[digest] = (entries, size)
-                    _tree_cache_size[0] += size
+        with _tree_cache_lock:
+            if size <= TREE_CACHE_BYTES // 4 and digest not in _tree_cache:
+                _tree_cache[digest] = (entries, size)
+                _tree_cache_size[0] += size
                 while _tree_cache_size[0] > TREE_CACHE_BYTES or len(_tree_cache) > TREE_CACHE_TREES:
                     _, (_dropped, dropped_size) = _tree_cache.popitem(last=False)
                     _tree_cache_size[0] -= dropped_size
-    materialize(entries, dest)
+    finally:
+        with _tree_cache_lock:
+            del _tree_reads[digest]
+        reading.release()
+    return entries
 
 
 def trial_spec(trial: Trial, root: Path) -> TrialSpec:

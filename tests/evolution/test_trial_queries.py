@@ -11,12 +11,17 @@ needed, change the figure here and say why in the commit.
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from evolution.models import Trial
+from evolution.models import Tree, Trial
 from evolution.services import evaluation as evaluation_services
+from evolution.trees import MODE_FILE, FileEntry
 from tests.factories import TINY_AGENT, make_tiny_experiment, seed_of
 
 pytestmark = pytest.mark.django_db
@@ -99,3 +104,29 @@ def test_the_statements_of_every_trial_are_prepared_once_per_connection() -> Non
         ("UPDATE", 4),
         ("WITH", 4),
     ]
+
+
+def test_threads_asking_for_one_tree_at_once_read_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slots that start together need the same trees: the first reads, the others wait for its entries.
+    evaluation_services.tree_cache_clear()
+    reads: list[str] = []
+    started = threading.Event()
+
+    def slow_read(*, tree: Tree) -> list[FileEntry]:
+        reads.append(tree.digest)
+        started.set()
+        time.sleep(0.2)
+        return [FileEntry(path="a.txt", mode=MODE_FILE, data=tree.digest.encode())]
+
+    monkeypatch.setattr(evaluation_services, "tree_entries", slow_read)
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(evaluation_services._tree_entries_cached, "d1")
+        assert started.wait(5)
+        results = [pool.submit(evaluation_services._tree_entries_cached, "d1") for _ in range(6)]
+        other = pool.submit(evaluation_services._tree_entries_cached, "d2")
+        entries = [first.result(), *(result.result() for result in results)]
+    assert sorted(reads) == ["d1", "d2"] and other.result()[0].data == b"d2"
+    assert all(found is entries[0] for found in entries)
+    # Kept: later asks read nothing.
+    assert evaluation_services._tree_entries_cached("d1") is entries[0] and len(reads) == 2
+    evaluation_services.tree_cache_clear()
