@@ -8,7 +8,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 import orjson
@@ -801,11 +800,10 @@ def _records_verify(experiment: Experiment | None) -> VerifyReport:
                 for split, split_digest in certified_sets.items():
                     if task_sets.get(split) != split_digest:
                         record_problems.append(f"{here}{seq}: task set of split {split!r} changed")
-            certified = _certified_trial_rows(payload.get("trials", []))
-            trial_count += len(certified)
-            if stored.rows != certified:
-                changed = sum(1 for a, b in zip(stored.rows, certified, strict=False) if a != b)
-                changed += abs(len(stored.rows) - len(certified))
+            certified = payload.get("trials", [])
+            trial_count += len(certified) if isinstance(certified, list) else 1
+            changed = trial_rows_differing(stored.rows, certified)
+            if changed:
                 record_problems.append(f"{here}{seq}: {changed} trial row(s) differ from the certified results")
 
         for decision in decisions[fed:]:
@@ -851,8 +849,10 @@ class _ImpliedPayloads:
     A record whose stored canonical text is exactly this payload's passes
     every check ``_records_verify`` makes of it field by field (each compares
     a payload field with the same database value), so it is compared as
-    bytes. The payload is serialized with orjson, key-sorted: for the
-    values made here (text, 64-bit integers, integral floats written as
+    bytes. The payload is serialized with orjson, built with every object's
+    keys in sorted order (the trial rows as ``trial_rows_by_seq`` makes them,
+    criteria results and run settings re-read key-sorted), so orjson need
+    not sort them: for the values made here (text, 64-bit integers, integral floats written as
     integers, finite floats, booleans, null) those are the canonical bytes,
     and the text parses back to the payload; a value that orjson would not
     write faithfully (a float that is not finite) gives None, and so does a
@@ -866,15 +866,13 @@ class _ImpliedPayloads:
         self.profile: str | None = None
         self.digests: dict[str, str] = {}
         self.splits: dict[str, tuple[list[str], dict[str, str]] | None] = {}
-        # Parsed criteria results (shared by the trial rows that have the same text) -> written faithfully.
-        self.criteria: dict[int, tuple[Any, bool]] = {}
-        self.settings_faithful = _written_faithfully(experiment.run_settings)
-        self.integer_booleans = connection.vendor == "sqlite"
+        run_settings = _as_written(experiment.run_settings)
+        self.settings_faithful = run_settings is not _UNFAITHFUL
         # Read once: the same for every record.
         self.evaluator, self.surface, self.run_settings = (
             experiment.evaluator,
             experiment.surface.digest,
-            experiment.run_settings,
+            run_settings,
         )
         # Sandbox profile -> the evaluator as a record of it binds it (without environments).
         self.evaluators: dict[str, dict[str, Any]] = {}
@@ -906,42 +904,41 @@ class _ImpliedPayloads:
                 self.splits.clear()
             self.splits[splits_text] = self._splits(splits_text)
         splits = self.splits[splits_text]
-        if splits is None or self.profile is None or not self.settings_faithful:
+        if splits is None or self.profile is None or not self.settings_faithful or not stored.faithful:
             return None
         sorted_splits, task_sets = splits
-        trials = []
-        for row in stored.rows:
-            trial = self._trial(row)
-            if trial is None:
-                return None
-            trials.append(trial)
         certified_evaluator = self.evaluators.get(self.profile)
         if certified_evaluator is None:
             certified_evaluator = self.evaluators[self.profile] = {
-                "name": self.evaluator.name,
-                "files": self.evaluator.files_id,
-                "sandbox_profile": self.profile,
                 "digest": self.evaluator_digest(self.profile),
+                "files": self.evaluator.files_id,
+                "name": self.evaluator.name,
+                "sandbox_profile": self.profile,
             }
         if stored.environments:
-            certified_evaluator = {**certified_evaluator, "environments": stored.environments}
+            certified_evaluator = {
+                "digest": certified_evaluator["digest"],
+                "environments": stored.environments,
+                **certified_evaluator,
+            }
+        # Every object's keys in sorted order (the rows' too), so orjson need not sort them.
         payload = {
-            "schema": records.SCHEMA,
-            "experiment": self.uid,
-            "seq": seq,
-            "prev": prev,
-            "evaluation": {"purpose": purpose, "repeat": repeat, "splits": sorted_splits, "k": k, "seed": seed},
-            "candidate": {"tree": tree, "parent_tree": parent_tree, "origin": origin},
+            "candidate": {"origin": origin, "parent_tree": parent_tree, "tree": tree},
+            "evaluation": {"k": k, "purpose": purpose, "repeat": repeat, "seed": seed, "splits": sorted_splits},
             "evaluator": certified_evaluator,
-            "task_sets": task_sets,
-            "recipe": self.recipe,
-            "surface": self.surface,
-            "run_settings": self.run_settings,
+            "experiment": self.uid,
             "k": k,
-            "trials": trials,
+            "prev": prev,
+            "recipe": self.recipe,
+            "run_settings": self.run_settings,
+            "schema": records.SCHEMA,
+            "seq": seq,
+            "surface": self.surface,
+            "task_sets": task_sets,
+            "trials": stored.rows,  # already as a record writes them
         }
         try:
-            written = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+            written = orjson.dumps(payload)
         except orjson.JSONEncodeError:  # a value orjson does not write (a huge integer, a lone surrogate)
             return None
         return payload if written == canonical else None
@@ -956,54 +953,23 @@ class _ImpliedPayloads:
         splits = sorted(splits)
         return splits, {split: self.task_sets[split] for split in splits}
 
-    def _trial(self, row: tuple[Any, ...]) -> dict[str, Any] | None:
-        """A stored trial row (``TRIAL_ROW_KEYS`` order) as a record writes it,
-        each value equal to the stored one; None if one would not be written
-        faithfully. Unpacked by name, not zipped with the keys: twice as fast,
-        once a trial row."""
-        task, split, index, seed, outcome, score, tokens, steps, valid_output, submitted, error_kind, criteria = row
-        if score.__class__ is float:
-            if score.is_integer():
-                score = int(score)  # as RFC 8785 writes it
-            elif not math.isfinite(score):
-                return None
-        if self.integer_booleans:  # 0 or 1 from SQLite (equal to False and True); anything else stays as it is
-            valid_output = _BOOLEANS.get(valid_output, valid_output)
-            submitted = _BOOLEANS.get(submitted, submitted)
-        known = self.criteria.get(id(criteria))
-        if known is None:
-            if len(self.criteria) >= CRITERIA_PARSED_KEPT:
-                self.criteria.clear()
-            # The value is kept with its verdict, so its id is not reused while cached.
-            known = self.criteria[id(criteria)] = (criteria, _written_faithfully(criteria))
-        if not known[1]:
-            return None
-        return {
-            "task": task,
-            "split": split,
-            "index": index,
-            "seed": seed,
-            "outcome": outcome,
-            "score": score,
-            "tokens": tokens,
-            "steps": steps,
-            "valid_output": valid_output,
-            "submitted": submitted,
-            "error_kind": error_kind,
-            "criteria": criteria,
-        }
-
 
 _BOOLEANS = {0: False, 1: True}
 
 
-def _written_faithfully(value: Any) -> bool:
-    """Whether orjson writes ``value`` as JSON that parses back to an equal
-    value (not so for a float that is not finite, written as null)."""
+def _as_written(value: Any) -> Any:
+    """``value`` as orjson writes it key-sorted and parses it back: equal to
+    it, each object's keys in sorted order; ``_UNFAITHFUL`` when that is not
+    equal to ``value`` (a float that is not finite, written as null) or
+    orjson does not write it."""
     try:
-        return bool(orjson.loads(orjson.dumps(value)) == value)
+        written = orjson.loads(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
     except (orjson.JSONEncodeError, orjson.JSONDecodeError):
-        return False
+        return _UNFAITHFUL
+    return written if written == value else _UNFAITHFUL
+
+
+_UNFAITHFUL = object()
 
 
 # The evaluation fields a record binds (``payload["evaluation"]``), in the order records_verify reads them.
@@ -1417,30 +1383,21 @@ def streamed_rows(queryset: QuerySet[Any], size: int) -> Iterator[tuple[Any, ...
             yield from rows
 
 
-# A trial row as verification compares it: ``TRIAL_ROW_FIELDS``' values, criteria last.
+# A trial row's keys: ``TRIAL_ROW_FIELDS``' with the criteria last (as ``trial_rows_by_seq`` reads them).
 TRIAL_ROW_KEYS = (*(key for key in TRIAL_ROW_FIELDS if key != "criteria"), "criteria")
-_trial_row_values = itemgetter(*TRIAL_ROW_KEYS)
 
 
-def _certified_trial_rows(trials: Any) -> list[tuple[Any, ...] | None]:
-    """A record's trials as ``trial_rows_by_seq`` gives the stored ones:
-    tuples, which compare as the dicts would (the same values under exactly
-    these keys); None for an entry that is not such a dict, equal to no row."""
-    if not isinstance(trials, list):
-        return [None]
-    rows: list[tuple[Any, ...] | None] = []
-    size = len(TRIAL_ROW_KEYS)
-    for trial in trials:
-        row = None
-        if isinstance(trial, dict) and len(trial) == size:
-            # try/except, not contextlib.suppress: entered once a trial, the context manager
-            # cost more than the lookup (issue 44's profile of records_verify).
-            try:
-                row = _trial_row_values(trial)
-            except KeyError:
-                row = None  # a key missing: equal to no stored row
-        rows.append(row)
-    return rows
+def trial_rows_differing(stored: list[dict[str, Any]], certified: Any) -> int:
+    """How many of a record's trials (``certified``, as its payload holds
+    them) differ from the stored rows (``StoredTrials.rows``): a trial equals
+    a row only with exactly the same keys and equal values; trials that are
+    no list equal no row."""
+    if not isinstance(certified, list):
+        certified = [None]
+    if stored == certified:
+        return 0
+    changed = sum(1 for a, b in zip(stored, certified, strict=False) if a != b)
+    return changed + abs(len(stored) - len(certified))
 
 
 # Distinct criteria texts kept parsed while trial rows are read: a task's
@@ -1453,24 +1410,26 @@ class StoredTrials(NamedTuple):
     derives from them in the same pass (``trial_rows_by_seq``)."""
 
     seq: int
-    # Each trial's values in ``TRIAL_ROW_KEYS`` order (as ``_certified_trial_rows`` gives a record's).
-    rows: list[tuple[Any, ...]]
+    # Each trial as a record writes it (``trial_row``'s keys, sorted), its values
+    # equal to the stored ones: an integral score as an integer, a boolean from SQLite's 0 or 1.
+    rows: list[dict[str, Any]]
     # Split -> [first candidate, trials, passed, errors, score sum, token sum, token count]: the
     # ``split_totals`` aggregates (with ``Min("candidate_id")``), in ``EvaluationSplitStats``' order.
     totals: dict[str, list[Any]]
     # The distinct environment digests the trials ran in, sorted (as ``payload_build`` binds them).
     environments: list[str]
+    # Whether orjson writes every row back faithfully (False: a score or criteria value that is not finite).
+    faithful: bool
 
 
 def trial_rows_by_seq(experiment: Experiment) -> Iterator[StoredTrials]:
     """The trial rows of every record of ``experiment`` in seq order: one
-    streamed query, read alongside the records. The same pass totals each
+    streamed query, read alongside the records. Each row is made once, as a
+    record writes it (``StoredTrials.rows``), and the same pass totals each
     split as ``split_totals`` does in SQL (``scores_verify`` compares them
     with the stored totals) and collects the environments, so the trials are
     read once. Rows with the same criteria results share one parsed value:
     read them, do not change them."""
-    # The criteria text last, so each row is its seq, candidate and environment, the plain fields, then the text.
-    keys = TRIAL_ROW_KEYS[:-1]
     values = streamed_rows(
         Trial.objects.filter(evaluation__certified_result__experiment=experiment)
         .order_by("evaluation__certified_result__seq", *TRIAL_ORDER)
@@ -1478,52 +1437,129 @@ def trial_rows_by_seq(experiment: Experiment) -> Iterator[StoredTrials]:
             "evaluation__certified_result__seq",
             "candidate_id",
             "environment",
-            *(TRIAL_ROW_FIELDS[key] for key in keys),
+            *(TRIAL_ROW_FIELDS[key] for key in TRIAL_ROW_KEYS[:-1]),
             Cast(TRIAL_ROW_FIELDS["criteria"], TextField()),
         ),
         4 * VERIFY_BATCH,
     )
     passed, error = Trial.Outcome.PASS.value, Trial.Outcome.ERROR.value
-    at_split, at_outcome, at_score, at_tokens = (keys.index(key) for key in ("split", "outcome", "score", "tokens"))
+    integer_booleans = connection.vendor == "sqlite"
+    # Criteria text -> its value, for the texts orjson writes back faithfully (the others are parsed each time).
     parsed: dict[str, Any] = {}
     current: int | None = None
-    rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
     by_split: dict[str, list[Any]] = {}
     environments: set[str] = set()
-    for seq, candidate, environment, *fields, text in values:
-        if seq != current:
-            if current is not None:
-                yield StoredTrials(current, rows, by_split, sorted(environments))
-            current, rows, by_split, environments = seq, [], {}, set()
-        criteria = parsed.get(text)
-        if criteria is None:
-            if len(parsed) >= CRITERIA_PARSED_KEPT:
-                parsed.clear()
-            criteria = parsed[text] = json_value(text)
-        fields.append(criteria)
-        rows.append(tuple(fields))
-        if environment:
-            environments.add(environment)
-        split, outcome, score, tokens = fields[at_split], fields[at_outcome], fields[at_score], fields[at_tokens]
-        totals = by_split.get(split)
-        if totals is None:
-            totals = by_split[split] = [candidate, 0, 0, 0, 0.0, 0, 0]
-        elif candidate < totals[0]:
-            totals[0] = candidate
-        totals[1] += 1
+    faithful = True
+    # The totals of the split being read (the rows of a record come split by split).
+    split_now: str | None = None
+    first = n = n_passed = errors = tokens_sum = tokens_count = 0
+    score_sum = 0.0
+
+    for (
+        seq,
+        candidate,
+        environment,
+        task,
+        split,
+        index,
+        seed,
+        outcome,
+        score,
+        tokens,
+        steps,
+        valid_output,
+        submitted,
+        error_kind,
+        text,
+    ) in values:
+        if seq != current or split != split_now:
+            if split_now is not None:
+                _split_totals_add(
+                    by_split, split_now, first, [n, n_passed, errors, score_sum, tokens_sum, tokens_count]
+                )
+            if seq != current:
+                if current is not None:
+                    yield StoredTrials(current, rows, by_split, sorted(environments), faithful)
+                current, rows, by_split, environments, faithful = seq, [], {}, set(), True
+            split_now, first, n, n_passed, errors, score_sum, tokens_sum, tokens_count = (
+                split,
+                candidate,
+                0,
+                0,
+                0,
+                0.0,
+                0,
+                0,
+            )
+        elif candidate < first:
+            first = candidate
+        n += 1
         if outcome == error:
-            totals[3] += 1
+            errors += 1
         else:
             if outcome == passed:
-                totals[2] += 1
+                n_passed += 1
             if score is not None:
-                totals[4] += score
+                score_sum += score
         if tokens is not None:
-            totals[5] += tokens
-            totals[6] += 1
+            tokens_sum += tokens
+            tokens_count += 1
+        if environment:
+            environments.add(environment)
+        criteria = parsed.get(text, _UNPARSED)
+        if criteria is _UNPARSED:
+            criteria = _as_written(json_value(text))
+            if criteria is _UNFAITHFUL:
+                criteria = json_value(text)
+                faithful = False
+            else:
+                if len(parsed) >= CRITERIA_PARSED_KEPT:
+                    parsed.clear()
+                parsed[text] = criteria
+        if score.__class__ is float:
+            if score.is_integer():
+                score = int(score)  # as RFC 8785 writes it (and equal to the stored value)
+            elif not math.isfinite(score):
+                faithful = False
+        if integer_booleans:  # 0 or 1 from SQLite (equal to False and True); anything else stays as it is
+            valid_output = _BOOLEANS.get(valid_output, valid_output)
+            submitted = _BOOLEANS.get(submitted, submitted)
+        rows.append(  # the keys sorted (``_ImpliedPayloads.payload`` writes them in this order)
+            {
+                "criteria": criteria,
+                "error_kind": error_kind,
+                "index": index,
+                "outcome": outcome,
+                "score": score,
+                "seed": seed,
+                "split": split,
+                "steps": steps,
+                "submitted": submitted,
+                "task": task,
+                "tokens": tokens,
+                "valid_output": valid_output,
+            }
+        )
     if current is not None:
-        yield StoredTrials(current, rows, by_split, sorted(environments))
+        _split_totals_add(by_split, split_now, first, [n, n_passed, errors, score_sum, tokens_sum, tokens_count])
+        yield StoredTrials(current, rows, by_split, sorted(environments), faithful)
+
+
+_UNPARSED = object()
+
+
+def _split_totals_add(by_split: dict[str, list[Any]], split: Any, first: int, counts: list[Any]) -> None:
+    """Add the totals of a split's consecutive trial rows (``first``: their
+    first candidate, ``counts``: the ``split_totals`` counts) to ``by_split``."""
+    totals = by_split.get(split)
+    if totals is None:
+        by_split[split] = [first, *counts]
+    else:  # cannot happen: a record's rows come in split order
+        totals[0] = min(totals[0], first)
+        for at, value in enumerate(counts, start=1):
+            totals[at] += value
 
 
 # What a record whose evaluation has no trial row is compared with (read only).
-EMPTY_TRIALS = StoredTrials(0, [], {}, [])
+EMPTY_TRIALS = StoredTrials(0, [], {}, [], True)

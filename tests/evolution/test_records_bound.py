@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from evolution import digests, records
@@ -44,12 +44,11 @@ from evolution.models import (
 from evolution.services import records as records_module
 from evolution.services.bundles import BundleError, bundle_build, bundle_import, bundle_verify
 from evolution.services.records import (
-    TRIAL_ROW_KEYS,
-    _certified_trial_rows,
     _split_totals_of,
     records_verify,
     scores_verify,
     trial_rows_by_seq,
+    trial_rows_differing,
 )
 from lab.bench.records import certified_chain
 from tests.evolution.test_decision_records import reviewed_run
@@ -282,12 +281,17 @@ DATABASE_FORGERIES: list[Callable[[Run], str]] = [
 
 
 def test_a_certified_trial_is_compared_only_under_exactly_the_bound_keys() -> None:
-    good = {key: number for number, key in enumerate(TRIAL_ROW_KEYS)}
+    experiment = make_tiny_experiment(tasks=4, k=1)
+    certified_chain(experiment, count=1)
+    (stored,) = trial_rows_by_seq(experiment)
+    good, *others = CertifiedResult.objects.get(experiment=experiment).payload["trials"]
+    assert len(stored.rows) == 1 + len(others) and trial_rows_differing(stored.rows, [good, *others]) == 0
     renamed = {**{key: value for key, value in good.items() if key != "seed"}, "sead": good["seed"]}
-    assert _certified_trial_rows([good]) == [tuple(range(len(TRIAL_ROW_KEYS)))]
-    # A key renamed, an entry that is no object, a key too many: none equals a stored row.
-    assert _certified_trial_rows([renamed, "trial", {**good, "extra": 1}]) == [None, None, None]
-    assert _certified_trial_rows({"trials": []}) == [None]
+    # A key renamed, an entry that is no object, a key too many or missing: none equals a stored row.
+    for forged in (renamed, "trial", {**good, "extra": 1}, {key: good[key] for key in list(good)[1:]}):
+        assert trial_rows_differing(stored.rows, [forged, *others]) == 1
+    assert trial_rows_differing(stored.rows, [good]) == len(others)
+    assert trial_rows_differing(stored.rows, {"trials": [good, *others]}) == len(stored.rows)
 
 
 def test_forged_scores_and_fields_bound_in_records_are_named_by_verification() -> None:
@@ -480,8 +484,9 @@ def test_records_equal_to_the_payload_the_database_implies_are_compared_as_bytes
     """Only the first record of a chain is checked field by field; the others,
     the bytes of the payload the database implies, pass as bytes. A trial row
     changed in the database sends its record back to the field-by-field check,
-    which names it; and a value orjson would not write faithfully (a score that
-    is not finite, written as null) is never compared as bytes."""
+    which names it; stored rows are read as a record writes them; and a value
+    orjson would not write faithfully (one read as infinity, written as null)
+    is never compared as bytes."""
     experiment = make_tiny_experiment(tasks=4, k=1)
     certified_chain(experiment, count=3)
     field_by_field: list[int] = []
@@ -502,9 +507,15 @@ def test_records_equal_to_the_payload_the_database_implies_are_compared_as_bytes
     assert any(f"record #{last.seq}: 1 trial row(s) differ" in p for p in problems_of(experiment.pk))
     assert len(field_by_field) == 2
 
-    implied = records_module._ImpliedPayloads(experiment, task_sets={}, recipe=None)
-    row = ("t1", "train", 0, 7, "pass", 1.0, 20, 1, True, True, "", [{"id": "answer", "met": True}])
-    assert implied._trial(row) == dict(zip(TRIAL_ROW_KEYS, (*row[:5], 1, *row[6:]), strict=True))
-    for score in (float("nan"), float("inf")):
-        assert implied._trial((*row[:5], score, *row[6:])) is None
-    assert implied._trial((*row[:-1], [{"id": "answer", "met": float("nan")}])) is None
+    # Read as a record writes them: an integral score as an integer, a boolean as a boolean (SQLite's 0 or 1).
+    rows = [row for stored in trial_rows_by_seq(experiment) for row in stored.rows]
+    assert rows and all(type(row["valid_output"]) is bool and type(row["score"]) is not float for row in rows)
+    # A criteria value orjson does not write faithfully (1e400 reads as infinity, written as null): that record
+    # is never compared as bytes.
+    Trial.objects.filter(pk=trial.pk).update(tokens=trial.tokens)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Trial._meta.db_table} SET criteria_results = '[1e400]' WHERE id = %s", [trial.pk])
+    assert [stored.faithful for stored in trial_rows_by_seq(experiment)] == [True, True, False]
+    field_by_field.clear()
+    assert any(f"record #{last.seq}: 1 trial row(s) differ" in p for p in problems_of(experiment.pk))
+    assert len(field_by_field) == 2
