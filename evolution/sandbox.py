@@ -11,9 +11,10 @@ What a run guarantees:
 - What the command adds to its ``writable`` paths, all files together, is
   capped at ``disk_bytes``: measured while it runs and stopped (its group
   killed) once over, so it can overshoot by what it writes between two
-  measurements (``DISK_POLL_SECONDS``, longer for big trees); see
-  ``_DiskWatch``. Trial folders sit in ``/dev/shm`` by default, where every
-  byte is host memory that the address-space limit does not count.
+  measurements (``DISK_POLL_SECONDS``, longer for big trees, shorter for
+  a fast writer near its limit); see ``_DiskWatch``. Trial folders sit in
+  ``/dev/shm`` by default, where every byte is host memory that the
+  address-space limit does not count.
 - stdout and stderr go to anonymous temporary files outside every workspace
   and are read back capped, so a flood costs at most ``file_bytes`` of disk
   per stream (RLIMIT_FSIZE applies to them too) and ``output_bytes`` of
@@ -102,9 +103,16 @@ SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 SWEEP_SECONDS = 10.0
 
 # Seconds between two measurements of what a run wrote to its writable
-# paths; longer when measuring takes more than a twentieth of it.
+# paths; longer when measuring takes more than a twentieth of it, shorter
+# (down to DISK_POLL_MIN_SECONDS) when a run writing DISK_FAST_WRITE_BYTES
+# a second, or faster as measured, could use half of what it may still
+# add before the next one.
 DISK_POLL_SECONDS = 0.05
 DISK_POLL_MAX_SECONDS = 1.0
+DISK_POLL_MIN_SECONDS = 0.005
+# A fast writer into /dev/shm: Python writing 1 MiB blocks to 4 MiB files
+# as fast as it can (docs/agents.md has what it measured).
+DISK_FAST_WRITE_BYTES = 4 << 30
 
 # Runs inside bubblewrap as the sandboxed command where setpriv or env is
 # missing: drops root to the given uid/gid after bwrap has set up the mounts
@@ -1011,6 +1019,27 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, watch: _DiskWatch) -> b
             os.close(pidfd)
 
 
+def disk_poll_interval(walk_seconds: float, grown: int, elapsed: float, headroom: int) -> float:
+    """Seconds to the next measurement of a run's writable paths.
+
+    ``walk_seconds`` is what the last measurement took, ``grown`` the bytes
+    the paths grew by in the ``elapsed`` seconds since the one before (0
+    for the first), and ``headroom`` the bytes the run may still add. The
+    steady interval is twenty walks (measuring costs at most a twentieth
+    of a core), between ``DISK_POLL_SECONDS`` and ``DISK_POLL_MAX_SECONDS``.
+    A run that could use half its headroom before then, writing
+    ``DISK_FAST_WRITE_BYTES`` a second or as fast as it was measured to,
+    is measured once it may have, but not sooner than
+    ``DISK_POLL_MIN_SECONDS`` nor than two walks: what it can write past
+    its limit is what it writes in about that long, not in a whole steady
+    interval (at 2 GB/s, 50 ms let 100 MiB through a limit of 32 MiB).
+    """
+    steady = min(DISK_POLL_MAX_SECONDS, max(DISK_POLL_SECONDS, 20 * walk_seconds))
+    rate = max(DISK_FAST_WRITE_BYTES, grown / elapsed if grown > 0 and elapsed > 0 else 0)
+    halfway = max(0, headroom) / 2 / rate
+    return min(steady, max(DISK_POLL_MIN_SECONDS, 2 * walk_seconds, halfway))
+
+
 class _DiskWatch:
     """What a run adds to its writable paths, measured from outside.
 
@@ -1021,20 +1050,20 @@ class _DiskWatch:
     allocated, links as themselves, hard links once per name), compared
     with what they took before the command started. Once over
     ``maximum`` the run is stopped; it may have written past the limit by
-    what it writes in one interval. The interval grows with the time a walk
-    takes (twenty times it, between ``DISK_POLL_SECONDS`` and
-    ``DISK_POLL_MAX_SECONDS``), so measuring costs at most a twentieth of
-    a core. A folder that cannot be read (a command running as the
-    worker's user may chmod one to 000) cannot be measured, which stops
-    the run too.
+    what it writes in one interval (``disk_poll_interval``: from the time
+    a walk takes, shorter for a limit a fast writer reaches soon). A folder
+    that cannot be read (a command running as the worker's user may chmod
+    one to 000) cannot be measured, which stops the run too.
     """
 
     def __init__(self, paths: Sequence[Path], maximum: int) -> None:
         self.paths = [str(path) for path in paths]
         self.maximum = maximum
-        self.interval = DISK_POLL_SECONDS
         self.problem = ""
+        started = time.monotonic()
         self.baseline, _ = self._usage()
+        self._last = (time.monotonic(), self.baseline)
+        self.interval = disk_poll_interval(self._last[0] - started, 0, 0, maximum)
 
     def _usage(self) -> tuple[int, str]:
         """Bytes the trees take, and the folder that could not be read ("" when none)."""
@@ -1062,10 +1091,14 @@ class _DiskWatch:
         """Measure; True (with ``problem`` set) when the run must stop."""
         started = time.monotonic()
         used, unreadable = self._usage()
-        self.interval = min(DISK_POLL_MAX_SECONDS, max(DISK_POLL_SECONDS, 20 * (time.monotonic() - started)))
+        finished = time.monotonic()
+        last_at, last_used = self._last
+        self._last = (finished, used)
+        headroom = self.maximum - (used - self.baseline)
+        self.interval = disk_poll_interval(finished - started, used - last_used, finished - last_at, headroom)
         if unreadable:
             self.problem = f"its writable folder {unreadable} could not be read to measure it"
-        elif used - self.baseline > self.maximum:
+        elif headroom < 0:
             self.problem = f"it wrote more than {self.maximum} bytes to its writable folders (limits.disk_bytes)"
         return bool(self.problem)
 
