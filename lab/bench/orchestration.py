@@ -46,6 +46,7 @@ from evolution.models import (
     Candidate,
     CertifiedResult,
     Evaluation,
+    EvaluationSplitStats,
     Evaluator,
     Experiment,
     SplitMembership,
@@ -464,7 +465,17 @@ def _discarded_after(
 
 
 # What a benchmark's experiment fills and its removal empties, run after run.
-_CHURNED = (Trial, Trajectory, TrajectoryStep, Evaluation, CertifiedResult, Candidate, Task, SplitMembership)
+_CHURNED = (
+    Trial,
+    Trajectory,
+    TrajectoryStep,
+    Evaluation,
+    EvaluationSplitStats,
+    CertifiedResult,
+    Candidate,
+    Task,
+    SplitMembership,
+)
 
 
 def vacuum_churned() -> None:
