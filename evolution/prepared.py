@@ -194,13 +194,33 @@ def _preparing_cursor_class() -> type[Any]:
     """Django's cursor of psycopg 3 with server-side binding, preparing every statement it runs."""
     if not _preparing_cursor:
         from django.db.backends.postgresql.base import ServerBindingCursor
+        from psycopg import errors
+        from psycopg.pq import TransactionStatus
 
         class PreparingCursor(ServerBindingCursor):
             def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any) -> Any:
-                return super().execute(query, params, prepare=True if prepare is None else prepare, **kwargs)  # type: ignore[misc]  # psycopg.Cursor.execute, unknown to django-stubs
+                prepare = True if prepare is None else prepare
+                try:
+                    return super().execute(query, params, prepare=prepare, **kwargs)  # type: ignore[misc]  # psycopg.Cursor.execute, unknown to django-stubs
+                except errors.FeatureNotSupported as error:
+                    # A migration changed a column under a statement this connection prepared
+                    # ("cached plan must not change result type"): outside a transaction every later
+                    # run failed the same way, since psycopg forgets its statements only on a rollback.
+                    # Deallocated (psycopg then forgets them too), it is prepared anew. In a transaction,
+                    # which the error aborted, it is raised: the rollback makes psycopg forget them.
+                    status = self.connection.info.transaction_status  # type: ignore[attr-defined]  # psycopg.Cursor.connection
+                    if not _stale_plan(error) or status != TransactionStatus.IDLE:
+                        raise
+                    super().execute("DEALLOCATE ALL", prepare=False)  # type: ignore[misc]
+                    return super().execute(query, params, prepare=prepare, **kwargs)  # type: ignore[misc]
 
         _preparing_cursor.append(PreparingCursor)
     return _preparing_cursor[0]
+
+
+def _stale_plan(error: Exception) -> bool:
+    """Whether PostgreSQL refused a prepared statement because a table it reads changed shape."""
+    return "cached plan must not change result type" in str(error)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -104,6 +105,40 @@ def test_the_statements_of_every_trial_are_prepared_once_per_connection() -> Non
         ("UPDATE", 4),
         ("WITH", 4),
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_that_changes_a_column_under_a_prepared_statement_does_not_stop_the_trials(
+    postgres: None,
+) -> None:
+    """A migration run while workers run (another connection) widened a
+    column the claim's prepared SELECT returns: PostgreSQL then refuses that
+    statement ("cached plan must not change result type"), on every later
+    run of a connection outside a transaction, until it reconnects. The
+    statement is deallocated and prepared anew, and the trials go on."""
+    evaluation_services.tree_cache_clear()
+    experiment = make_tiny_experiment(tasks=4, k=2)
+    evaluation = evaluation_services.evaluation_start(candidate=seed_of(experiment), splits=["train"])
+    first, *rest = evaluation.trials.order_by("pk").values_list("pk", flat=True)
+    assert evaluation_services.trial_execute(trial_id=first, owner="test")
+    params = {
+        key: value
+        for key, value in connection.get_connection_params().items()
+        if key in ("dbname", "user", "host", "port", "password")
+    }
+    column = "ALTER TABLE evolution_trial ALTER COLUMN lease_owner TYPE varchar({})"
+    with psycopg.connect(**params, autocommit=True) as migration:
+        migration.execute(column.format(201))
+    try:
+        for trial_id in rest:
+            assert evaluation_services.trial_execute(trial_id=trial_id, owner="test")
+    finally:
+        with psycopg.connect(**params, autocommit=True) as migration:
+            migration.execute(column.format(200))
+    assert list(evaluation.trials.values_list("state", flat=True).distinct()) == [Trial.State.DONE]
+    with connection.cursor() as cursor:  # prepared anew: the claim's SELECT is there again, run since
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT%%lease_owner%%'")
+        assert cursor.fetchone() == (1,)
 
 
 def test_threads_asking_for_one_tree_at_once_read_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
