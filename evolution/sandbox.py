@@ -726,9 +726,11 @@ def _bwrap_command(
     is). Where setpriv or env is missing, a Python shim does both.
     ``network``: the host's network namespace instead of an empty one.
     ``disk_bytes``: the size of the private ``/tmp`` and ``/dev/shm``
-    (tmpfs, in memory); the root bwrap builds is then remounted read-only,
-    since in a user namespace the command owns it (and could fill memory
-    there). A bubblewrap without ``--size`` (before 0.8) leaves them uncapped.
+    (tmpfs, in memory, mode 1777 so that a root worker's command can write
+    them too); the root bwrap builds is then remounted read-only, since in
+    a user namespace the command owns it (and could fill memory there). A
+    bubblewrap without ``--size`` (before 0.8) leaves them uncapped, and
+    writable only by a command that owns them (in a user namespace).
     ``root``: the system directories come from this root filesystem instead
     of the host's; a readable path inside them would be hidden by them, so
     it is refused (SandboxError).
@@ -746,7 +748,10 @@ def _bwrap_command(
     else:
         namespaces = ["--unshare-all", "--share-net"] if network else ["--unshare-all"]
     command = [bwrap, *namespaces, "--die-with-parent", "--new-session", *system_part]
-    sized = ["--size", str(disk_bytes)] if _bwrap_has_size() else []
+    # Capped, the private /tmp and /dev/shm are writable by everyone (1777, as a
+    # system's /tmp): a root worker's command runs as a uid of its own, and
+    # tools (compilers, test runners, package managers) write /tmp.
+    sized = ["--size", str(disk_bytes), "--perms", "1777"] if _bwrap_has_size() else []
     command += ["--proc", "/proc", "--dev", "/dev", *sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]
     fresh_mounts = {"/proc", "/dev", "/tmp"}
     # Host directories visible in the sandbox: their subdirectories already exist.

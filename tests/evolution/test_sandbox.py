@@ -1185,6 +1185,23 @@ def test_a_folder_the_worker_cannot_read_stops_the_run(box: Path) -> None:
     assert watch.problem == f"its writable folder {hidden} could not be read to measure it"
 
 
+# Writes up to 24 MiB to /tmp, /dev/shm and / in turn; prints what each took (MiB, and errno where it stopped).
+FILL_PRIVATE_MOUNTS = (
+    "import os, json\n"
+    "report = {}\n"
+    "for where in ('/tmp', '/dev/shm', '/'):\n"
+    "    written = 0\n"
+    "    try:\n"
+    "        with open(os.path.join(where, 'fill.bin'), 'wb') as stream:\n"
+    "            for _ in range(24):\n"
+    "                stream.write(b'x' * (1 << 20)); stream.flush(); written += 1\n"
+    "        report[where] = written\n"
+    "    except OSError as exc:\n"
+    "        report[where] = [written, exc.errno]\n"
+    "print(json.dumps(report))\n"
+)
+
+
 def test_bwrap_private_tmp_and_dev_shm_are_capped_and_its_root_is_read_only(box: Path) -> None:
     """In a user namespace (a worker that is not root) the command owns the
     root, /tmp and /dev/shm bubblewrap builds, all tmpfs in memory: they
@@ -1192,20 +1209,7 @@ def test_bwrap_private_tmp_and_dev_shm_are_capped_and_its_root_is_read_only(box:
     root is read-only. Run as an unprivileged worker would (uid 65534)."""
     if not probe_bubblewrap():
         pytest.skip("bubblewrap is not available on this machine")
-    code = (
-        "import os, json\n"
-        "report = {}\n"
-        "for where in ('/tmp', '/dev/shm', '/'):\n"
-        "    written = 0\n"
-        "    try:\n"
-        "        with open(os.path.join(where, 'fill.bin'), 'wb') as stream:\n"
-        "            for _ in range(24):\n"
-        "                stream.write(b'x' * (1 << 20)); stream.flush(); written += 1\n"
-        "        report[where] = written\n"
-        "    except OSError as exc:\n"
-        "        report[where] = [written, exc.errno]\n"
-        "print(json.dumps(report))\n"
-    )
+    code = FILL_PRIVATE_MOUNTS
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
@@ -1230,3 +1234,17 @@ def test_bwrap_private_tmp_and_dev_shm_are_capped_and_its_root_is_read_only(box:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.split("\n")[0])
     assert report == {"/tmp": [8, 28], "/dev/shm": [8, 28], "/": [0, 30]}  # ENOSPC at 8 MiB, EROFS
+
+
+def test_a_root_worker_s_command_writes_its_private_tmp_and_dev_shm_up_to_disk_bytes(box: Path) -> None:
+    """A root worker's command runs as a uid of its own, without a user
+    namespace: the /tmp and /dev/shm bubblewrap builds were root's (0755),
+    so it could not write them, and a verifier or tool that writes /tmp
+    failed. They are 1777 now, capped at ``disk_bytes`` as above."""
+    if not ROOT:
+        pytest.skip("the worker is not root here: the test above covers an unprivileged one")
+    if not probe_bubblewrap():
+        pytest.skip("bubblewrap is not available on this machine")
+    result = run_code(FILL_PRIVATE_MOUNTS, box, use_bwrap=True, limits=Limits(disk_bytes=8 * MiB, file_bytes=64 * MiB))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"/tmp": [8, 28], "/dev/shm": [8, 28], "/": [0, 30]}
