@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import transaction
 
@@ -26,9 +26,15 @@ from evolution.services.snapshots import tree_store
 from evolution.surfaces import parse_surface
 from evolution.trees import FileEntry, normalize_path
 
+T = TypeVar("T")
+
 
 class ExperimentError(ValueError):
     pass
+
+
+class NameTakenError(ExperimentError):
+    """A benchmark or evaluator of that name exists with other content (it cannot change: results bind it)."""
 
 
 class SplitsFrozenError(ExperimentError):
@@ -86,7 +92,7 @@ def benchmark_upsert(*, name: str, title: str = "", description: str = "", tasks
             expected,
             list(item.criteria),
         ):
-            raise ExperimentError(f"benchmark {name!r}: task {item.external_id!r} exists with different content")
+            raise NameTakenError(f"benchmark {name!r}: task {item.external_id!r} exists with different content")
     return benchmark
 
 
@@ -123,19 +129,35 @@ def evaluator_upsert(
     if not created:
         current = {key: getattr(evaluator, key) for key in values}
         if current != values:
-            raise ExperimentError(f"evaluator {name!r} exists with different settings; use a new name")
+            raise NameTakenError(f"evaluator {name!r} exists with different settings; use a new name")
     return evaluator
 
 
 def benchmark_from_config(*, config: Mapping[str, Any], tasks: Sequence[TaskInput]) -> Benchmark:
     """``benchmark_upsert`` of a ``[benchmark]`` table of an example's TOML
     file (``name``, optional ``title`` and ``description``) with ``tasks``.
-    KeyError when ``name`` is missing."""
-    return benchmark_upsert(
-        name=config["name"],
-        title=config.get("title", ""),
-        description=config.get("description", ""),
-        tasks=tasks,
+    KeyError when ``name`` is missing. Where a benchmark of that name holds
+    other tasks (an earlier rsiweb's bundled example, in a database kept
+    across an upgrade), the name gets the tasks' digest (``_bundled``)."""
+    content = [
+        [
+            task.external_id,
+            task.instruction,
+            task.expected,
+            task.criteria,
+            {
+                path: digests.sha256_hex(data.encode() if isinstance(data, str) else data)
+                for path, data in task.files.items()
+            },
+        ]
+        for task in tasks
+    ]
+    return _bundled(
+        lambda name: benchmark_upsert(
+            name=name, title=config.get("title", ""), description=config.get("description", ""), tasks=tasks
+        ),
+        config["name"],
+        content,
     )
 
 
@@ -144,17 +166,35 @@ def evaluator_from_config(*, config: Mapping[str, Any], files: Tree) -> Evaluato
     file: ``name``, ``runner_argv``, ``verifier_argv`` and the optional
     ``env_allowlist``, ``timeout_seconds`` (60), ``limits`` and
     ``agent_network`` (false). KeyError when a
-    required key is missing. Safe to repeat, like ``evaluator_upsert``."""
-    return evaluator_upsert(
-        name=config["name"],
-        files=files,
-        runner_argv=config["runner_argv"],
-        verifier_argv=config["verifier_argv"],
-        env_allowlist=config.get("env_allowlist", []),
-        timeout_seconds=int(config.get("timeout_seconds", 60)),
-        limits=config.get("limits", {}),
-        agent_network=config.get("agent_network", False),
+    required key is missing. Safe to repeat, like ``evaluator_upsert``.
+    Where an evaluator of that name has other settings (an earlier rsiweb's
+    bundled files, in a database kept across an upgrade), the name gets the
+    settings' digest (``_bundled``)."""
+    settings = {
+        "runner_argv": config["runner_argv"],
+        "verifier_argv": config["verifier_argv"],
+        "env_allowlist": config.get("env_allowlist", []),
+        "timeout_seconds": int(config.get("timeout_seconds", 60)),
+        "limits": config.get("limits", {}),
+        "agent_network": config.get("agent_network", False),
+    }
+    return _bundled(
+        lambda name: evaluator_upsert(name=name, files=files, **settings),
+        config["name"],
+        {"files": files.digest, **settings},
     )
+
+
+def _bundled(upsert: Callable[[str], T], name: str, content: Any) -> T:
+    """``upsert(name)`` for what rsiweb bundles; when ``name`` is taken by
+    other content, ``upsert("<name>-<first 12 hex digits of content's
+    digest>")``: a benchmark or evaluator cannot change under the results
+    that bind it, and the bundled files of another version keep a name of
+    their own, the same in every database."""
+    try:
+        return upsert(name)
+    except NameTakenError:  # its upsert is atomic: the refused attempt left nothing behind
+        return upsert(f"{name}-{digests.json_digest(content)[:12]}")
 
 
 def surface_create(*, name: str, spec: str) -> Surface:

@@ -7,7 +7,18 @@ import io
 import pytest
 from django.core.management import call_command
 
-from evolution.models import Benchmark, Blob, Candidate, CertifiedResult, Experiment, Run, Task, Tree, Trial
+from evolution.models import (
+    Benchmark,
+    Blob,
+    Candidate,
+    CertifiedResult,
+    Evaluator,
+    Experiment,
+    Run,
+    Task,
+    Tree,
+    Trial,
+)
 from evolution.services.snapshots import tree_entries
 from evolution.surfaces import component_for, in_surface, parse_surface
 from tests.factories import seed_of
@@ -28,6 +39,40 @@ def test_example_loads_once_and_a_second_load_changes_nothing() -> None:
     assert "loaded example experiment 'example-routing'" in first
     assert "exists" in second and "nothing to do" in second
     assert (Experiment.objects.count(), Task.objects.count(), Blob.objects.count(), Tree.objects.count()) == counts
+
+
+def test_after_an_upgrade_changed_the_bundled_files_a_new_example_experiment_loads_beside_the_old() -> None:
+    """A database kept across an upgrade holds the earlier example's
+    evaluator and tasks under the bundled names, and they cannot change
+    (results bind them): a new experiment of the example was refused
+    ("evaluator ... exists with different settings"). The bundled files of
+    this version now get names of their own, with their digest; the old
+    experiment and its evaluator and tasks stay as they were."""
+    out = io.StringIO()
+    call_command("load_example", "--tasks", "6", "--name", "before", stdout=out)
+    old = Experiment.objects.select_related("evaluator", "benchmark").get(name="before")
+    # What the earlier version bundled: another timeout, another instruction for one task.
+    timeout = old.evaluator.timeout_seconds
+    Evaluator.objects.filter(pk=old.evaluator_id).update(timeout_seconds=timeout + 1)
+    first_task = old.benchmark.tasks.order_by("pk").first()
+    assert first_task is not None
+    Task.objects.filter(pk=first_task.pk).update(instruction="an earlier wording")
+    call_command("load_example", "--tasks", "6", "--name", "after", stdout=out)
+    call_command("load_example", "--tasks", "6", "--name", "after-again", stdout=out)
+    new = Experiment.objects.select_related("evaluator", "benchmark").get(name="after")
+    again = Experiment.objects.get(name="after-again")
+    # Named after their content: the same in both new experiments.
+    assert (
+        new.evaluator.name.startswith(f"{old.evaluator.name}-")
+        and len(new.evaluator.name) == len(old.evaluator.name) + 13
+    )
+    assert new.benchmark.name.startswith(f"{old.benchmark.name}-") and new.benchmark.tasks.count() == 6
+    assert (again.evaluator_id, again.benchmark_id) == (new.evaluator_id, new.benchmark_id)
+    assert new.evaluator.timeout_seconds == timeout
+    assert Evaluator.objects.get(pk=old.evaluator_id).timeout_seconds == timeout + 1
+    # The old ones unchanged: no task added to the old benchmark, its changed task as it was.
+    assert old.benchmark.tasks.count() == 6
+    assert Task.objects.get(pk=first_task.pk).instruction == "an earlier wording"
 
 
 def test_example_has_at_least_48_tasks_split_three_ways() -> None:
