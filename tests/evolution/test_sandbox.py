@@ -1108,19 +1108,20 @@ def test_a_command_writing_past_disk_bytes_in_many_files_is_stopped(shm_box: Pat
 
 @pytest.mark.parametrize("use_bwrap", [False, True], ids=["direct", "bwrap"])
 def test_a_command_writing_as_fast_as_it_can_is_stopped_before_it_is_done(shm_box: Path, use_bwrap: bool) -> None:
-    """The same 256 MiB written without a pause (about 2 GB/s into /dev/shm
-    on a fast machine: 100 MiB went through a 32 MiB limit between two
-    measurements 50 ms apart). The first measurement comes after 5 ms and
-    later ones sooner as the run nears its limit, so it is killed with most
-    of what it meant to write unwritten. How far past the limit it got
-    depends on the machine's speed and load; docs/agents.md reports it."""
+    """512 MiB in 4 MiB files written without a pause (about 2 GB/s into
+    /dev/shm on a fast machine: 100 MiB went through a 32 MiB limit between
+    two measurements 50 ms apart). The first measurement comes after 5 ms
+    and later ones sooner as the run nears its limit, so it is killed with
+    most of what it meant to write unwritten. How far past the limit it got
+    depends on the machine's speed and load (docs/agents.md reports it), so
+    the test asks only that it was stopped before it was done."""
     if use_bwrap and not probe_bubblewrap():
         pytest.skip("bubblewrap is not available on this machine")
     limits = Limits(disk_bytes=32 * MiB, file_bytes=8 * MiB, memory_bytes=512 * MiB)
-    result = run_code(FILL, shm_box, use_bwrap=use_bwrap, limits=limits, timeout=60)
+    result = run_code(FILL.replace("range(64)", "range(128)"), shm_box, use_bwrap=use_bwrap, limits=limits, timeout=60)
     written = folder_bytes(shm_box)
     assert (result.disk_exceeded, result.returncode, result.timed_out) == (True, -signal.SIGKILL, False)
-    assert 32 * MiB < written < 256 * MiB, written
+    assert 32 * MiB < written < 512 * MiB, written
     assert int(result.stdout.split()[-1]) * MiB <= written  # the last file whole, and part of the next
 
 
