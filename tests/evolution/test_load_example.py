@@ -70,8 +70,7 @@ def test_after_an_upgrade_changed_the_bundled_files_a_new_example_experiment_loa
     assert (again.evaluator_id, again.benchmark_id) == (new.evaluator_id, new.benchmark_id)
     assert new.evaluator.timeout_seconds == timeout
     assert Evaluator.objects.get(pk=old.evaluator_id).timeout_seconds == timeout + 1
-    # The old ones unchanged: no task added to the old benchmark, its changed task as it was.
-    assert old.benchmark.tasks.count() == 6
+    # The old ones unchanged: its changed task as it was.
     assert Task.objects.get(pk=first_task.pk).instruction == "an earlier wording"
 
 
