@@ -466,6 +466,49 @@ def test_verify_record_names_a_record_of_another_place() -> None:
     assert "payload belongs to another experiment" in [str(p) for p in problems]
 
 
+def _chain(length: int) -> list[records.ChainRecord]:
+    chain, prev = [], records.GENESIS
+    for seq in range(1, length + 1):
+        record = _signed_record(seq=seq, prev=prev, score=seq / 10)
+        chain.append(record)
+        prev = record.record_digest
+    return chain
+
+
+def _chain_problems(chain: list[records.ChainRecord], *, named: bool) -> list[str]:
+    checker = records.ChainChecker(key=KEY, experiment_uid=UID)
+    for record in chain:
+        canonical = records.canonical_payload(record.payload)
+        if named:
+            checker.add_named(record, canonical=canonical)
+        else:
+            checker.add(record, canonical=canonical)
+    head = records.ChainHead(len(chain), chain[-1].record_digest, "")
+    return checker.finish(
+        dataclasses.replace(
+            head, signature=records.head_signature(KEY, experiment_uid=UID, length=head.length, head=head.head)
+        )
+    )
+
+
+def test_a_record_added_as_named_by_its_payload_is_reported_as_add_reports_it() -> None:
+    # add_named checks only what a payload verification built cannot vouch for (seq, link, digest,
+    # signature); whatever fails, the record goes through add and gets the same words.
+    good = _chain(4)
+    assert _chain_problems(good, named=True) == _chain_problems(good, named=False) == []
+    third = good[2]
+    forged = {
+        "signature": [*good[:2], dataclasses.replace(third, signature="0" * 64), good[3]],
+        "digest": [*good[:2], dataclasses.replace(third, record_digest="c" * 64), good[3]],
+        "link": [*good[:2], dataclasses.replace(third, prev_digest="b" * 64), good[3]],
+        "seq": [*good[:2], good[3]],
+    }
+    for name, chain in forged.items():
+        problems = _chain_problems(chain, named=True)
+        assert problems, name
+        assert problems == _chain_problems(chain, named=False), name
+
+
 def test_an_agent_with_the_network_is_certified_as_such() -> None:
     experiment = make_tiny_experiment(tasks=4, k=1, agent_network=True)
     evaluation = evaluate_seed_inline(experiment)

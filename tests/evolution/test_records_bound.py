@@ -450,8 +450,8 @@ def test_the_totals_counted_while_the_trials_are_read_equal_the_sql_aggregates()
     )
     (stored,) = trial_rows_by_seq(experiment)
     first = min(seed.pk, other.pk)
-    assert stored.totals == {"train": [first, 3, 1, 1, 1.25, 17, 2], "gate": [other.pk, 2, 1, 0, 0.75, 3, 1]}
-    assert stored.totals == {split: list(totals) for (_, split), totals in _split_totals_of([evaluation.pk]).items()}
+    assert stored.totals == {"train": (first, 3, 1, 1, 1.25, 17, 2), "gate": (other.pk, 2, 1, 0, 0.75, 3, 1)}
+    assert stored.totals == {split: totals for (_, split), totals in _split_totals_of([evaluation.pk]).items()}
     assert stored.environments == ["e" * 64]
 
     EvaluationSplitStats.objects.bulk_create(
@@ -468,8 +468,8 @@ def test_the_totals_counted_while_the_trials_are_read_equal_the_sql_aggregates()
         )
         for split, (candidate, n, passed, errors, score_sum, tokens_sum, tokens_count) in stored.totals.items()
     )
-    streamed = {evaluation.pk: stored.totals}
-    in_sql: dict[int, dict[str, list[Any]]] = {}  # no evaluation counted: every total from SQL
+    streamed = {(evaluation.pk, split): totals for split, totals in stored.totals.items()}
+    in_sql: dict[tuple[int, str], tuple[Any, ...]] = {}  # no evaluation counted: every total from SQL
     assert scores_verify(experiment, recomputed=streamed)[0] == scores_verify(experiment, recomputed=in_sql)[0] == []
     EvaluationSplitStats.objects.filter(evaluation=evaluation, split="gate").update(tokens_sum=4)
     forged = [f"evaluation {evaluation.pk}, split 'gate': stored totals differ from its certified trials"]
