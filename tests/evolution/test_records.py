@@ -483,12 +483,9 @@ def _chain_problems(chain: list[records.ChainRecord], *, named: bool) -> list[st
             checker.add_named(record, canonical=canonical)
         else:
             checker.add(record, canonical=canonical)
-    head = records.ChainHead(len(chain), chain[-1].record_digest, "")
-    return checker.finish(
-        dataclasses.replace(
-            head, signature=records.head_signature(KEY, experiment_uid=UID, length=head.length, head=head.head)
-        )
-    )
+    last = chain[-1].record_digest
+    signature = records.head_signature(KEY, experiment_uid=UID, length=len(chain), head=last)
+    return checker.finish(records.ChainHead(len(chain), last, signature))
 
 
 def test_a_record_added_as_named_by_its_payload_is_reported_as_add_reports_it() -> None:
