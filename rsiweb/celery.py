@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 from django.db import close_old_connections
 from kombu.transport import TRANSPORT_ALIASES
 
@@ -41,6 +41,19 @@ def close_obsolete_connections(sender: Task | None = None, **_: Any) -> None:
     request = getattr(sender, "request", None)
     if not getattr(request, "is_eager", False):
         close_old_connections()
+
+
+@worker_init.connect
+def trial_ramp_configure(sender: Any = None, **_: Any) -> None:
+    """Give this worker's trial slots their ramp (evolution/ramp.py): its
+    slots (``--concurrency``) and ``RSI_TRIAL_RAMP_SECONDS``."""
+    from django.conf import settings
+
+    from evolution import ramp
+
+    slots = getattr(sender, "concurrency", None)
+    # "auto" is resolved after this signal, and only for a prefork pool, whose processes run one trial at a time.
+    ramp.configure(seconds=settings.RSI_TRIAL_RAMP_SECONDS, slots=slots if isinstance(slots, int) and slots > 0 else 1)
 
 
 def queue_everything_to(queue: str | None) -> None:

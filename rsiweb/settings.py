@@ -384,6 +384,11 @@ CELERY_TASK_ROUTES = {"evolution.trial_run": {"queue": RSI_TRIAL_QUEUE}}
 # How long a trial held back by a limit (the experiment's trials in flight,
 # its model endpoint's) waits before its message is sent again.
 RSI_TRIAL_DEFER_SECONDS = env_float("RSI_TRIAL_DEFER_SECONDS", 1.0)
+# A trial worker with none of its slots busy starts its next trials spread
+# over this many seconds, not all at once (evolution/ramp.py); 0: at once.
+RSI_TRIAL_RAMP_SECONDS = env_float("RSI_TRIAL_RAMP_SECONDS", 0.0)
+if RSI_TRIAL_RAMP_SECONDS < 0:
+    raise ImproperlyConfigured(f"RSI_TRIAL_RAMP_SECONDS={RSI_TRIAL_RAMP_SECONDS!r} cannot be negative")
 CELERY_BEAT_SCHEDULE = {
     "lease-reaper": {
         "task": "evolution.lease_reap",

@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from evolution import digests, dispatch, faults
+from evolution import digests, dispatch, faults, ramp
 from evolution.models import (
     Candidate,
     Evaluation,
@@ -604,7 +604,8 @@ def trial_execute(*, trial_id: int, owner: str | None = None) -> bool:
                 # its agent runs (seconds to minutes): dozens of waiting trials
                 # per host would otherwise hold dozens of idle connections.
                 connection.close()
-            result = run_trial(spec, work_root=root)
+            with ramp.started():
+                result = run_trial(spec, work_root=root)
             faults.checkpoint("trial:finished")
         except Exception as exc:  # the trial must end in a state, never vanish
             logger.exception("trial %s: infrastructure failure", trial.pk)

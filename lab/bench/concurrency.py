@@ -25,6 +25,12 @@ platform took, once with every thread starting at once (as the slots fill
 from a full queue) and once with the starts spread over one agent's time
 (no two threads' commands starting together).
 
+The trial workers ramp (``RSI_TRIAL_RAMP_SECONDS``, evolution/ramp.py):
+their slots' first starts are spread over one agent's time, as the second
+floor's threads are. Slots that start together stay together, round after
+round, and their commands queue for the CPU at the same moments: the floor
+started together is the slower one on every machine so far.
+
 The verdict is the platform's own overhead: the first pass's wall time
 over the faster of the two floors. On a 2-core machine the sandboxed
 commands alone already take 1.16 to 1.20 of the ideal (issue 44), so the
@@ -305,12 +311,14 @@ def _floor(evaluation_id: int, slots: int, scratch: Path, *, spread: float) -> F
     return Floor(seconds=seconds, errors=errors, cpu=_cpu([os.getpid()]) - cpu_before, load=load[0])
 
 
-def _trial_worker_env(slots: int) -> dict[str, str]:
-    """A trial worker's database connections: on PostgreSQL a pool its
-    threads share (as docs/deployment.md sizes it), one a thread on SQLite."""
-    if connection.vendor != "postgresql" or importlib.util.find_spec("psycopg_pool") is None:
-        return {}
-    return {"RSI_DB_POOL_SIZE": str(pool_size(slots))}
+def _trial_worker_env(slots: int, ramp: float = 0.0) -> dict[str, str]:
+    """A trial worker's database connections (on PostgreSQL a pool its
+    threads share, as docs/deployment.md sizes it, one a thread on SQLite)
+    and its ramp (``RSI_TRIAL_RAMP_SECONDS``)."""
+    env = {"RSI_TRIAL_RAMP_SECONDS": f"{ramp:g}"}
+    if connection.vendor == "postgresql" and importlib.util.find_spec("psycopg_pool") is not None:
+        env["RSI_DB_POOL_SIZE"] = str(pool_size(slots))
+    return env
 
 
 def run_with(
@@ -319,10 +327,11 @@ def run_with(
     scratch: Path,
     repeat: int,
     around: AbstractContextManager[object] | None = None,
+    ramp: float = 0.0,
 ) -> Pass:
     """One pass with one trial worker per entry of ``hosts`` (its slots) and
     a prefork worker of one process for certification; ``around`` as for
-    ``_measure``."""
+    ``_measure``; ``ramp``: the trial workers' ``RSI_TRIAL_RAMP_SECONDS``."""
     workers: list[Worker] = []
     try:
         workers.append(worker_start(log_dir=scratch, concurrency=1, queues="celery"))
@@ -333,7 +342,7 @@ def run_with(
                 pool="threads",
                 queues=settings.RSI_TRIAL_QUEUE,
                 hostname=f"bench-host-{chr(ord('a') + number)}-{experiment.pk}",
-                extra_env=_trial_worker_env(slots),
+                extra_env=_trial_worker_env(slots, ramp),
             )
             for number, slots in enumerate(hosts)
         ]
@@ -357,8 +366,10 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
     ideal = tasks * k * agent_seconds / slots
 
     def body(experiment: Experiment, scratch: Path) -> BenchResult:
-        one = run_with([slots], experiment, scratch, repeat=0)
-        two = run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1)
+        # The trial workers spread their slots' first starts over one agent's
+        # time, as the second floor spreads its threads' (evolution/ramp.py).
+        one = run_with([slots], experiment, scratch, repeat=0, ramp=agent_seconds)
+        two = run_with([slots // 2, slots - slots // 2], experiment, scratch, repeat=1, ramp=agent_seconds)
         together = _floor(one.evaluation_id, slots, scratch, spread=0.0)
         spread = _floor(one.evaluation_id, slots, scratch, spread=agent_seconds)
         best = min(together.seconds, spread.seconds)
@@ -376,7 +387,8 @@ def concurrency(*, trials: int = 640, slots: int = 64) -> BenchResult:
                 f"5-step trajectory; {slots} trial slots (thread pool); ideal {ideal:.1f} s",
                 f"broker: {settings.CELERY_BROKER_URL.split('://')[0]}; database: {connection.vendor}; "
                 f"connections of a trial worker: {_trial_worker_env(slots).get('RSI_DB_POOL_SIZE', 'one a thread')}"
-                " (RSI_DB_POOL_SIZE)",
+                f" (RSI_DB_POOL_SIZE); its slots' first starts spread over {agent_seconds:g} s "
+                "(RSI_TRIAL_RAMP_SECONDS, one agent's time, as the second floor's)",
                 f"one trial worker:  {one.seconds:7.2f} s ({one.seconds / ideal:.3f} x ideal), {one.errors} errors, "
                 f"{one.attempts} retried, {one.records} certified record, {one.steps} trajectory steps stored; "
                 f"{one.load.text()}",
