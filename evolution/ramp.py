@@ -5,9 +5,9 @@ all free, and every slot starts a trial within a fraction of a second. Trials
 of one evaluation are alike, so slots that start together stay together: they
 set up their sandboxes, call their tools and run their verifiers at the same
 moments, round after round, and queue for the CPU and the database each time
-(``bench concurrency``: 640 trials of a 2-second agent in 64 slots took 23.7
-to 24.7 s started together against 22.4 to 23.2 s with the starts spread over
-2 s, the same commands alone in both). Started ``ramp / slots`` seconds apart,
+(``bench concurrency``: 640 trials of a 2-second agent in 64 slots took 23.0
+to 24.6 s started together against 22.3 to 23.2 s with the starts spread over
+2 s, the same commands alone in both, 21 runs). Started ``ramp / slots`` seconds apart,
 they stay apart.
 
 A worker with none of its trials running starts its next ``slots`` trials on
