@@ -6,9 +6,9 @@ of one evaluation are alike, so slots that start together stay together: they
 set up their sandboxes, call their tools and run their verifiers at the same
 moments, round after round, and queue for the CPU and the database each time
 (``bench concurrency``: 640 trials of a 2-second agent in 64 slots took 23.0
-to 24.6 s started together against 22.3 to 23.2 s with the starts spread over
-2 s, the same commands alone in both, 21 runs). Started ``ramp / slots`` seconds apart,
-they stay apart.
+to 24.6 s started together against 22.3 to 23.2 s with the starts spread
+over 2 s, the same commands alone in both, 21 runs). Started ``ramp / slots``
+seconds apart, they stay apart.
 
 A worker with none of its trials running starts its next ``slots`` trials on
 that schedule: the n-th (from 0) no sooner than ``n * ramp / slots`` seconds

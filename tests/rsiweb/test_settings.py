@@ -69,6 +69,7 @@ def test_debug_pages_only_when_asked_for(tmp_path: Path) -> None:
         ({"CELERY_BROKER_URL": "sqs://queue"}, "CELERY_BROKER_URL scheme 'sqs' is not supported"),
         ({"RSI_SANDBOX": "sometimes"}, "RSI_SANDBOX='sometimes' must be auto, required or off"),
         ({"RSI_TRIAL_TIMEOUT": "soon"}, "RSI_TRIAL_TIMEOUT='soon' is not an integer"),
+        ({"RSI_TRIAL_RAMP_SECONDS": "-2"}, "RSI_TRIAL_RAMP_SECONDS=-2.0 cannot be negative"),
     ],
 )
 def test_misconfiguration_is_an_explicit_startup_error(env: dict[str, str], message: str, tmp_path: Path) -> None:
