@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test.utils import override_settings
 from kombu import pools as kombu_pools
 
 # The same workers the trust suite and the benchmarks start; re-exported for the tests.
@@ -65,6 +66,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         markers = [marker.name for marker in item.iter_markers()]
         if reaches_database(getattr(item, "fixturenames", ()), markers):
             item.add_marker(pytest.mark.database)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_password_hashing() -> Iterator[None]:
+    """Passwords hashed with MD5 in the tests of this process, as Django's
+    documentation advises for test runs: the deployment's PBKDF2 (1,000,000
+    iterations in Django 5.2) took 0.24 s a hash on a 2-core CI machine, and
+    tests/review alone hashed 231 passwords, 55.5 s of its 282. What the
+    tests check of logging in, roles and throttling does not depend on the
+    hasher; subprocesses (workers, servers, the trust suite) keep the
+    deployment's."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 def require_service(name: str, available: bool, why: str = "") -> None:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from django.conf import settings
@@ -24,16 +24,11 @@ from tests.conftest import REPO_ROOT, database_url_for_subprocess
 if TYPE_CHECKING:  # the test client's response, as django-stubs names it
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_hashing")]
+pytestmark = pytest.mark.django_db
 
 LIMIT = 3
 WINDOW = 60
 THROTTLE = {"RSI_LOGIN_FAILURES": LIMIT, "RSI_LOGIN_ADDRESS_FAILURES": 6, "RSI_LOGIN_WINDOW_SECONDS": WINDOW}
-
-
-@pytest.fixture
-def fast_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def attempt(username: str, password: str, *, address: str = "203.0.113.7", path: str = "/login/") -> TestResponse:
