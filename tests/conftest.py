@@ -68,6 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.database)
 
 
+# The deployment's password hashers, read before the tests' own (below): a test
+# whose user logs in to a server in another process hashes the password with them.
+DEPLOYMENT_PASSWORD_HASHERS: list[str] = list(settings.PASSWORD_HASHERS)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fast_password_hashing() -> Iterator[None]:
     """Passwords hashed with MD5 in the tests of this process, as Django's
@@ -75,8 +80,9 @@ def fast_password_hashing() -> Iterator[None]:
     iterations in Django 5.2) took 0.24 s a hash on a 2-core CI machine, and
     tests/review alone hashed 231 passwords, 55.5 s of its 282. What the
     tests check of logging in, roles and throttling does not depend on the
-    hasher; subprocesses (workers, servers, the trust suite) keep the
-    deployment's."""
+    hasher. Subprocesses (workers, servers, the trust suite) keep the
+    deployment's: a user who logs in to one is given a password hashed with
+    ``DEPLOYMENT_PASSWORD_HASHERS``."""
     with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
         yield
 

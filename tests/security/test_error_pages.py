@@ -28,7 +28,7 @@ from django.urls import path, reverse
 import dev
 from review.models import LoginFailure
 from rsiweb import urls as site_urls
-from tests.conftest import REPO_ROOT, database_url_for_subprocess
+from tests.conftest import DEPLOYMENT_PASSWORD_HASHERS, REPO_ROOT, database_url_for_subprocess
 from tests.factories import make_tiny_experiment
 
 # The broker's password: Django's debug page would show it (CELERY_BROKER_URL is not a name it hides).
@@ -183,9 +183,11 @@ def test_the_default_web_server_serves_static_files_with_debug_off(web_server, t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, make_user) -> None:
+def test_the_default_web_server_serves_the_screens_with_debug_off(web_server, make_user, settings) -> None:
     """Log in through the form, then the home page, a dashboard and a
     candidate page open (with their static files) and the admin for staff."""
+    # The server checks the password with the deployment's hasher, not the tests' MD5.
+    settings.PASSWORD_HASHERS = DEPLOYMENT_PASSWORD_HASHERS
     experiment = make_tiny_experiment()
     user = make_user("operator", username="olga")
     User.objects.filter(pk=user.pk).update(is_staff=True)
